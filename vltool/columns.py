@@ -1,0 +1,22 @@
+"""Column names of the dataset contract (docs/conventions.md). Every command uses these constants."""
+
+ID = "id"  # string, unique, stable through every transformation
+IMAGE = "image"  # datasets.Image
+CAPTION = "caption"  # string, the primary text
+CAPTIONS = "captions"  # list of strings: several texts for one image
+LABEL = "label"  # ClassLabel, single-label
+LABELS = "labels"  # list of class indices, multi-label
+POSITIVES = "positives"  # list of ids that are positives of this row
+
+# Columns written by particular commands.
+CAPTION_ORIGINAL = "caption_original"  # deform: the intact text before deformation
+IS_BASE = "is_base"  # deform: row kept intact as part of the base set
+
+# Columns of the built-in emoji dataset.
+SPLIT = "split"
+BASE_ID = "base_id"
+SUBGROUP = "subgroup"
+GROUP = "group"
+GENDER = "gender"
+
+PROVENANCE_FILE = "vltool.json"

@@ -1,0 +1,98 @@
+"""`vltool deform`: the Typer layer. The work is vltool.deform.deform."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from vltool.commands.common import (
+    DataArg,
+    JsonOpt,
+    NumProcOpt,
+    OutOpt,
+    OverwriteOpt,
+    SeedOpt,
+    SplitOpt,
+    WhereOpt,
+    handle_errors,
+)
+from vltool.deform import DEFAULT_OPS, DeformConfig
+
+HELP = f"""Turn captions into bags of words ("A Fistful of Words", section 2.2).
+
+Operations (comma-separated in --ops; Keep is always applied last, the others are filters whose order
+does not matter): shuffle, rmstop (RmStopNalpha), basevocab (LimitToBaseVocab), rmtopfreqT
+(RmTopFreq(t)), keepN (Keep(n)). "default" is the paper's cascade: {DEFAULT_OPS}.
+
+A seeded --base-frac of the rows (default 10%) stays intact as the base set; basevocab and rmtopfreq
+count words on those rows only. Rows whose caption becomes empty are dropped and counted.
+
+Examples:
+
+  vltool deform emoji --out bow --ops default --where split=train
+
+  vltool deform my_data --out only_bow --ops shuffle,rmstop,keep4 --base-frac 0
+"""
+
+
+def deform_command(
+    data: DataArg,
+    out: OutOpt,
+    ops: Annotated[str, typer.Option("--ops", help="Operations, comma-separated, or 'default'.")] = "default",
+    base_frac: Annotated[
+        float, typer.Option("--base-frac", help="Fraction of rows kept intact as the base set; 0 deforms all rows.")
+    ] = 0.1,
+    column: Annotated[str, typer.Option("--column", help="The text column to deform.")] = "caption",
+    where: WhereOpt = None,
+    split: SplitOpt = None,
+    seed: SeedOpt = 0,
+    num_proc: NumProcOpt = 1,
+    overwrite: OverwriteOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    from vltool.deform import deform
+
+    config = DeformConfig(ops=ops, base_frac=base_frac, column=column, seed=seed, num_proc=num_proc)
+    prov = deform(data, out, config, where=where or [], split=split, overwrite=overwrite)
+    if as_json:
+        from vltool.console import print_json
+
+        print_json(prov["stats"] | {"out": str(out)})
+    else:
+        print_stats(prov["stats"], out)
+
+
+def print_stats(s: dict, out) -> None:
+    from rich.table import Table
+
+    from vltool.console import out as stdout
+
+    t = Table(title=f"deform {s['ops']} -> {out}", show_header=True)
+    t.add_column("statistic")
+    t.add_column("value", justify="right")
+    rows = [
+        ("rows in", f"{s['rows_in']:,}"),
+        ("base rows (intact)", f"{s['base_rows']:,}"),
+        ("deformed rows", f"{s['deformed_rows']:,}"),
+        ("rows dropped (empty)", f"{s['rows_dropped_empty']:,}"),
+        ("rows out", f"{s['rows_out']:,}"),
+        ("dataset size change", f"{s['dataset_size_change_pct']:+.2f}%"),
+        ("avg caption length before (words)", f"{s['avg_caption_len_before']:.2f}"),
+        ("avg caption length after (words)", f"{s['avg_caption_len_after']:.2f}"),
+    ]
+    if s.get("base_vocab_size") is not None:
+        rows.append(("base vocabulary", f"{s['base_vocab_size']:,}"))
+    if s["rmtopfreq_words"]:
+        rows.append(("most frequent base words (removed)", ", ".join(w for w, _ in s["rmtopfreq_words"][:10])))
+    rows.append(("top removed words", ", ".join(f"{w} ({c})" for w, c in s["top_removed_words"][:10]) or "-"))
+    rows.append(("stop words", s["stopwords"]))
+    for k, v in rows:
+        t.add_row(k, v)
+    stdout.print(t)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("deform", help=HELP, short_help="Captions to bags of words (Fistful of Words, 2.2).")(
+        handle_errors(deform_command)
+    )

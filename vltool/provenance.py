@@ -1,0 +1,75 @@
+"""`vltool.json`: how an output was made. Following the chain of these files tells the whole history."""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+import sys
+import time
+from datetime import datetime, timezone
+from enum import Enum
+from pathlib import Path
+from typing import Any, Sequence
+
+from vltool import __version__
+
+
+def command_line(argv: Sequence[str] | None = None) -> str:
+    argv = list(sys.argv if argv is None else argv)
+    if argv and (Path(argv[0]).name in ("vltool", "__main__.py", "-m") or argv[0].endswith("vltool")):
+        argv = ["vltool", *argv[1:]]
+    return shlex.join(argv)
+
+
+def jsonable(obj: Any) -> Any:
+    """Options as plain JSON values: dataclasses to dicts, paths and enums to strings."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, Enum):
+        return obj.value
+    return obj
+
+
+class Timer:
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.started_at = datetime.now(timezone.utc)
+
+    @property
+    def seconds(self) -> float:
+        return time.perf_counter() - self.start
+
+
+def make(
+    command: str,
+    options: Any,
+    inputs: Sequence[Any] = (),
+    *,
+    rows_in: int | None = None,
+    rows_out: int | None = None,
+    stats: dict | None = None,
+    timer: Timer | None = None,
+    argv: Sequence[str] | None = None,
+) -> dict:
+    """The provenance record every output carries (docs/conventions.md, "Provenance")."""
+    prov = {
+        "vltool_version": __version__,
+        "command": command,
+        "command_line": command_line(argv),
+        "options": jsonable(options),
+        "inputs": [i.provenance() if hasattr(i, "provenance") else jsonable(i) for i in inputs],
+        "rows_in": rows_in,
+        "rows_out": rows_out,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "python": sys.version.split()[0],
+    }
+    if timer is not None:
+        prov["wall_time_s"] = round(timer.seconds, 3)
+    prov["stats"] = jsonable(stats or {})
+    return prov

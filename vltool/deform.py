@@ -264,6 +264,7 @@ def choose_base(n: int, base_frac: float, seed: int) -> np.ndarray:
 
 # Worker state for fork-based multiprocessing: set before the pool starts, inherited by the workers.
 _WORK: dict = {}
+MIN_ROWS_PER_PROC = 20_000  # below this, one process is faster than starting a pool
 
 
 def _work(span: tuple[int, int]) -> tuple[list[str], Counter]:
@@ -283,12 +284,12 @@ def deform_texts(
     _WORK.update(texts=sub_texts, ids=sub_ids, ops=ops, vocab=vocab, seed=seed)
     try:
         n = len(sub_texts)
-        if num_proc <= 1 or n < 20_000:
+        if num_proc <= 1 or n < MIN_ROWS_PER_PROC * 2:
             outs, removed = _work((0, n))
         else:
             import multiprocessing as mp
 
-            chunk = max(10_000, -(-n // (num_proc * 4)))
+            chunk = max(MIN_ROWS_PER_PROC // 2, -(-n // (num_proc * 4)))
             spans = [(lo, min(n, lo + chunk)) for lo in range(0, n, chunk)]
             outs, removed = [], Counter()
             with mp.get_context("fork").Pool(num_proc) as pool:

@@ -1,0 +1,266 @@
+"""`vltool deform`: each operation on hand-made captions, base rows, rmtopfreq, keep-last, num_proc, errors."""
+
+import json
+import random
+
+import datasets
+import numpy as np
+import pytest
+
+from vltool import deform as D
+from vltool.deform import DeformConfig, Ops, Vocabulary, deform, deform_batch, deform_caption, fit_vocabulary, row_seed
+from vltool.text import english_stopwords, tokenize
+
+STOP = frozenset({"the", "a", "on", "of", "and", "is"})
+
+
+def vocab(ops, base=(), stop=STOP):
+    return fit_vocabulary(base, ops, stop) if base else Vocabulary(stopwords=stop)
+
+
+def run(text, ops, base=(), seed=0):
+    ops = Ops.parse(ops)
+    return deform_caption(text, ops, vocab(ops, base), seed)[0]
+
+
+# --- tokenisation and single operations -------------------------------------------------------------
+
+def test_tokenize_splits_words_and_punctuation_lowercased():
+    assert tokenize("The table. Two CATS!") == ["the", "table", ".", "two", "cats", "!"]
+    assert tokenize("don't  stop-now, 3.5kg") == ["don't", "stop", "-", "now", ",", "3", ".", "5kg"]
+
+
+def test_rmstop_drops_stopwords_and_non_alphabetic_tokens():
+    assert run("The cat sat on the mat, 3 times.", "rmstop") == "cat sat mat times"
+    assert run("A 2nd dog is 5kg", "rmstop") == "dog"
+
+
+def test_shipped_stopwords_are_nltk_english_list():
+    words, source = english_stopwords()
+    for w in ("the", "a", "on", "of", "and", "is", "don't", "wouldn't", "itself"):
+        assert w in words
+    assert "cat" not in words
+    assert "179" in source or "nltk" in source
+
+
+def test_keep_keeps_first_n_tokens_and_is_always_last():
+    assert run("The cat sat on the mat", "keep2") == "the cat"
+    # keep listed first is still applied after rmstop
+    assert run("The cat sat on the mat", "keep2,rmstop") == "cat sat"
+    assert Ops.parse("keep2,rmstop") == Ops.parse("rmstop,keep2")
+
+
+def test_shuffle_is_a_seeded_permutation():
+    text = "one two three four five six seven eight nine ten"
+    a = run(text, "shuffle", seed=row_seed(0, "x"))
+    b = run(text, "shuffle", seed=row_seed(0, "x"))
+    c = run(text, "shuffle", seed=row_seed(1, "x"))
+    assert a == b
+    assert sorted(a.split()) == sorted(text.split())
+    assert a != text and a != c
+
+
+def test_basevocab_keeps_only_base_words():
+    base = ["a dog runs on grass", "the cat sleeps"]
+    assert run("A dog and a cat play on the beach", "basevocab", base) == "a dog a cat on the"
+
+
+def test_rmtopfreq_counts_base_captions_with_stopwords_and_breaks_ties_alphabetically():
+    base = ["the dog runs", "the dog sleeps", "a cat sleeps", "the bird"]
+    ops = Ops.parse("rmtopfreq2")
+    v = fit_vocabulary(base, ops, STOP)
+    # captions containing: the 3, dog 2, sleeps 2, runs/a/cat/bird 1; dog < sleeps alphabetically
+    assert v.top_words == ["the", "dog"]
+    assert v.top_counts == [3, 2]
+    assert fit_vocabulary(base, Ops.parse("rmtopfreq3"), STOP).top_words == ["the", "dog", "sleeps"]
+    assert run("The dog sleeps near the cat", "rmtopfreq2", base) == "sleeps near cat"
+
+
+def test_default_cascade_matches_the_paper_ops():
+    assert str(Ops.parse("default")) == "shuffle,rmstop,basevocab,rmtopfreq1000,keep4"
+    assert str(Ops.parse("keep4 , rmtopfreq10,shuffle")) == "shuffle,rmtopfreq10,keep4"
+
+
+@pytest.mark.parametrize(
+    "bad, msg",
+    [("foo", "unknown operation 'foo'"), ("keep0", "keepN needs N >= 1"), ("keep2,keep3", "keep is given twice"),
+     ("rmtopfreq", "unknown operation"), ("", "--ops is empty")],
+)
+def test_bad_ops_are_usage_errors(bad, msg):
+    with pytest.raises(D.UsageError, match=msg):
+        Ops.parse(bad)
+
+
+# --- fast path equals the reference ---------------------------------------------------------------
+
+def _random_captions(n, rng):
+    words = "a the dog cat man woman red blue runs sits on of in near big small tree car 3 , . ! 2nd".split()
+    return [" ".join(rng.choice(words) for _ in range(rng.randint(0, 14))) for _ in range(n)]
+
+
+@pytest.mark.parametrize("ops", ["default", "shuffle", "shuffle,rmstop,keep4", "rmstop,basevocab", "rmtopfreq3,keep2"])
+def test_deform_batch_equals_reference(ops):
+    rng = random.Random(0)
+    texts = _random_captions(300, rng)
+    ops = Ops.parse(ops)
+    v = fit_vocabulary(texts[:30], ops, STOP)
+    seeds = [row_seed(7, f"id{i}") for i in range(len(texts))]
+    fast, removed = deform_batch(texts, seeds, ops, v)
+    ref = [deform_caption(t, ops, v, s) for t, s in zip(texts, seeds)]
+    assert fast == [r[0] for r in ref]
+    from collections import Counter
+
+    assert removed == Counter(w for r in ref for w in r[1])
+
+
+# --- whole datasets -----------------------------------------------------------------------------------
+
+CAPS = [
+    "A man riding a red bike down the street.",
+    "The dog sleeps on the red couch.",
+    "Two cats play with a ball of wool!",
+    "A woman reads a book in the park.",
+    "The the the.",
+] * 40
+
+
+def test_base_rows_intact_and_others_deformed(text_dataset, tmp_path):
+    src = text_dataset(CAPS)
+    prov = deform(src, tmp_path / "out", DeformConfig(ops="shuffle,rmstop,keep4", base_frac=0.1, seed=3))
+    ds = datasets.load_from_disk(str(tmp_path / "out"))
+    rows = ds.to_list()
+    base = [r for r in rows if r["is_base"]]
+    assert len(base) == 20 == prov["stats"]["base_rows"]
+    assert all(r["caption"] == r["caption_original"] for r in base)
+    for r in rows:
+        if not r["is_base"]:
+            words = r["caption"].split()
+            assert 1 <= len(words) <= 4
+            assert set(words) <= set(tokenize(r["caption_original"]))
+    # "The the the." is all stop words and punctuation: every non-base copy is dropped and counted
+    dropped = sum(1 for r in rows if False)  # rows are already dropped; count from the input side
+    n_the = sum(1 for c in CAPS if c == "The the the.")
+    n_the_base = sum(1 for r in base if r["caption_original"] == "The the the.")
+    assert prov["stats"]["rows_dropped_empty"] == n_the - n_the_base
+    assert prov["stats"]["rows_out"] == len(rows) == len(CAPS) - (n_the - n_the_base)
+    assert dropped == 0
+
+
+def test_rmtopfreq_removes_exactly_the_top_base_words(text_dataset, tmp_path):
+    rng = random.Random(1)
+    texts = _random_captions(500, rng)
+    src = text_dataset(texts)
+    deform(src, tmp_path / "out", DeformConfig(ops="rmtopfreq5", base_frac=0.2, seed=0))
+    rows = datasets.load_from_disk(str(tmp_path / "out")).to_list()
+    base_caps = [r["caption_original"] for r in rows if r["is_base"]]
+    # independent count: captions containing each alphabetic word, ties alphabetical
+    df = {}
+    for c in base_caps:
+        for w in set(tokenize(c)):
+            if w.isalpha():
+                df[w] = df.get(w, 0) + 1
+    top = {w for w, _ in sorted(df.items(), key=lambda kv: (-kv[1], kv[0]))[:5]}
+    assert "the" in top or "a" in top  # stop words are counted
+    for r in rows:
+        if not r["is_base"]:
+            expected = [t for t in tokenize(r["caption_original"]) if t not in top]
+            assert r["caption"] == " ".join(expected)
+
+
+def test_same_output_for_num_proc_1_and_2(text_dataset, tmp_path, monkeypatch):
+    monkeypatch.setattr(D, "MIN_ROWS_PER_PROC", 10)
+    texts = _random_captions(400, random.Random(2))
+    src = text_dataset(texts)
+    deform(src, tmp_path / "a", DeformConfig(ops="shuffle,rmstop,basevocab,rmtopfreq3,keep4", seed=5, num_proc=1))
+    deform(src, tmp_path / "b", DeformConfig(ops="shuffle,rmstop,basevocab,rmtopfreq3,keep4", seed=5, num_proc=2))
+    a = datasets.load_from_disk(str(tmp_path / "a")).to_list()
+    b = datasets.load_from_disk(str(tmp_path / "b")).to_list()
+    assert a == b and len(a) > 100
+
+
+def test_base_frac_zero_deforms_every_row(text_dataset, tmp_path):
+    src = text_dataset(CAPS[:5])
+    prov = deform(src, tmp_path / "o", DeformConfig(ops="rmstop", base_frac=0))
+    rows = datasets.load_from_disk(str(tmp_path / "o")).to_list()
+    assert [r["caption"] for r in rows] == [
+        "man riding red bike street", "dog sleeps red couch", "two cats play ball wool", "woman reads book park"]
+    assert prov["stats"]["rows_dropped_empty"] == 1 and prov["stats"]["base_rows"] == 0
+    assert prov["stats"]["avg_caption_len_before"] == pytest.approx((9 + 7 + 8 + 8 + 3) / 5)
+    assert prov["stats"]["avg_caption_len_after"] == pytest.approx((5 + 4 + 5 + 4) / 4)
+    assert prov["stats"]["dataset_size_change_pct"] == -20.0
+
+
+def test_other_columns_pass_through_and_provenance(text_dataset, tmp_path):
+    src = text_dataset(CAPS[:5], extra=[1, 2, 3, 4, 5], split=["train", "test", "train", "train", "test"])
+    prov = deform(src, tmp_path / "o", DeformConfig(ops="rmstop", base_frac=0), where=["split=train"])
+    ds = datasets.load_from_disk(str(tmp_path / "o"))
+    assert ds.column_names == ["id", "caption", "extra", "split", "caption_original", "is_base"]
+    assert ds["extra"] == [1, 3, 4]
+    saved = json.loads((tmp_path / "o" / "vltool.json").read_text())
+    assert saved["command"] == "deform" and saved["vltool_version"]
+    assert saved["inputs"][0]["where"] == ["split=train"]
+    assert saved["inputs"][0]["rows_on_disk"] == 5 and saved["inputs"][0]["rows"] == 3
+    assert saved["rows_in"] == 3 and saved["rows_out"] == 3
+    assert saved["options"]["ops"] == "rmstop" and "wall_time_s" in saved
+    assert saved["stats"]["stopwords"] == prov["stats"]["stopwords"]
+
+
+def test_failed_write_leaves_no_output_and_input_untouched(text_dataset, tmp_path, monkeypatch):
+    src = text_dataset(CAPS[:5])
+    before = {p.name: p.read_bytes() for p in (tmp_path / "data").iterdir()}
+
+    def boom(self, *a, **k):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(datasets.Dataset, "save_to_disk", boom)
+    with pytest.raises(RuntimeError):
+        deform(src, tmp_path / "o", DeformConfig(ops="rmstop"))
+    assert not (tmp_path / "o").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".o.")] == []
+    assert {p.name: p.read_bytes() for p in (tmp_path / "data").iterdir()} == before
+
+
+# --- the command line -------------------------------------------------------------------------------
+
+def test_cli_prints_statistics_and_json(text_dataset, tmp_path, cli):
+    src = text_dataset(CAPS)
+    r = cli("deform", src, "--out", tmp_path / "o", "--ops", "shuffle,rmstop,keep4")
+    assert r.exit_code == 0, r.output
+    assert "rows dropped (empty)" in r.stdout and "avg caption length" in r.stdout
+    r = cli("deform", src, "--out", tmp_path / "o2", "--ops", "rmstop", "--json")
+    assert r.exit_code == 0
+    stats = json.loads(r.stdout)
+    assert stats["rows_in"] == 200 and stats["ops"] == "rmstop"
+
+
+@pytest.mark.parametrize(
+    "args, code, msg",
+    [
+        (["nope", "--out", "{o}"], 2, "dataset 'nope' does not exist"),
+        (["{src}", "--out", "{exists}"], 2, "exists; pass --overwrite"),
+        (["{src}", "--out", "{o}", "--ops", "foo"], 2, "unknown operation 'foo'"),
+        (["{src}", "--out", "{o}", "--column", "title"], 2, "has no column 'title' (it has: id, caption)"),
+        (["{src}", "--out", "{o}", "--ops", "basevocab", "--base-frac", "0"], 2, "--base-frac 0 leaves none"),
+        (["{src}", "--out", "{o}", "--base-frac", "1.5"], 2, "--base-frac must be in [0, 1)"),
+        (["{src}", "--out", "{src}", "--overwrite"], 2, "inputs are never modified"),
+        (["{src}", "--out", "{o}", "--where", "nocol=1"], 2, "has no column 'nocol'"),
+        (["{src}", "--out", "{o}", "--split", "train"], 2, "not a DatasetDict"),
+    ],
+)
+def test_cli_errors_are_one_line_with_exit_code(text_dataset, tmp_path, cli, args, code, msg):
+    src = text_dataset(CAPS[:5])
+    (tmp_path / "exists").mkdir()
+    fmt = {"src": src, "o": str(tmp_path / "o"), "exists": str(tmp_path / "exists")}
+    r = cli("deform", *[a.format(**fmt) for a in args])
+    assert r.exit_code == code
+    assert msg in r.stderr
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_overwrite_replaces_output(text_dataset, tmp_path, cli):
+    src = text_dataset(CAPS[:5])
+    assert cli("deform", src, "--out", tmp_path / "o", "--ops", "keep1").exit_code == 0
+    assert cli("deform", src, "--out", tmp_path / "o", "--ops", "keep2", "--overwrite").exit_code == 0
+    assert datasets.load_from_disk(str(tmp_path / "o"))[0]["caption"].count(" ") in (0, 1)
+    assert json.loads((tmp_path / "o" / "vltool.json").read_text())["options"]["ops"] == "keep2"

@@ -104,8 +104,9 @@ def test_deform_batch_equals_reference(ops):
     texts = _random_captions(300, rng)
     ops = Ops.parse(ops)
     v = fit_vocabulary(texts[:30], ops, STOP)
-    seeds = [row_seed(7, f"id{i}") for i in range(len(texts))]
-    fast, removed = deform_batch(texts, seeds, ops, v)
+    ids = [f"id{i}" for i in range(len(texts))]
+    seeds = [row_seed(7, i) for i in ids]
+    fast, removed = deform_batch(texts, ids, 7, ops, v)
     ref = [deform_caption(t, ops, v, s) for t, s in zip(texts, seeds)]
     assert fast == [r[0] for r in ref]
     from collections import Counter

@@ -127,6 +127,9 @@ class Vocabulary:
     top_words: list[str] = field(default_factory=list)  # the RmTopFreq(t) words, most frequent first
     top_counts: list[int] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        self.top_set = frozenset(self.top_words)
+
 
 def fit_vocabulary(base_captions: Sequence[str], ops: Ops, stopwords: frozenset[str]) -> Vocabulary:
     """Base vocabulary and the t most frequent base words.
@@ -172,7 +175,7 @@ def _splitmix64_np(x: np.ndarray) -> np.ndarray:
 
 def _keep_predicate(ops: Ops, vocab: Vocabulary):
     """One test per token that applies every filter at once."""
-    top = frozenset(vocab.top_words)
+    top = vocab.top_set
     if ops.basevocab:
         allowed = {
             t for t in vocab.base_vocab if t not in top and (not ops.rmstop or (t.isalpha() and t not in vocab.stopwords))
@@ -200,7 +203,7 @@ def deform_caption(text: str, ops: Ops, vocab: Vocabulary, seed: int) -> tuple[s
             ok = False
         if ops.basevocab and t not in vocab.base_vocab:
             ok = False
-        if ops.rmtopfreq is not None and t in vocab.top_words:
+        if ops.rmtopfreq is not None and t in vocab.top_set:
             ok = False
         (kept if ok else removed).append(t)
     if ops.shuffle:
@@ -213,28 +216,28 @@ def deform_caption(text: str, ops: Ops, vocab: Vocabulary, seed: int) -> tuple[s
 
 
 def deform_batch(
-    texts: Sequence[str], seeds: Sequence[int], ops: Ops, vocab: Vocabulary
+    texts: Sequence[str], ids: Sequence[str], seed: int, ops: Ops, vocab: Vocabulary
 ) -> tuple[list[str], Counter]:
-    """Fast implementation of `deform_caption` over many captions: same outputs, shuffles vectorised."""
+    """Fast implementation of `deform_caption` over many captions: same outputs, shuffles vectorised.
+
+    Row seeds (`row_seed(seed, id)`) are computed only for rows with two or more tokens to shuffle.
+    """
     keep_token = _keep_predicate(ops, vocab)
     kept_lists: list[list[str]] = []
-    removed: list[str] = []
+    all_tokens: list[str] = []  # removed words = all tokens minus the ones that survive
     for text in texts:
         toks = tokenize(text or "")
-        if keep_token is not None:
-            kept = [t for t in toks if keep_token(t)]
-            if len(kept) != len(toks):
-                removed.extend(t for t in toks if not keep_token(t))
-        else:
-            kept = toks
-        kept_lists.append(kept)
+        all_tokens.extend(toks)
+        kept_lists.append([t for t in toks if keep_token(t)] if keep_token is not None else toks)
     lens = np.fromiter((len(k) for k in kept_lists), dtype=np.int64, count=len(kept_lists))
     flat = [t for k in kept_lists for t in k]
     if ops.shuffle and flat:
         rows = np.repeat(np.arange(len(kept_lists)), lens)  # (T,) row of each token
         starts = np.cumsum(lens) - lens
         pos = np.arange(len(flat), dtype=np.int64) - np.repeat(starts, lens)  # (T,) position within its row
-        row_seeds = np.array([int(s) for s in seeds], dtype=np.uint64)
+        row_seeds = np.array(
+            [row_seed(seed, i) if n > 1 else 0 for i, n in zip(ids, lens.tolist())], dtype=np.uint64
+        )  # (rows,)
         with np.errstate(over="ignore"):
             keys = _splitmix64_np(row_seeds[rows] + pos.astype(np.uint64))  # (T,)
         order = np.lexsort((keys, rows))  # by row, then key; stable like sorted()
@@ -242,15 +245,16 @@ def deform_batch(
     out = []
     start = 0
     n_keep = ops.keep
+    survivors: list[str] = []
     for n in lens.tolist():
-        end = start + n
-        if n_keep is not None and n > n_keep:
-            removed.extend(flat[start + n_keep : end])
-            out.append(" ".join(flat[start : start + n_keep]))
-        else:
-            out.append(" ".join(flat[start:end]))
-        start = end
-    return out, Counter(removed)
+        end = start + (n if n_keep is None else min(n, n_keep))
+        row = flat[start:end]
+        survivors.extend(row)
+        out.append(" ".join(row))
+        start += n
+    removed = Counter(all_tokens)
+    removed.subtract(Counter(survivors))
+    return out, +removed  # unary plus drops the zero counts
 
 
 def choose_base(n: int, base_frac: float, seed: int) -> np.ndarray:
@@ -262,46 +266,86 @@ def choose_base(n: int, base_frac: float, seed: int) -> np.ndarray:
     return mask
 
 
-# Worker state for fork-based multiprocessing: set before the pool starts, inherited by the workers.
+# Worker state for fork-based multiprocessing: set before a pool starts, inherited by its workers.
 _WORK: dict = {}
 MIN_ROWS_PER_PROC = 20_000  # below this, one process is faster than starting a pool
 
 
-def _work(span: tuple[int, int]) -> tuple[list[str], Counter]:
+def _fit_work(span: tuple[int, int]) -> tuple[set, Counter]:
+    """Tokens and caption frequencies of a slice of the base captions."""
+    vocab: set[str] = set()
+    df: Counter = Counter()
+    for text in _WORK["texts"][span[0] : span[1]]:
+        toks = set(tokenize(text or ""))
+        vocab |= toks
+        df.update(t for t in toks if t.isalpha())
+    return vocab, df
+
+
+def _deform_work(span: tuple[int, int]) -> tuple[list[str], Counter, int]:
     lo, hi = span
     w = _WORK
-    seeds = [row_seed(w["seed"], i) for i in w["ids"][lo:hi]] if w["ops"].shuffle else [0] * (hi - lo)
-    return deform_batch(w["texts"][lo:hi], seeds, w["ops"], w["vocab"])
+    texts = w["texts"][lo:hi]
+    out, removed = deform_batch(texts, w["ids"][lo:hi], w["seed"], w["ops"], w["vocab"])
+    return out, removed, sum(len(t.split()) for t in texts if t)
+
+
+def _spans(n: int, num_proc: int) -> list[tuple[int, int]]:
+    chunk = max(MIN_ROWS_PER_PROC // 2, -(-n // (num_proc * 4)), 1)
+    return [(lo, min(n, lo + chunk)) for lo in range(0, n, chunk)]
+
+
+def _pool_map(fn, n: int, num_proc: int, **work) -> list:
+    """fn over spans of n rows: in this process for small n, else in a fork pool sharing `work`."""
+    _WORK.update(work)
+    try:
+        if num_proc <= 1 or n < MIN_ROWS_PER_PROC * 2:
+            return [fn((0, n))]
+        import multiprocessing as mp
+
+        with mp.get_context("fork").Pool(num_proc) as pool:
+            return pool.map(fn, _spans(n, num_proc))
+    finally:
+        _WORK.clear()
+
+
+def fit_vocabulary_parallel(base_captions: list[str], ops: Ops, stopwords: frozenset[str], num_proc: int) -> Vocabulary:
+    """`fit_vocabulary` with the counting spread over processes (same result)."""
+    if num_proc <= 1 or len(base_captions) < MIN_ROWS_PER_PROC * 2:
+        return fit_vocabulary(base_captions, ops, stopwords)
+    vocab: set[str] = set()
+    df: Counter = Counter()
+    for v, d in _pool_map(_fit_work, len(base_captions), num_proc, texts=base_captions):
+        vocab |= v
+        df.update(d)
+    top = sorted(df.items(), key=lambda kv: (-kv[1], kv[0]))[: ops.rmtopfreq or 0]
+    return Vocabulary(
+        stopwords=stopwords,
+        base_vocab=frozenset(vocab) if ops.basevocab else None,
+        top_words=[w for w, _ in top],
+        top_counts=[c for _, c in top],
+    )
 
 
 def deform_texts(
     texts: list[str], ids: list[str], is_base: np.ndarray, ops: Ops, vocab: Vocabulary, seed: int, num_proc: int = 1
-) -> tuple[list[str], Counter]:
-    """Deform the non-base rows of `texts` (base rows are returned unchanged)."""
-    idx = np.flatnonzero(~is_base)
-    sub_texts = [texts[i] for i in idx.tolist()]
-    sub_ids = [ids[i] for i in idx.tolist()]
-    _WORK.update(texts=sub_texts, ids=sub_ids, ops=ops, vocab=vocab, seed=seed)
-    try:
-        n = len(sub_texts)
-        if num_proc <= 1 or n < MIN_ROWS_PER_PROC * 2:
-            outs, removed = _work((0, n))
-        else:
-            import multiprocessing as mp
-
-            chunk = max(MIN_ROWS_PER_PROC // 2, -(-n // (num_proc * 4)))
-            spans = [(lo, min(n, lo + chunk)) for lo in range(0, n, chunk)]
-            outs, removed = [], Counter()
-            with mp.get_context("fork").Pool(num_proc) as pool:
-                for o, r in pool.imap(_work, spans):
-                    outs.extend(o)
-                    removed.update(r)
-    finally:
-        _WORK.clear()
+) -> tuple[list[str], Counter, int]:
+    """Deform the non-base rows of `texts` (base rows unchanged): (texts, removed words, words of the input)."""
+    idx = np.flatnonzero(~is_base).tolist()
+    sub_texts = [texts[i] for i in idx]
+    sub_ids = [ids[i] for i in idx]
+    parts = _pool_map(_deform_work, len(sub_texts), num_proc, texts=sub_texts, ids=sub_ids, ops=ops, vocab=vocab, seed=seed)
+    removed: Counter = Counter()
     result = list(texts)
-    for j, i in enumerate(idx.tolist()):
-        result[i] = outs[j]
-    return result, removed
+    words_in = sum(len(texts[i].split()) for i in np.flatnonzero(is_base).tolist() if texts[i])
+    j = 0
+    for outs, r, w in parts:
+        removed.update(r)
+        words_in += w
+        for o in outs:
+            result[idx[j]] = o
+            j += 1
+    return result, removed, words_in
 
 
 def column_values(ds, name: str) -> list:
@@ -312,17 +356,19 @@ def column_values(ds, name: str) -> list:
     return arr.to_pylist()
 
 
-def _words(text: str | None) -> int:
-    return len(text.split()) if text else 0
+def _fingerprint(parent: str, config: DeformConfig) -> str:
+    return hashlib.blake2b(f"{parent}|deform|{config}".encode(), digest_size=8).hexdigest()
 
 
 def deform_dataset(ds, config: DeformConfig) -> tuple[object, dict]:
     """Deform `ds[config.column]`; return the new dataset (empty rows dropped) and its statistics."""
     import datasets
+    import pyarrow as pa
+    from datasets.table import InMemoryTable
 
-    ops = config.validate()
     from vltool.io import require_columns
 
+    ops = config.validate()
     require_columns(ds, [C.ID, config.column], "the input")
     feature = ds.features[config.column]
     if not (isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")):
@@ -332,29 +378,43 @@ def deform_dataset(ds, config: DeformConfig) -> tuple[object, dict]:
     n = len(texts)
     stopwords, stop_source = english_stopwords()
     is_base = choose_base(n, config.base_frac, config.seed)
-    vocab = fit_vocabulary([texts[i] for i in np.flatnonzero(is_base).tolist()], ops, stopwords)
-    new_texts, removed = deform_texts(texts, ids, is_base, ops, vocab, config.seed, config.num_proc)
+    base_texts = [texts[i] for i in np.flatnonzero(is_base).tolist()]
+    vocab = fit_vocabulary_parallel(base_texts, ops, stopwords, config.num_proc)
+    new_texts, removed, words_in = deform_texts(texts, ids, is_base, ops, vocab, config.seed, config.num_proc)
+    del texts
 
-    keep = np.array([bool(t) or b for t, b in zip(new_texts, is_base.tolist())], dtype=bool)
-    original_col = C.CAPTION_ORIGINAL if config.column == C.CAPTION else f"{config.column}_original"
-    order = list(ds.column_names)
-    if ds._indices is not None:
-        ds = ds.flatten_indices()
-    ds = ds.remove_columns([config.column]).add_column(config.column, new_texts, feature=feature)
-    if original_col not in order:  # a second deform keeps the intact text of the first
-        ds = ds.add_column(original_col, texts, feature=feature)
-        order.append(original_col)
-    if C.IS_BASE in order:
-        ds = ds.remove_columns([C.IS_BASE])
-    else:
-        order.append(C.IS_BASE)
-    ds = ds.add_column(C.IS_BASE, is_base.tolist(), feature=datasets.Value("bool"))
-    ds = ds.select_columns(order)
+    # Build the output table with Arrow: keep the non-empty rows, swap the text column, add the new ones.
+    keep = np.fromiter((bool(t) for t in new_texts), dtype=bool, count=n) | is_base  # (n,)
+    kept_texts = [t for t, k in zip(new_texts, keep.tolist()) if k] if not keep.all() else new_texts
+    table = ds.data.table if ds._indices is None else ds.flatten_indices().data.table
     if not keep.all():
-        ds = ds.select(np.flatnonzero(keep))
+        table = table.filter(pa.array(keep))
+    col_type = table.schema.field(config.column).type
+    original = table.column(config.column)
+    table = table.set_column(table.schema.get_field_index(config.column), config.column, pa.array(kept_texts, type=col_type))
+    features = ds.features.copy()
+    original_col = C.CAPTION_ORIGINAL if config.column == C.CAPTION else f"{config.column}_original"
+    if original_col not in table.column_names:  # a second deform keeps the intact text of the first
+        table = table.append_column(original_col, original)
+        features[original_col] = feature
+    if C.IS_BASE in table.column_names:
+        table = table.drop_columns([C.IS_BASE])
+        del features[C.IS_BASE]
+    table = table.append_column(C.IS_BASE, pa.array(is_base[keep]))
+    features[C.IS_BASE] = datasets.Value("bool")
+    out = datasets.Dataset(
+        InMemoryTable(table), info=datasets.DatasetInfo(features=features), fingerprint=_fingerprint(ds._fingerprint, config)
+    )
 
-    kept_texts = [t for t, k in zip(new_texts, keep.tolist()) if k]
+    warnings = []
+    if ops.rmtopfreq is not None and len(vocab.top_words) < ops.rmtopfreq:
+        warnings.append(
+            f"rmtopfreq{ops.rmtopfreq} removes every one of the {len(vocab.top_words)} alphabetic words of the "
+            f"{int(is_base.sum())} base captions, so only words outside the base vocabulary survive "
+            "(none, with basevocab); the paper's t=1000 is for millions of captions: choose a smaller t here"
+        )
     rows_out = len(kept_texts)
+    words_out = sum(len(t.split()) for t in kept_texts if t)
     top_removed = [
         [w, c] for w, c in sorted(removed.items(), key=lambda kv: (-kv[1], kv[0])) if w.isalpha() and w not in stopwords
     ][:20]
@@ -365,15 +425,16 @@ def deform_dataset(ds, config: DeformConfig) -> tuple[object, dict]:
         "rows_dropped_empty": n - rows_out,
         "base_rows": int(is_base.sum()),
         "deformed_rows": int(n - is_base.sum()),
-        "avg_caption_len_before": round(sum(map(_words, texts)) / n, 3) if n else 0.0,
-        "avg_caption_len_after": round(sum(map(_words, kept_texts)) / rows_out, 3) if rows_out else 0.0,
+        "avg_caption_len_before": round(words_in / n, 3) if n else 0.0,
+        "avg_caption_len_after": round(words_out / rows_out, 3) if rows_out else 0.0,
         "dataset_size_change_pct": round(100.0 * (rows_out - n) / n, 2) if n else 0.0,
         "base_vocab_size": len(vocab.base_vocab) if vocab.base_vocab is not None else None,
         "rmtopfreq_words": [[w, c] for w, c in zip(vocab.top_words[:20], vocab.top_counts[:20])],
         "top_removed_words": top_removed,
         "stopwords": stop_source,
+        "warnings": warnings,
     }
-    return ds, stats
+    return out, stats
 
 
 def deform(

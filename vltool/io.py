@@ -284,7 +284,9 @@ def save_dataset(ds, out: Path | str, provenance: dict, *, overwrite: bool = Fal
     """Write `ds` and its `vltool.json` atomically to `out`."""
     out = Path(out).expanduser()
     with atomic_output(out, overwrite) as tmp:
-        ds.save_to_disk(str(tmp), num_proc=num_proc if num_proc and num_proc > 1 else None)
+        # Shard writing in parallel only pays off for large data (images); it spawns processes.
+        big = num_proc and num_proc > 1 and ds.data.nbytes > 2**30
+        ds.save_to_disk(str(tmp), num_proc=num_proc if big else None)
         write_json_atomic(tmp / C.PROVENANCE_FILE, provenance)
     return out
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated
 
 import typer
@@ -55,6 +56,8 @@ def deform_command(
 
     config = DeformConfig(ops=ops, base_frac=base_frac, column=column, seed=seed, num_proc=num_proc)
     prov = deform(data, out, config, where=where or [], split=split, overwrite=overwrite)
+    for w in prov["stats"].get("warnings", []):
+        print(f"warning: {w}", file=sys.stderr)
     if as_json:
         from vltool.console import print_json
 

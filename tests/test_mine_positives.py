@@ -1,0 +1,149 @@
+"""FFF positive mining (equation 1): each term, thresholds, directionality, captions, cap, calibration."""
+
+import numpy as np
+import pytest
+
+from vltool.mine_positives import Thresholds, calibrate, dense_reference, mine, summarise
+
+D = 16
+
+
+def e(i):
+    v = np.zeros(D, dtype=np.float32)
+    v[i] = 1
+    return v
+
+
+def mix(*parts):
+    return np.sum([a * v for a, v in parts], axis=0).astype(np.float32)
+
+
+def sq(x):
+    return float(np.sqrt(1 - x * x))
+
+
+def hand_built():
+    """Row 0's image against rows 1..6; free directions: texts on axes 1-7, images on axes 8-15."""
+    t0 = mix((0.25, e(0)), (sq(0.25), e(1)))
+    w = mix((-sq(0.25), e(0)), (0.25, e(1)))  # unit, orthogonal to t0, negative along img0
+    img = [e(0), e(9), e(10), mix((0.93, e(0)), (sq(0.93), e(11))), mix((0.91, e(0)), (sq(0.91), e(12))), e(13), e(14)]
+    txt = [
+        t0,
+        mix((0.28, e(0)), (sq(0.28), e(2))),  # S_it(0,1) = 0.28 > p1
+        mix((0.26, e(0)), (sq(0.26), e(3))),  # S_it(0,2) = 0.26: just below p1
+        e(4),  # row 3: image 0.93 like image 0 > p2
+        e(5),  # row 4: image 0.91 like image 0: just below p2
+        mix((0.995, t0), (sq(0.995), e(6))),  # S_tt(0,5) = 0.995 > p3 and S_it(0,5) = 0.249 > p1'
+        mix((0.995, t0), (sq(0.995), w)),  # S_tt(0,6) = 0.995 but S_it(0,6) = 0.15 < p1'
+    ]
+    return np.stack(img), np.stack(txt)
+
+
+def test_each_term_fires_and_pairs_just_below_do_not():
+    img, txt = hand_built()
+    m = mine(img, txt)
+    pos = m.positives[0].tolist()
+    assert sorted(pos) == [1, 3, 5]
+    terms = {j: t.tolist() for j, t in zip(pos, m.terms[0])}
+    assert terms == {1: [True, False, False], 3: [False, True, False], 5: [False, False, True]}
+    s = {j: sc for j, sc in zip(pos, m.scores[0])}
+    assert s[1][0] == pytest.approx(0.28, abs=1e-5) and s[3][1] == pytest.approx(0.93, abs=1e-5)
+    assert s[5][2] == pytest.approx(0.995, abs=1e-4) and s[5][0] == pytest.approx(0.995 * 0.25, abs=1e-4)
+    assert pos == [1, 5, 3]  # ordered by S_it descending
+
+
+def test_directional_and_never_itself():
+    img, txt = hand_built()
+    m = mine(img, txt)
+    assert all(i not in p.tolist() for i, p in enumerate(m.positives))
+    # image 0 -> text 1 is positive; image 1 -> text 0 is not (S_it is not symmetric)
+    assert 1 in m.positives[0].tolist() and 0 not in m.positives[1].tolist()
+    # image-image is symmetric: image 3 gets row 0
+    assert 0 in m.positives[3].tolist()
+
+
+def test_matches_dense_equation_on_random_clusters():
+    rng = np.random.default_rng(0)
+    centers = rng.normal(size=(12, 32))
+    lab = rng.integers(0, 12, size=300)
+    img = centers[lab] + 0.6 * rng.normal(size=(300, 32))
+    txt = centers[lab] + 0.8 * rng.normal(size=(300, 32))
+    th = Thresholds(p_it=0.55, p_ii=0.75, p_tt=0.8, p_it_tt=0.45)
+    m = mine(img, txt, thresholds=th, chunk=64)
+    dense = dense_reference(img, txt, thresholds=th)
+    got = np.zeros_like(dense)
+    for i, p in enumerate(m.positives):
+        got[i, p] = True
+    assert dense.sum() > 300 and (got == dense).all()
+
+
+def test_several_captions_per_row_aggregate_as_documented():
+    rng = np.random.default_rng(1)
+    centers = rng.normal(size=(6, 24))
+    lab = rng.integers(0, 6, size=60)
+    img = centers[lab] + 0.5 * rng.normal(size=(60, 24))
+    owner = np.repeat(np.arange(60), rng.integers(1, 4, size=60))
+    txt = centers[lab[owner]] + 0.7 * rng.normal(size=(len(owner), 24))
+    th = Thresholds(p_it=0.6, p_ii=0.8, p_tt=0.5, p_it_tt=0.4)
+    m = mine(img, txt, owner=owner, thresholds=th, chunk=16)
+    dense = dense_reference(img, txt, owner=owner, thresholds=th)
+    got = np.zeros_like(dense)
+    for i, p in enumerate(m.positives):
+        got[i, p] = True
+    assert dense.sum() > 60 and (got == dense).all()
+    # S_tt is the mean over caption pairs: check one pair by hand
+    t = txt / np.linalg.norm(txt, axis=1, keepdims=True)
+    i = 0
+    j = int(m.positives[0][0])
+    manual = (t[owner == i] @ t[owner == j].T).mean()
+    assert m.scores[0][0][2] == pytest.approx(manual, abs=1e-5)
+    assert m.scores[0][0][0] == pytest.approx((t[owner == j] @ (img[i] / np.linalg.norm(img[i]))).max(), abs=1e-5)
+
+
+def test_cap_keeps_highest_and_is_reported():
+    img = np.tile(e(0), (10, 1)) + 0.01 * np.random.default_rng(0).normal(size=(10, D)).astype(np.float32)
+    txt = img.copy()
+    m = mine(img, txt, max_positives=3)
+    assert all(len(p) == 3 for p in m.positives) and m.capped_rows == 10
+    full = mine(img, txt, max_positives=100)
+    assert full.capped_rows == 0 and all(len(p) == 9 for p in full.positives)
+    assert m.positives[0].tolist() == full.positives[0][:3].tolist()
+    s = summarise(m, 10)
+    assert s["rows_capped"] == 10 and s["histogram"]["2-3"] == 10 and s["pairs"] == 30
+
+
+def test_summary_shares_by_term():
+    img, txt = hand_built()
+    s = summarise(mine(img, txt), len(img))
+    assert s["rows_with_positives"] >= 2
+    assert set(s["share_by_term"]) == {"image-text", "image-image", "text-text and image-text"}
+    assert sum(s["histogram"].values()) == len(img)
+
+
+def test_ivf_is_close_to_exact():
+    rng = np.random.default_rng(2)
+    centers = rng.normal(size=(20, 32))
+    lab = rng.integers(0, 20, size=2000)
+    img = centers[lab] + 0.5 * rng.normal(size=(2000, 32))
+    txt = centers[lab] + 0.6 * rng.normal(size=(2000, 32))
+    th = Thresholds(p_it=0.7, p_ii=0.85, p_tt=0.9, p_it_tt=0.6)
+    exact = mine(img, txt, thresholds=th)
+    approx = mine(img, txt, thresholds=th, index="ivf", nprobe=8)
+    e_pairs = {(i, j) for i, p in enumerate(exact.positives) for j in p.tolist()}
+    a_pairs = {(i, j) for i, p in enumerate(approx.positives) for j in p.tolist()}
+    assert a_pairs <= e_pairs
+    assert len(a_pairs) / len(e_pairs) > 0.9
+
+
+def test_calibration_on_hand_built_scores():
+    c = calibrate(np.array([0.25, 0.27, 0.29, 0.31, 0.33]))
+    assert c["mean"] == pytest.approx(0.29)
+    assert c["quantiles"]["50%"] == pytest.approx(0.29)
+    assert c["suggested"]["p_it"] == pytest.approx(0.27) and c["suggested"]["p_it_tt"] == pytest.approx(0.24)
+
+
+def test_bad_threshold():
+    from vltool.errors import UsageError
+
+    with pytest.raises(UsageError, match="--p-it must be in"):
+        mine(np.eye(3), np.eye(3), thresholds=Thresholds(p_it=2))

@@ -1,0 +1,248 @@
+"""`vltool mine-positives`: FFF's positive mining over the whole dataset (004_e63f5973002a6b55.txt, 4.1, 4.3, eq. 1).
+
+Image i and the text of row j are a positive pair when
+
+    M_ij = (S_it[i,j] > p1) OR (S_ii[i,j] > p2) OR ((S_tt[i,j] > p3) AND (S_it[i,j] > p1'))
+
+with cosine similarities from a pretrained model. Every pair with M_ij = 1 is found over the whole
+dataset with faiss range searches (exact inner-product index by default), in chunks of queries, so
+memory grows with rows x (embedding size + positives per row), never with rows squared.
+
+Several captions per row (section 4.3), vltool's reading:
+- S_ii is per row, shared by all its captions;
+- S_tt[i,j] is the mean of the similarities of every caption of row i with every caption of row j,
+  which equals the dot product of the rows' mean caption embeddings;
+- S_it[i,j] is the highest similarity of image i with any caption of row j (row j's text is a positive
+  for image i when one of its captions is).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from vltool.errors import UsageError
+
+# FFF's thresholds, chosen for its model (section 4.1); p1 starts from the true pairs' mean S_it, 0.29.
+P_IT, P_II, P_TT, P_IT_TT = 0.27, 0.92, 0.99, 0.24
+
+
+@dataclass
+class Thresholds:
+    p_it: float = P_IT  # p1: image-text
+    p_ii: float = P_II  # p2: image-image
+    p_tt: float = P_TT  # p3: text-text, together with ...
+    p_it_tt: float = P_IT_TT  # p1': ... a looser image-text threshold
+
+    def validate(self) -> None:
+        problems = [f"--{k.replace('_', '-')} must be in [-1, 1], got {v}" for k, v in vars(self).items() if not -1 <= v <= 1]
+        if problems:
+            raise UsageError("; ".join(problems))
+
+
+@dataclass
+class Mined:
+    """For each row i, the rows j whose text is a positive for image i, and the three scores of each pair."""
+
+    positives: list[np.ndarray]  # per row: (P_i,) int64 row indices, ordered by S_it descending
+    scores: list[np.ndarray]  # per row: (P_i, 3) float32: S_it, S_ii, S_tt
+    terms: list[np.ndarray]  # per row: (P_i, 3) bool: which terms of M fired
+    capped_rows: int = 0  # rows that had more than max_positives and were cut
+    stats: dict = field(default_factory=dict)
+
+
+def _normalise(x: np.ndarray) -> np.ndarray:
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+def text_rows(txt: np.ndarray, owner: np.ndarray | None, n_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-row mean caption embedding (for S_tt) and the owner row of each caption."""
+    if owner is None:
+        return txt, np.arange(n_rows)
+    owner = np.asarray(owner, dtype=np.int64)
+    counts = np.bincount(owner, minlength=n_rows).astype(np.float32)
+    if (counts == 0).any():
+        raise UsageError(f"{int((counts == 0).sum())} rows have no caption")
+    mean = np.zeros((n_rows, txt.shape[1]), dtype=np.float32)
+    np.add.at(mean, owner, txt)
+    return mean / counts[:, None], owner  # (N, D) not renormalised: dot products give mean pair similarity
+
+
+def _index(x: np.ndarray, kind: str, nprobe: int):
+    import faiss
+
+    d = x.shape[1]
+    if kind == "flat":
+        index = faiss.IndexFlatIP(d)
+    elif kind == "ivf":
+        nlist = max(1, min(int(4 * np.sqrt(len(x))), len(x) // 39))
+        quantizer = faiss.IndexFlatIP(d)
+        index = faiss.IndexIVFFlat(quantizer, d, nlist, faiss.METRIC_INNER_PRODUCT)
+        rng = np.random.default_rng(0)
+        sample = x[rng.choice(len(x), size=min(len(x), nlist * 64), replace=False)]
+        index.train(sample)
+        index.nprobe = min(nprobe, nlist)
+    else:
+        raise UsageError(f"--index must be flat or ivf, got {kind!r}")
+    index.add(x)
+    return index
+
+
+def _range(index, queries: np.ndarray, radius: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(query, target, score) of every pair with score > radius."""
+    lims, scores, ids = index.range_search(queries, float(radius))
+    q = np.repeat(np.arange(len(queries), dtype=np.int64), np.diff(lims).astype(np.int64))
+    return q, ids.astype(np.int64), scores
+
+
+def mine(
+    img: np.ndarray,
+    txt: np.ndarray,
+    owner: np.ndarray | None = None,
+    thresholds: Thresholds | None = None,
+    *,
+    max_positives: int = 256,
+    index: str = "flat",
+    nprobe: int = 32,
+    chunk: int = 2048,
+) -> Mined:
+    """All positives of M over the whole set.
+
+    img: (N, D) image embeddings; txt: (N, D) text embeddings, or (N_txt, D) with owner (N_txt,) giving
+    each caption's row. Embeddings are L2-normalised here.
+    """
+    th = thresholds or Thresholds()
+    th.validate()
+    img = _normalise(img)
+    txt = _normalise(txt)
+    n = len(img)
+    if owner is None and len(txt) != n:
+        raise UsageError(f"{n} images but {len(txt)} texts; give each caption's row")
+    tmean, owner_idx = text_rows(txt, owner, n)
+    txt_index = _index(txt, index, nprobe)
+    img_index = _index(img, index, nprobe)
+    r_it = min(th.p_it, th.p_it_tt)  # one search gives the candidates of terms 1 and 3
+
+    positives, scores, terms = [], [], []
+    capped = 0
+    for lo in range(0, n, chunk):
+        q_img = img[lo : lo + chunk]  # (B, D)
+        qi, cap, s = _range(txt_index, q_img, r_it)  # image -> caption hits
+        rows_j = owner_idx[cap]
+        qi2, rj2, _ = _range(img_index, q_img, th.p_ii)  # image -> image hits
+        qa = np.concatenate([qi, qi2])
+        ja = np.concatenate([rows_j, rj2])
+        pair = np.unique(qa * n + ja)  # candidate (query, row) pairs, unique
+        pq, pj = pair // n, pair % n
+        gi = pq + lo  # global image index
+        keep = pj != gi  # a row is never its own positive
+        pq, pj, gi = pq[keep], pj[keep], gi[keep]
+        # the three scores of every candidate pair
+        if owner is None:
+            s_it = np.einsum("nd,nd->n", img[gi], txt[pj])
+        else:  # best caption of row j; search hits give it for hits, recompute exactly for all
+            s_it = _max_caption_score(img, txt, owner_idx, gi, pj)
+        s_ii = np.einsum("nd,nd->n", img[gi], img[pj])
+        s_tt = np.einsum("nd,nd->n", tmean[gi], tmean[pj])
+        t1 = s_it > th.p_it
+        t2 = s_ii > th.p_ii
+        t3 = (s_tt > th.p_tt) & (s_it > th.p_it_tt)
+        m = t1 | t2 | t3
+        pq, pj, s_it, s_ii, s_tt = pq[m], pj[m], s_it[m], s_ii[m], s_tt[m]
+        tm = np.stack([t1[m], t2[m], t3[m]], axis=1)
+        order = np.lexsort((-s_it, pq))  # by query, then S_it descending
+        pq, pj, tm = pq[order], pj[order], tm[order]
+        sc = np.stack([s_it[order], s_ii[order], s_tt[order]], axis=1).astype(np.float32)
+        bounds = np.searchsorted(pq, np.arange(len(q_img) + 1))
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            if b - a > max_positives:
+                capped += 1
+                b = a + max_positives
+            positives.append(pj[a:b])
+            scores.append(sc[a:b])
+            terms.append(tm[a:b])
+    return Mined(positives, scores, terms, capped)
+
+
+def _max_caption_score(img, txt, owner_idx, gi, pj) -> np.ndarray:
+    """max over captions c of row j of img[i] . txt[c], for each pair (i, j), vectorised over pairs."""
+    order = np.argsort(owner_idx, kind="stable")  # captions grouped by row
+    starts = np.searchsorted(owner_idx[order], np.arange(int(owner_idx.max()) + 2))
+    n_caps = starts[pj + 1] - starts[pj]  # (P,) captions of each pair's row
+    pair_of = np.repeat(np.arange(len(pj)), n_caps)  # (C,) pair of each expanded caption
+    offs = np.arange(len(pair_of)) - np.repeat(np.cumsum(n_caps) - n_caps, n_caps)
+    caps = order[starts[pj][pair_of] + offs]  # (C,) caption index
+    dots = np.einsum("nd,nd->n", img[gi[pair_of]], txt[caps])  # (C,)
+    return np.maximum.reduceat(dots, np.cumsum(n_caps) - n_caps) if len(pj) else np.zeros(0, np.float32)
+
+
+def dense_reference(img: np.ndarray, txt: np.ndarray, owner: np.ndarray | None = None, thresholds: Thresholds | None = None) -> np.ndarray:
+    """M as a dense (N, N) bool matrix, straight from equation 1 (for tests and small data)."""
+    th = thresholds or Thresholds()
+    img = _normalise(img)
+    txt = _normalise(txt)
+    n = len(img)
+    if owner is None:
+        s_it = img @ txt.T
+        s_tt = txt @ txt.T
+    else:
+        owner = np.asarray(owner)
+        per_cap = img @ txt.T  # (N, N_txt)
+        s_it = np.full((n, n), -np.inf, dtype=np.float32)
+        for c, j in enumerate(owner.tolist()):
+            s_it[:, j] = np.maximum(s_it[:, j], per_cap[:, c])
+        pair = txt @ txt.T  # (N_txt, N_txt)
+        s_tt = np.zeros((n, n), dtype=np.float64)
+        for a in range(n):
+            for b in range(n):
+                s_tt[a, b] = pair[np.ix_(owner == a, owner == b)].mean()
+    s_ii = img @ img.T
+    m = (s_it > th.p_it) | (s_ii > th.p_ii) | ((s_tt > th.p_tt) & (s_it > th.p_it_tt))
+    np.fill_diagonal(m, False)
+    return m
+
+
+def summarise(mined: Mined, n_rows: int) -> dict:
+    """Rows that gained positives, a histogram of positives per row, the share of pairs found by each term."""
+    counts = np.array([len(p) for p in mined.positives], dtype=np.int64)
+    total = int(counts.sum())
+    terms = np.concatenate(mined.terms) if total else np.zeros((0, 3), dtype=bool)
+    edges = [0, 1, 2, 4, 8, 16, 32, 64, 128, 256, np.inf]
+    hist = {}
+    for a, b in zip(edges[:-1], edges[1:]):
+        label = f"{a}" if b == a + 1 else (f"{a}+" if b == np.inf else f"{a}-{int(b) - 1}")
+        hist[label] = int(((counts >= a) & (counts < b)).sum())
+    names = ["image-text", "image-image", "text-text and image-text"]
+    return {
+        "rows": n_rows,
+        "rows_with_positives": int((counts > 0).sum()),
+        "pairs": total,
+        "mean_positives_per_row": round(total / n_rows, 4) if n_rows else 0.0,
+        "max_positives_per_row": int(counts.max()) if n_rows else 0,
+        "rows_capped": mined.capped_rows,
+        "histogram": hist,
+        "share_by_term": {k: round(float(terms[:, t].mean()), 4) if total else 0.0 for t, k in enumerate(names)},
+        "share_only_term": {
+            k: round(float((terms[:, t] & (terms.sum(1) == 1)).mean()), 4) if total else 0.0 for t, k in enumerate(names)
+        },
+    }
+
+
+def calibrate(true_pair_scores: np.ndarray) -> dict:
+    """The distribution of S_it over true pairs and the thresholds FFF's recipe gives for this model.
+
+    FFF sets p1 a little below the true pairs' mean (0.27 for a mean of 0.29) and p1' below p1 (0.24):
+    vltool keeps those offsets, p1 = mean - 0.02 and p1' = mean - 0.05, and leaves p2, p3 as published.
+    """
+    s = np.asarray(true_pair_scores, dtype=np.float64)
+    q = np.quantile(s, [0.05, 0.25, 0.5, 0.75, 0.95])
+    mean = float(s.mean())
+    return {
+        "true_pairs": int(len(s)),
+        "mean": round(mean, 4),
+        "std": round(float(s.std()), 4),
+        "quantiles": {k: round(float(v), 4) for k, v in zip(["5%", "25%", "50%", "75%", "95%"], q)},
+        "suggested": {"p_it": round(mean - 0.02, 4), "p_it_tt": round(mean - 0.05, 4), "p_ii": P_II, "p_tt": P_TT},
+    }

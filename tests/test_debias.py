@@ -1,0 +1,103 @@
+"""Concept subspace and hard-debias editing on hand-made embeddings with a planted direction."""
+
+import numpy as np
+import pytest
+
+from vltool.debias import (
+    DEFAULT_PAIRS,
+    DEFAULT_TEMPLATES,
+    alignment_table,
+    concept_subspace,
+    contextualise,
+    own_other_gap,
+    project_out,
+    read_pairs,
+    read_templates,
+)
+from vltool.errors import UsageError
+
+
+def planted(n=40, d=16, seed=0):
+    rng = np.random.default_rng(seed)
+    g = np.zeros(d)
+    g[3] = 1.0  # the planted concept direction
+    base = rng.normal(size=(n, d))
+    a = base + 1.5 * g + 0.05 * rng.normal(size=(n, d))
+    b = base - 1.5 * g + 0.05 * rng.normal(size=(n, d))
+    return a, b, g
+
+
+def test_pca_recovers_planted_direction_up_to_sign():
+    a, b, g = planted()
+    sub = concept_subspace(a, b, k=1)
+    assert abs(float(sub.components[0] @ g)) > 0.99
+    assert sub.explained_variance_ratio[0] > 0.9
+    sub2 = concept_subspace(a, b, k=2)
+    assert np.allclose(sub2.components @ sub2.components.T, np.eye(2), atol=1e-5)
+
+
+def test_edited_embeddings_are_orthogonal_and_unit():
+    a, b, _ = planted()
+    sub = concept_subspace(a, b, k=2)
+    h = np.random.default_rng(1).normal(size=(30, 16))
+    e = project_out(h, sub.components)
+    assert np.allclose(e @ sub.components.T, 0, atol=1e-5)
+    assert np.allclose(np.linalg.norm(e, axis=1), 1, atol=1e-5)
+    # by hand for one vector
+    v = sub.components
+    manual = h[0] - (h[0] @ v.T) @ v
+    assert np.allclose(e[0], manual / np.linalg.norm(manual), atol=1e-5)
+
+
+def test_alignment_table_cells_by_hand():
+    q = np.array([[1.0, 0.0], [0.0, 1.0]])
+    imgs = np.array([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0], [0.6, 0.8]])
+    cells = alignment_table(q, ["man", "woman"], imgs, ["man", "man", "woman", "woman"], top=1)
+    assert cells == {"man": {"man": 1.0, "woman": pytest.approx(0.6)}, "woman": {"man": pytest.approx(0.6), "woman": 1.0}}
+    cells2 = alignment_table(q, ["man", "woman"], imgs, ["man", "man", "woman", "woman"], top=2)
+    assert cells2["man"]["man"] == pytest.approx(0.9) and cells2["man"]["woman"] == pytest.approx(0.3)
+    assert own_other_gap(cells) == pytest.approx(0.4)
+
+
+def test_gap_shrinks_after_removing_planted_direction():
+    rng = np.random.default_rng(3)
+    d = 16
+    g = np.zeros(d)
+    g[0] = 1
+    content = rng.normal(size=(200, d))
+    content[:, 0] = 0
+    groups = ["man"] * 100 + ["woman"] * 100
+    imgs = content + np.where(np.array(groups) == "man", 1.0, -1.0)[:, None] * 2 * g
+    imgs /= np.linalg.norm(imgs, axis=1, keepdims=True)
+    queries = np.stack([g + 0.3 * rng.normal(size=d) for _ in range(5)] + [-g + 0.3 * rng.normal(size=d) for _ in range(5)])
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    qg = ["man"] * 5 + ["woman"] * 5
+    before = own_other_gap(alignment_table(queries, qg, imgs, groups))
+    after = own_other_gap(alignment_table(queries, qg, project_out(imgs, g[None]), groups))
+    assert before > 0.3 and abs(after) < 0.05
+
+
+def test_default_pairs_and_templates():
+    pairs = read_pairs(DEFAULT_PAIRS)
+    assert len(pairs) == 20 and pairs[0] == ("man", "woman") and ("boyfriend", "girlfriend") in pairs
+    templates = read_templates(DEFAULT_TEMPLATES)
+    assert "I am a {}." in templates and "that {} is smiling." in templates
+    a, b = contextualise(pairs[:2], ["I am a {}."])
+    assert a == ["I am a man.", "I am a men."] and b == ["I am a woman.", "I am a women."]
+
+
+def test_bad_pair_files(tmp_path):
+    p = tmp_path / "p.txt"
+    p.write_text("man\twoman\nking\n")
+    with pytest.raises(UsageError, match="line 2: expected two words"):
+        read_pairs(p)
+    p.write_text("man,\n")
+    with pytest.raises(UsageError, match="line 1"):
+        read_pairs(p)
+    p.write_text("\n# nothing\n")
+    with pytest.raises(UsageError, match="holds no pairs"):
+        read_pairs(p)
+    t = tmp_path / "t.txt"
+    t.write_text("no placeholder\n")
+    with pytest.raises(UsageError, match="exactly one"):
+        read_templates(t)

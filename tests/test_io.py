@@ -134,3 +134,12 @@ def test_corrupt_dataset_is_runtime_error(tmp_path):
     (d / "state.json").write_text("{not json")
     with pytest.raises(VltoolError):
         load_dataset(str(d))
+
+
+def test_transforms_write_nothing_into_the_input_directory(labelled):
+    from pathlib import Path
+
+    before = sorted(p.name for p in Path(labelled).iterdir())
+    src = load_dataset(labelled, where=["split=train"])
+    src.dataset.map(lambda r: {"caption": r["caption"] + "!"}).filter(lambda r: True)
+    assert sorted(p.name for p in Path(labelled).iterdir()) == before

@@ -118,6 +118,9 @@ def load_dataset(
     import datasets
 
     datasets.disable_progress_bars()  # vltool shows its own progress; datasets' bars are noise here
+    # Inputs are never modified: without this, datasets writes cache-*.arrow files of every .map/.filter
+    # into the input's directory. Transforms then go to a temporary directory instead.
+    datasets.disable_caching()
     path = resolve_dataset_path(spec)
     try:
         obj = datasets.load_from_disk(str(path))

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from vltool import __version__
-from vltool.commands import deform
+from vltool.commands import deform, export, import_, info
 
 app = typer.Typer(
     name="vltool",
@@ -37,6 +37,9 @@ def root(
 
 
 deform.register(app)
+import_.register(app)
+export.register(app)
+info.register(app)
 
 
 def main() -> None:

@@ -1,0 +1,206 @@
+"""`vltool info`: dataset statistics, model directories, and the provenance chain back to the import."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pytest
+from PIL import Image
+from typer.testing import CliRunner
+
+from vltool.cli import app
+from vltool.deform import DeformConfig, deform
+from vltool.importer import ImportConfig, import_data
+from vltool.info import InfoConfig, chain_lines, dataset_summary, info, safetensors_header
+from vltool.io import BUILTIN_DATASETS
+
+runner = CliRunner()
+
+
+def info_json(*args: str) -> dict:
+    r = runner.invoke(app, ["info", *args, "--json"])
+    assert r.exit_code == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_summary_exact_numbers():
+    ds = datasets.Dataset.from_dict(
+        {
+            "id": ["a", "b", "c", "d"],
+            "caption": ["one", "two words", "", "a b c d"],
+            "captions": [["one"], ["two words", "2"], [], ["x", "y", "z"]],
+            "label": [0, 2, 2, 2],
+            "positives": [[], ["a"], ["a", "b"], ["c"]],
+        },
+        features=datasets.Features({
+            "id": datasets.Value("string"),
+            "caption": datasets.Value("string"),
+            "captions": datasets.List(datasets.Value("string")),
+            "label": datasets.ClassLabel(names=["x", "y", "z"]),
+            "positives": datasets.List(datasets.Value("string")),
+        }),
+    )
+    s = dataset_summary(ds)
+    assert s["rows"] == 4
+    assert s["columns"] == {"id": "string", "caption": "string", "captions": "list<string>", "label": "class_label[3]", "positives": "list<string>"}
+    assert s["caption_words"] == {"min": 0, "p5": 0.15, "median": 1.5, "mean": 1.75, "p95": 3.7, "max": 4}
+    assert s["empty_captions"] == 1
+    assert s["rows_with_several_captions"] == 2 and s["captions_total"] == 6
+    assert s["rows_with_positives"] == 3 and s["rows_with_several_positives"] == 1
+    assert s["labels"]["label"] == {"classes": 3, "classes_present": 2, "counts": [["z", 3], ["x", 1]]}
+    sel = dataset_summary(ds.select([1, 3]))  # an indices mapping is honoured
+    assert sel["rows"] == 2 and sel["labels"]["label"]["counts"] == [["z", 2]]
+
+
+def test_info_emoji_and_deformed_copy(tmp_path):
+    n = len(datasets.load_from_disk(str(BUILTIN_DATASETS["emoji"])))
+    r = info_json("emoji")
+    assert r["kind"] == "dataset" and r["rows"] == n
+    assert r["columns"]["image"] == "image" and r["columns"]["label"].startswith("class_label[")
+    assert sum(c for _, c in r["labels"]["label"]["counts"]) == n
+    assert r["rows_with_several_captions"] > 0
+    assert set(r["split_counts"]) == {"train", "test"}
+    assert r["provenance"]["builtin"] == "emoji" and r["provenance"]["made_by"] is None
+
+    deform("emoji", tmp_path / "bow", DeformConfig(ops="shuffle,keep4", base_frac=0.0), where=["split=test"])
+    r = info_json(str(tmp_path / "bow"))
+    chain = r["provenance"]
+    assert chain["made_by"] == "deform" and chain["rows_out"] == r["rows"]
+    (parent,) = chain["inputs"]
+    assert parent["builtin"] == "emoji" and parent["where"] == ["split=test"] and parent["spec"] == "emoji"
+    assert r["is_base_counts"] == {"False": r["rows"]}
+    assert r["caption_words"]["max"] <= 4 and "caption_original_words" in r
+    table = runner.invoke(app, ["info", str(tmp_path / "bow")])
+    assert table.exit_code == 0
+    assert "provenance" in table.stdout and "made by `deform`" in table.stdout and "the built-in 'emoji' dataset" in table.stdout
+
+
+def _jpeg() -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8), (90, 10, 10)).save(buf, format="JPEG")
+    return buf.getvalue()
+
+
+def test_chain_back_to_the_import(tmp_path):
+    (tmp_path / "a.jpg").write_bytes(_jpeg())
+    (tmp_path / "t.csv").write_text("filepath,title\na.jpg,a red dog runs fast\na.jpg,the red dog sleeps\n")
+    import_data(str(tmp_path / "t.csv"), tmp_path / "imported", ImportConfig())
+    deform(str(tmp_path / "imported"), tmp_path / "d1", DeformConfig(ops="shuffle", base_frac=0.0))
+    deform(str(tmp_path / "d1"), tmp_path / "d2", DeformConfig(ops="keep2", base_frac=0.0))
+    r = info(str(tmp_path / "d2"))
+    lines = chain_lines(r["provenance"])
+    assert len(lines) == 4
+    assert "made by `deform`" in lines[0] and lines[0].startswith(str(tmp_path / "d2"))
+    assert lines[1].startswith("  ") and "made by `deform`" in lines[1]
+    assert "made by `import`" in lines[2] and "rows 2 -> 2" in lines[2]
+    assert lines[3].strip() == f"source {tmp_path / 't.csv'} (csv, 1 files)"
+    # a moved input is reported, not followed
+    import shutil
+
+    shutil.move(str(tmp_path / "imported"), str(tmp_path / "moved"))
+    r = info(str(tmp_path / "d2"))
+    assert "missing" in chain_lines(r["provenance"])[2]
+
+
+def _write_model(d: Path, data: Path | None = None) -> int:
+    """A model directory as vltool's pretrain may write it: config.json, model.safetensors, vltool.json."""
+    from safetensors.numpy import save_file
+
+    tensors = {
+        "visual.conv1.weight": np.zeros((8, 3, 4, 4), np.float32),
+        "visual.proj": np.zeros((8, 16), np.float32),
+        "transformer.resblocks.0.attn.in_proj_weight": np.zeros((24, 8), np.float32),
+        "token_embedding.weight": np.zeros((100, 8), np.float32),
+        "text_projection": np.zeros((8, 16), np.float32),
+        "logit_scale": np.zeros((), np.float32),
+    }
+    d.mkdir(parents=True)
+    save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
+    (d / "config.json").write_text(json.dumps({
+        "embed_dim": 16,
+        "vision_cfg": {"image_size": 16, "layers": 1, "width": 8, "patch_size": 4},
+        "text_cfg": {"context_length": 12, "vocab_size": 100, "width": 8, "layers": 1},
+    }))
+    prov = {
+        "command": "pretrain", "command_line": "vltool pretrain data --out run", "created": "2026-01-01T00:00:00+00:00",
+        "options": {"epochs": 2, "lr": 0.001, "loss": "clip"},
+        "inputs": [{"spec": str(data), "path": str(data), "rows": 2}] if data else [],
+        "stats": {"final_loss": 1.25, "steps": 10}, "wall_time_s": 3.5,
+    }
+    (d.parent / "vltool.json").write_text(json.dumps(prov))
+    return sum(int(np.prod(t.shape)) for t in tensors.values())
+
+
+def test_model_directory(tmp_path):
+    (tmp_path / "a.jpg").write_bytes(_jpeg())
+    (tmp_path / "t.csv").write_text("filepath,title\na.jpg,one\n")
+    import_data(str(tmp_path / "t.csv"), tmp_path / "data", ImportConfig())
+    total = _write_model(tmp_path / "run" / "model", tmp_path / "data")
+    assert safetensors_header(tmp_path / "run" / "model" / "model.safetensors")["__metadata__"] == {"format": "pt"}
+    for path in (tmp_path / "run", tmp_path / "run" / "model"):  # RUN_DIR or RUN_DIR/model
+        r = info_json(str(path))
+        assert r["kind"] == "model" and r["parameters"] == total
+        assert r["parameters_by_tower"] == {"image": 8 * 3 * 16 + 8 * 16, "other": 1, "text": 24 * 8 + 800 + 128}
+        assert r["embedding_size"] == 16
+        assert set(r["towers"]) == {"vision_cfg", "text_cfg"} and r["towers"]["vision_cfg"]["width"] == 8
+        assert r["training"]["command"] == "pretrain" and r["training"]["stats"]["final_loss"] == 1.25
+        assert r["training"]["data"][0]["path"] == str(tmp_path / "data")
+        lines = chain_lines(r["provenance"])
+        assert "made by `pretrain`" in lines[0] and "made by `import`" in lines[1]
+    table = runner.invoke(app, ["info", str(tmp_path / "run")])
+    assert table.exit_code == 0
+    assert "embedding size" in table.stdout and "pretrain" in table.stdout and f"{total:,}" in table.stdout
+
+
+def test_model_without_provenance_or_embed_key(tmp_path):
+    from safetensors.numpy import save_file
+
+    d = tmp_path / "m"
+    d.mkdir()
+    save_file({"model.visual.w": np.zeros((2, 3), np.float32), "model.text_projection": np.zeros((4, 5), np.float16)},
+              str(d / "model.safetensors"))
+    (d / "config.json").write_text("{}")
+    r = info(str(d))
+    assert r["parameters"] == 26 and r["embedding_size"] == 5 and "training" not in r
+    assert r["parameters_by_module"] == {"text_projection": 20, "visual": 6}  # the shared `model.` prefix dropped
+    assert r["dtypes"] == {"F32": 6, "F16": 20}
+
+
+def test_dataset_dict_split_and_errors(tmp_path):
+    dd = datasets.DatasetDict({
+        "train": datasets.Dataset.from_dict({"id": ["a", "b"], "caption": ["x y", "z"]}),
+        "test": datasets.Dataset.from_dict({"id": ["c"], "caption": ["w"]}),
+    })
+    dd.save_to_disk(str(tmp_path / "dd"))
+    r = info_json(str(tmp_path / "dd"))
+    assert {k: v["rows"] for k, v in r["splits"].items()} == {"train": 2, "test": 1}
+    r = info_json(str(tmp_path / "dd"), "--split", "test")
+    assert list(r["splits"]) == ["test"]
+    res = runner.invoke(app, ["info", str(tmp_path / "dd"), "--split", "val"])
+    assert res.exit_code == 2 and "train" in res.stderr
+    res = runner.invoke(app, ["info", str(tmp_path / "nothing")])
+    assert res.exit_code == 2 and "does not exist" in res.stderr
+    (tmp_path / "plain").mkdir()
+    res = runner.invoke(app, ["info", str(tmp_path / "plain")])
+    assert res.exit_code == 2 and "neither a dataset" in res.stderr
+    with pytest.raises(Exception, match="max-labels"):
+        InfoConfig(max_labels=-1).validate()
+
+
+def test_info_on_an_export(tmp_path):
+    from vltool.export import ExportConfig, export
+
+    export("emoji", tmp_path / "wds", ExportConfig(), where=["label=face smiling"])
+    r = info_json(str(tmp_path / "wds"))
+    assert r["kind"] == "output" and r["command"] == "export"
+    assert r["provenance"]["inputs"][0]["builtin"] == "emoji"
+    # shards imported back: the chain goes through the export to the built-in data
+    import_data(str(tmp_path / "wds" / "*.tar"), tmp_path / "back", ImportConfig())
+    lines = chain_lines(info(str(tmp_path / "back"))["provenance"])
+    assert [line.strip().split(":")[0].split(" (")[0] for line in lines] == [
+        str(tmp_path / "back"), f"source {tmp_path / 'wds' / '*.tar'}", str(tmp_path / "wds"), "emoji --where label=face smiling"]
+    assert "made by `export`" in lines[2] and "the built-in 'emoji' dataset" in lines[3]

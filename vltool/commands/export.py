@@ -1,0 +1,77 @@
+"""`vltool export`: the Typer layer. The work is vltool.export.export."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from vltool.commands.common import DataArg, JsonOpt, NumProcOpt, OutOpt, OverwriteOpt, SplitOpt, WhereOpt, handle_errors
+
+HELP = """Write a dataset as WebDataset shards or open_clip's CSV layout, for open_clip's trainer as is.
+
+  webdataset   OUT/00000.tar, ...: KEY.jpg + KEY.txt (caption) + KEY.json (the other columns), and
+               OUT/sizes.json, so open_clip needs no --train-num-samples
+
+  csv          OUT/data.csv (tab-separated: filepath, title, id, label) and OUT/images/
+
+The printed open_clip command trains on the result unchanged.
+
+Examples:
+
+  vltool export emoji --to webdataset --out emoji_wds --where split=train
+
+  python -m open_clip_train.main --dataset-type webdataset --train-data 'emoji_wds/{00000..00000}.tar' ...
+
+  vltool export my_data --to csv --out my_csv
+"""
+
+
+def export_command(
+    data: DataArg,
+    out: OutOpt,
+    to: Annotated[str, typer.Option("--to", help="webdataset or csv.")] = "webdataset",
+    shard_size: Annotated[int, typer.Option("--shard-size", min=1, help="Samples per tar shard (csv: per image folder).")] = 10_000,
+    image_format: Annotated[str, typer.Option("--image-format", help="jpg or png: the format of every image written.")] = "jpg",
+    jpeg_quality: Annotated[int, typer.Option("--jpeg-quality", min=1, max=100, help="Quality of re-encoded JPEGs.")] = 95,
+    where: WhereOpt = None,
+    split: SplitOpt = None,
+    num_proc: NumProcOpt = 1,
+    overwrite: OverwriteOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    from vltool.export import ExportConfig, export
+
+    config = ExportConfig(to=to, shard_size=shard_size, image_format=image_format, jpeg_quality=jpeg_quality, num_proc=num_proc)
+    prov = export(data, out, config, where=where or [], split=split, overwrite=overwrite)
+    if as_json:
+        from vltool.console import print_json
+
+        print_json(prov["stats"] | {"out": str(out)})
+    else:
+        print_stats(prov["stats"], out)
+
+
+def print_stats(s: dict, out) -> None:
+    from rich.table import Table
+
+    from vltool.console import out as stdout
+
+    t = Table(title=f"export ({s['to']}) -> {out}")
+    t.add_column("statistic")
+    t.add_column("value", overflow="fold")
+    t.add_row("rows in", f"{s['rows_in']:,}")
+    t.add_row("samples written", f"{s['rows_out']:,}")
+    for reason, n in s["skipped"].items():
+        t.add_row(f"  skipped: {reason}", f"{n:,}")
+    if s.get("shards") is not None:
+        t.add_row("shards", f"{s['shards']:,}")
+    t.add_row("images re-encoded", f"{s['images_reencoded']:,} ({s['image_format']})")
+    t.add_row("sample keys", s["keys_from"])
+    t.add_row("train data", s["train_data"])
+    stdout.print(t)
+    stdout.print(f"train with open_clip:\n  {s['open_clip_command']}", highlight=False, markup=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("export", help=HELP, short_help="Write WebDataset shards or open_clip CSV.")(handle_errors(export_command))

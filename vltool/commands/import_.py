@@ -1,0 +1,117 @@
+"""`vltool import`: the Typer layer. The work is vltool.importer.import_data (`import` is a Python keyword)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from vltool.commands.common import JsonOpt, NumProcOpt, OutOpt, OverwriteOpt, handle_errors
+
+HELP = """Read image-text data into a vltool dataset (id, image, caption, optional captions and label).
+
+SOURCE is one or more files, a directory, a glob ('shards/*.tar') or a brace pattern
+('shards/{00000..00009}.tar'); the format comes from the extensions, or --format:
+
+  csv / tsv / jsonl / parquet   a table with an image-path column and a caption column (open_clip's
+                                filepath / title by default; relative paths from --image-root, by
+                                default the table's directory)
+
+  webdataset                    tar shards of KEY.jpg + KEY.txt + KEY.json (img2dataset's output)
+
+  parquet                       img2dataset's parquet shards (image bytes in the `jpg` column)
+
+  imagefolder                   a directory with one sub-folder per class (the label)
+
+  coco                          a caption annotation file; the images are found beside it or in --image-root
+
+Rows with a missing file, an undecodable image or an empty caption are skipped, counted, and listed in
+OUT/skipped.jsonl. Ids come from the source's keys (id/key column, sample key, COCO image id, path in
+the image folder), else from the row number.
+
+Examples:
+
+  vltool import train.csv --out my_data
+
+  vltool import 'laion/{00000..00099}.tar' --out laion_subset --num-proc 2 --max-side 256
+
+  vltool import annotations/captions_val2017.json --out coco_val --image-root val2017
+
+  vltool import pets/ --out pets --caption-template 'a photo of a {label}'
+"""
+
+
+def import_command(
+    sources: Annotated[list[str], typer.Argument(help="Files, a directory, a glob or a brace pattern.", show_default=False)],
+    out: OutOpt,
+    format: Annotated[
+        str, typer.Option("--format", help="auto, csv, tsv, jsonl, parquet, webdataset, imagefolder or coco.")
+    ] = "auto",
+    image_column: Annotated[
+        Optional[str], typer.Option("--image-column", help="Table column with image paths or bytes (WebDataset: the image extension). Default: filepath, image, path, ...")
+    ] = None,
+    caption_column: Annotated[
+        Optional[str], typer.Option("--caption-column", help="Table column with the caption; a list column fills `captions`. Default: title, caption, text, ...")
+    ] = None,
+    label_column: Annotated[Optional[str], typer.Option("--label-column", help="Table column whose values become the class label.")] = None,
+    id_column: Annotated[Optional[str], typer.Option("--id-column", help="Table column with row ids. Default: id or key when present, else the row number.")] = None,
+    image_root: Annotated[Optional[Path], typer.Option("--image-root", help="Base of relative image paths. Default: the table's directory (COCO: found beside the annotations).")] = None,
+    extra_column: Annotated[
+        Optional[list[str]], typer.Option("--extra-column", help="Copy this source column (or .json key) as a string column. Repeatable.")
+    ] = None,
+    max_side: Annotated[Optional[int], typer.Option("--max-side", min=1, help="Resize images whose longer side exceeds this many pixels.")] = None,
+    caption_template: Annotated[
+        str, typer.Option("--caption-template", help="Image folders: the caption of each image, from its class name.")
+    ] = "{label}",
+    num_proc: NumProcOpt = 1,
+    overwrite: OverwriteOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    from vltool.importer import ImportConfig, import_data
+
+    config = ImportConfig(
+        format=format, image_column=image_column, caption_column=caption_column, label_column=label_column,
+        id_column=id_column, image_root=image_root, extra_columns=list(extra_column or []), max_side=max_side,
+        caption_template=caption_template, num_proc=num_proc,
+    )
+    prov = import_data(sources, out, config, overwrite=overwrite)
+    if as_json:
+        from vltool.console import print_json
+
+        print_json(prov["stats"] | {"out": str(out)})
+    else:
+        print_stats(prov["stats"], out)
+
+
+def print_stats(s: dict, out) -> None:
+    from rich.table import Table
+
+    from vltool.console import out as stdout
+
+    t = Table(title=f"import ({s['format']}) -> {out}")
+    t.add_column("statistic")
+    t.add_column("value", justify="right")
+    t.add_row("source files", f"{s['files']:,}")
+    t.add_row("rows read", f"{s['rows_read']:,}")
+    t.add_row("rows imported", f"{s['rows_out']:,}")
+    t.add_row("rows skipped", f"{s['rows_skipped']:,}")
+    for reason, n in s["skipped"].items():
+        t.add_row(f"  {reason}", f"{n:,}")
+    if s.get("report"):
+        t.add_row("skip report", str(Path(out) / s["report"]))
+    if s.get("classes") is not None:
+        t.add_row("classes", f"{s['classes']:,}")
+    for key in ("image_column", "caption_column", "id_column", "label_column", "image_root"):
+        if s.get(key):
+            t.add_row(key.replace("_", " "), str(s[key]))
+    t.add_row("captions column", "yes" if s.get("captions_column") else "no")
+    if s.get("max_side"):
+        t.add_row("max side", str(s["max_side"]))
+    stdout.print(t)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("import", help=HELP, short_help="Read CSV/TSV/JSONL/Parquet, WebDataset, image folders, COCO.")(
+        handle_errors(import_command)
+    )

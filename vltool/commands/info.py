@@ -1,0 +1,164 @@
+"""`vltool info`: the Typer layer. The work is vltool.info.info; this module draws its report."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from vltool.commands.common import JsonOpt, SplitOpt, handle_errors
+
+HELP = """Describe a dataset or a model directory, and how it was made.
+
+A dataset (a directory written by save_to_disk, or 'emoji'): rows, columns and their types, caption
+length statistics, label counts, rows with several captions or positives, and the provenance chain
+(each vltool.json's inputs followed back to the import).
+
+A model directory (config.json and *.safetensors, or a run directory holding model/): towers,
+parameters, embedding size, and how it was trained.
+
+Examples:
+
+  vltool info emoji
+
+  vltool info bow --json
+
+  vltool info runs/clip_small
+"""
+
+
+def info_command(
+    path: Annotated[str, typer.Argument(help="A dataset directory, 'emoji', a model or run directory, or a vltool output.", show_default=False)],
+    split: SplitOpt = None,
+    max_labels: Annotated[int, typer.Option("--max-labels", min=0, help="Label classes listed, most frequent first (--json lists all).")] = 20,
+    as_json: JsonOpt = False,
+) -> None:
+    from vltool.info import InfoConfig, info
+
+    report = info(path, InfoConfig(split=split, max_labels=max_labels))
+    if as_json:
+        from vltool.console import print_json
+
+        print_json(report)
+    else:
+        render(report, max_labels)
+
+
+def _fmt_stats(s: dict | None) -> str:
+    if not s:
+        return "-"
+    return f"min {s['min']}, median {s['median']:g}, mean {s['mean']:g}, p95 {s['p95']:g}, max {s['max']}"
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _dataset_tables(s: dict, title: str, max_labels: int) -> list:
+    from rich.table import Table
+
+    t = Table(title=title, show_header=False)
+    t.add_column("")
+    t.add_column("", overflow="fold")
+    t.add_row("rows", f"{s['rows']:,}")
+    t.add_row("columns", ", ".join(f"{k}: {v}" for k, v in s["columns"].items()))
+    if "caption_words" in s:
+        t.add_row("caption words", _fmt_stats(s["caption_words"]))
+        t.add_row("empty captions", f"{s['empty_captions']:,}")
+    if "caption_original_words" in s:
+        t.add_row("caption_original words", _fmt_stats(s["caption_original_words"]))
+    if "captions_per_row" in s:
+        t.add_row("captions per row", _fmt_stats(s["captions_per_row"]))
+        t.add_row("rows with several captions", f"{s['rows_with_several_captions']:,}")
+    if "rows_with_positives" in s:
+        t.add_row("rows with positives", f"{s['rows_with_positives']:,}")
+        t.add_row("rows with several positives", f"{s['rows_with_several_positives']:,}")
+    if "labels_per_row" in s:
+        t.add_row("labels per row", _fmt_stats(s["labels_per_row"]))
+    for name in ("split_counts", "is_base_counts"):
+        if name in s:
+            t.add_row(name.replace("_counts", "").replace("_", " "), ", ".join(f"{k}: {v:,}" for k, v in s[name].items()))
+    tables = [t]
+    for col, lab in (s.get("labels") or {}).items():
+        lt = Table(title=f"{col}: {lab['classes']} classes, {lab['classes_present']} present")
+        lt.add_column("class")
+        lt.add_column("rows", justify="right")
+        for name, n in lab["counts"][:max_labels]:
+            lt.add_row(name, f"{n:,}")
+        if len(lab["counts"]) > max_labels:
+            lt.add_row(f"... {len(lab['counts']) - max_labels} more", "")
+        tables.append(lt)
+    return tables
+
+
+def tree_lines(node: dict) -> list[str]:
+    """The provenance chain drawn as a tree, one node per line (long lines are left to the terminal)."""
+    from vltool.info import describe_node
+
+    lines = [describe_node(node)]
+
+    def walk(n: dict, prefix: str) -> None:
+        children = n.get("inputs") or []
+        for i, child in enumerate(children):
+            last = i == len(children) - 1
+            lines.append(prefix + ("└── " if last else "├── ") + describe_node(child))
+            walk(child, prefix + ("    " if last else "│   "))
+
+    walk(node, "")
+    return lines
+
+
+def render(r: dict, max_labels: int = 20) -> None:
+    from rich.table import Table
+
+    from vltool.console import out
+
+    if r["kind"] == "dataset":
+        head = f"{r['spec']} ({r['path']}, {_size(r['bytes_on_disk'])})"
+        if "splits" in r:
+            for name, s in r["splits"].items():
+                for t in _dataset_tables(s, f"{head} split {name}", max_labels):
+                    out.print(t)
+        else:
+            for t in _dataset_tables(r, head, max_labels):
+                out.print(t)
+    elif r["kind"] == "model":
+        t = Table(title=f"model {r['model_dir']} ({_size(r['bytes_on_disk'])})", show_header=False)
+        t.add_column("")
+        t.add_column("", overflow="fold")
+        t.add_row("parameters", f"{r['parameters']:,}" if r.get("parameters") is not None else "-")
+        for tower, n in r["parameters_by_tower"].items():
+            t.add_row(f"  {tower} tower", f"{n:,}")
+        t.add_row("embedding size", str(r.get("embedding_size") or "-"))
+        for name, cfg in r.get("towers", {}).items():
+            t.add_row(name, cfg if isinstance(cfg, str) else ", ".join(f"{k}={v}" for k, v in cfg.items()))
+        t.add_row("modules", ", ".join(f"{k} {v:,}" for k, v in list(r["parameters_by_module"].items())[:12]) or "-")
+        t.add_row("weights", ", ".join(w["file"] for w in r["weights"]) or "-")
+        tr = r.get("training")
+        if tr:
+            t.add_row("trained by", f"`{tr.get('command')}` on {tr.get('created')} ({tr.get('wall_time_s')} s)")
+            t.add_row("command line", str(tr.get("command_line")))
+            for d in tr.get("data") or []:
+                t.add_row("training data", " ".join(f"{k}={v}" for k, v in d.items()))
+            opts = tr.get("options") or {}
+            if isinstance(opts, dict):
+                t.add_row("options", ", ".join(f"{k}={v}" for k, v in opts.items() if not isinstance(v, (dict, list))))
+            if tr.get("stats"):
+                t.add_row("results", ", ".join(f"{k}={v}" for k, v in tr["stats"].items()))
+        else:
+            t.add_row("trained by", "no vltool.json found")
+        out.print(t)
+    else:
+        out.print(f"{r['path']}: output of `{r.get('command')}`")
+    if r.get("provenance"):
+        out.print("provenance (newest first):")
+        for line in tree_lines(r["provenance"]):
+            out.print(line, soft_wrap=True, markup=False, highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("info", help=HELP, short_help="Describe a dataset or model and its provenance.")(handle_errors(info_command))

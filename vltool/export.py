@@ -1,0 +1,286 @@
+"""`vltool export`: a dataset back out in the layouts open_clip's trainer reads unchanged.
+
+- `webdataset`: `OUT/00000.tar, 00001.tar, ...`, `--shard-size` samples each; a sample is `KEY.jpg` (or
+  `.png`), `KEY.txt` (the caption) and `KEY.json` (every other column: id, captions, label and label_name,
+  ...). `OUT/sizes.json` gives each shard's sample count, which open_clip reads, so
+  `python -m open_clip_train.main --dataset-type webdataset --train-data 'OUT/{00000..0000N}.tar'` trains on
+  it without `--train-num-samples`.
+- `csv`: `OUT/data.csv`, tab-separated with open_clip's default columns `filepath` (absolute path of the
+  image) and `title` (the caption), plus `id` and `label`; the images in `OUT/images/NNNNN/KEY.jpg`.
+
+KEY is the row's id when every id is a safe file name (letters, digits, `_`, `-`), else the row number
+(`000000042`); the `.json` and the CSV always carry the id. `--image-format jpg` copies JPEG images byte
+for byte and re-encodes the others (transparent pixels composited on white); `png` does the same for PNG.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import tarfile
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from vltool import columns as C
+from vltool.errors import UsageError
+
+TARGETS = ("webdataset", "csv")
+IMAGE_FORMATS = ("jpg", "png")
+CSV_FILE = "data.csv"
+SIZES_FILE = "sizes.json"
+_SAFE_KEY = re.compile(r"^[A-Za-z0-9_-]{1,200}$")
+
+
+@dataclass
+class ExportConfig:
+    """Options of `vltool export`."""
+
+    to: str = "webdataset"  # webdataset (tar shards) or csv (open_clip's CSV plus image files)
+    shard_size: int = 10_000  # samples per tar shard (webdataset) or per image sub-folder (csv)
+    image_format: str = "jpg"  # jpg or png: the format every image is written in
+    jpeg_quality: int = 95  # quality of re-encoded JPEGs (JPEG sources are copied unchanged)
+    num_proc: int = 1  # worker processes, each writing whole shards; the output does not depend on it
+
+    def validate(self) -> None:
+        problems = []
+        if self.to not in TARGETS:
+            problems.append(f"--to {self.to!r}: choose webdataset or csv")
+        if self.shard_size < 1:
+            problems.append(f"--shard-size must be >= 1, got {self.shard_size}")
+        if self.image_format not in IMAGE_FORMATS:
+            problems.append(f"--image-format {self.image_format!r}: choose jpg or png")
+        if not 1 <= self.jpeg_quality <= 100:
+            problems.append(f"--jpeg-quality must be in [1, 100], got {self.jpeg_quality}")
+        if self.num_proc < 1:
+            problems.append(f"--num-proc must be >= 1, got {self.num_proc}")
+        if problems:
+            raise UsageError("; ".join(problems))
+
+
+def _flatten_alpha(im):
+    """RGB, with any transparency composited on white (what a viewer shows; dropping alpha gives black)."""
+    from PIL import Image
+
+    if im.mode in ("RGBA", "LA", "PA") or (im.mode == "P" and "transparency" in im.info):
+        rgba = im.convert("RGBA")
+        bg = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(bg, rgba).convert("RGB")
+    return im.convert("RGB")
+
+
+def encode_image(data: bytes, image_format: str, jpeg_quality: int = 95) -> tuple[bytes, bool]:
+    """(bytes in `image_format`, whether it was re-encoded). Raises on an undecodable image."""
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as im:
+        if image_format == "jpg" and im.format == "JPEG" and im.mode in ("RGB", "L"):
+            return data, False
+        if image_format == "png" and im.format == "PNG":
+            return data, False
+        im.load()
+        buf = io.BytesIO()
+        if image_format == "jpg":
+            _flatten_alpha(im).save(buf, format="JPEG", quality=jpeg_quality)
+        else:
+            (im if im.mode in ("1", "L", "LA", "P", "RGB", "RGBA", "I", "I;16") else im.convert("RGBA")).save(buf, format="PNG")
+        return buf.getvalue(), True
+
+
+def _image_data(value) -> bytes | None:
+    if not value:
+        return None
+    if value.get("bytes"):
+        return value["bytes"]
+    if value.get("path"):
+        try:
+            return Path(value["path"]).read_bytes()
+        except OSError:
+            return None
+    return None
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mode = 0o644
+    info.mtime = 0  # the same dataset gives byte-identical shards
+    tar.addfile(info, io.BytesIO(data))
+
+
+# Worker state for fork-based multiprocessing: set before the pool starts, inherited by the workers.
+_WORK: dict = {}
+
+
+def _write_shard(shard: tuple[int, int, int]) -> dict:
+    """Write rows [lo, hi) as shard `index`; return counts (and, for csv, the table rows)."""
+    index, lo, hi = shard
+    w = _WORK
+    config: ExportConfig = w["config"]
+    ds, keys, label_names = w["ds"], w["keys"], w["label_names"]
+    name = f"{index:0{w['width']}d}"
+    skipped: Counter = Counter()
+    written, reencoded = 0, 0
+    csv_rows: list[list[str]] = []
+    tar = tarfile.open(Path(w["tmp"]) / f"{name}.tar", "w", format=tarfile.PAX_FORMAT) if config.to == "webdataset" else None
+    image_dir = Path(w["tmp"]) / "images" / name
+    if config.to == "csv":
+        image_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        i = lo
+        for batch in ds.select(range(lo, hi)).iter(batch_size=256):
+            cols = list(batch)
+            for j in range(len(batch[C.ID])):
+                row = {c: batch[c][j] for c in cols}
+                key = keys[i]
+                i += 1
+                caption = (row.get(C.CAPTION) or "").strip()
+                if not caption:
+                    skipped["empty caption"] += 1
+                    continue
+                data = _image_data(row.get(C.IMAGE))
+                if data is None:
+                    skipped["no image"] += 1
+                    continue
+                try:
+                    img, changed = encode_image(data, config.image_format, config.jpeg_quality)
+                except Exception:  # PIL raises many kinds
+                    skipped["undecodable image"] += 1
+                    continue
+                reencoded += changed
+                if tar is not None:
+                    meta = {k: v for k, v in row.items() if k != C.IMAGE}
+                    for col, names in label_names.items():
+                        v = meta.get(col)
+                        if isinstance(v, int) and 0 <= v < len(names):
+                            meta[f"{col}_name"] = names[v]
+                    _add(tar, f"{key}.{config.image_format}", img)
+                    _add(tar, f"{key}.txt", caption.encode("utf-8"))
+                    _add(tar, f"{key}.json", json.dumps(meta, ensure_ascii=False, default=str).encode("utf-8"))
+                else:
+                    (image_dir / f"{key}.{config.image_format}").write_bytes(img)
+                    label = row.get(C.LABEL)
+                    if C.LABEL in label_names and isinstance(label, int) and 0 <= label < len(label_names[C.LABEL]):
+                        label = label_names[C.LABEL][label]
+                    csv_rows.append([
+                        str(Path(w["final"]) / "images" / name / f"{key}.{config.image_format}"),
+                        caption, row[C.ID], "" if label is None else str(label),
+                    ])
+                written += 1
+    finally:
+        if tar is not None:
+            tar.close()
+    return {"index": index, "name": name, "written": written, "reencoded": reencoded, "skipped": skipped, "csv_rows": csv_rows}
+
+
+def _keys(ids: list[str]) -> tuple[list[str], str]:
+    if len(set(ids)) == len(ids) and all(isinstance(i, str) and _SAFE_KEY.match(i) for i in ids):
+        return ids, "id"
+    width = max(9, len(str(len(ids) - 1)))
+    return [f"{i:0{width}d}" for i in range(len(ids))], "row number"
+
+
+def export(
+    data: str,
+    out,
+    config: ExportConfig,
+    *,
+    where: Sequence[str] = (),
+    split: str | None = None,
+    overwrite: bool = False,
+) -> dict:
+    """Write `data` to `out` as WebDataset shards or open_clip's CSV layout; return the provenance record."""
+    import datasets
+
+    from vltool import provenance
+    from vltool.deform import column_values
+    from vltool.io import atomic_output, check_output, load_dataset, write_json_atomic
+
+    timer = provenance.Timer()
+    config.validate()
+    src = load_dataset(data, split=split, where=where, required=[C.ID, C.IMAGE, C.CAPTION])
+    out = check_output(out, overwrite, inputs=[src.path])
+    ds = src.dataset
+    n = len(ds)
+    if n == 0:
+        raise UsageError(f"{data!r} has no rows to export{' after --where' if where else ''}")
+    if not isinstance(ds.features[C.IMAGE], datasets.Image):
+        raise UsageError(f"column 'image' of {data!r} is not an image column (its type is {ds.features[C.IMAGE]})")
+    ds = ds.cast_column(C.IMAGE, datasets.Image(decode=False))
+    label_names = {c: f.names for c, f in ds.features.items() if isinstance(f, datasets.ClassLabel)}
+    keys, key_from = _keys([str(i) for i in column_values(ds, C.ID)])
+    n_shards = -(-n // config.shard_size)
+    width = max(5, len(str(n_shards - 1)))
+    shards = [(s, s * config.shard_size, min(n, (s + 1) * config.shard_size)) for s in range(n_shards)]
+    final = out.expanduser().resolve()
+
+    sizes: dict[str, int] = {}
+    skipped: Counter = Counter()
+    reencoded = 0
+    with atomic_output(out, overwrite) as tmp:
+        _WORK.update(ds=ds, keys=keys, label_names=label_names, config=config, tmp=str(tmp), final=str(final), width=width)
+        csv_file = open(tmp / CSV_FILE, "w", encoding="utf-8", newline="") if config.to == "csv" else None
+        try:
+            import csv
+
+            writer = None
+            if csv_file is not None:
+                writer = csv.writer(csv_file, delimiter="\t", lineterminator="\n")
+                writer.writerow(["filepath", "title", C.ID, C.LABEL])
+            num_proc = min(config.num_proc, n_shards)
+            if num_proc > 1:
+                import multiprocessing as mp
+
+                pool = mp.get_context("fork").Pool(num_proc)
+                results = pool.imap(_write_shard, shards)
+            else:
+                pool, results = None, map(_write_shard, shards)
+            try:
+                for r in results:
+                    sizes[f"{r['name']}.tar"] = r["written"]
+                    skipped.update(r["skipped"])
+                    reencoded += r["reencoded"]
+                    if writer is not None:
+                        writer.writerows(r["csv_rows"])
+            finally:
+                if pool is not None:
+                    pool.close()
+                    pool.join()
+        finally:
+            _WORK.clear()
+            if csv_file is not None:
+                csv_file.close()
+        rows_out = sum(sizes.values())
+        if config.to == "webdataset":
+            write_json_atomic(tmp / SIZES_FILE, sizes)
+            pattern = f"{final}/{{{0:0{width}d}..{n_shards - 1:0{width}d}}}.tar"
+            train = (
+                f"python -m open_clip_train.main --dataset-type webdataset --train-data '{pattern}' "
+                f"--train-num-samples {rows_out}"
+            )
+        else:
+            pattern = str(final / CSV_FILE)
+            train = (
+                f"python -m open_clip_train.main --dataset-type csv --train-data {pattern} "
+                "--csv-img-key filepath --csv-caption-key title"
+            )
+        stats = {
+            "to": config.to,
+            "rows_in": n,
+            "rows_out": rows_out,
+            "rows_skipped": n - rows_out,
+            "skipped": dict(sorted(skipped.items())),
+            "shards": n_shards if config.to == "webdataset" else None,
+            "image_folders": n_shards if config.to == "csv" else None,
+            "images_reencoded": reencoded,
+            "image_format": config.image_format,
+            "keys_from": key_from,
+            "train_data": pattern,
+            "open_clip_command": train,
+        }
+        prov = provenance.make("export", config, [src], rows_in=n, rows_out=rows_out, stats=stats, timer=timer)
+        write_json_atomic(tmp / C.PROVENANCE_FILE, prov)
+    prov["wall_time_s"] = round(timer.seconds, 3)
+    return prov

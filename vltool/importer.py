@@ -1,0 +1,1051 @@
+"""`vltool import`: image-text data from the formats of open_clip's ecosystem into the dataset contract.
+
+Sources (docs/import-export-info.md):
+- `csv` / `tsv` / `jsonl` / `parquet` tables with an image-path column and a caption column (open_clip's
+  CSV convention `filepath` / `title` is found by default; a `.csv` whose header holds a tab is read as
+  tab-separated, as open_clip writes it). Relative paths are resolved against `--image-root`, by default
+  the table's directory.
+- `imagefolder`: one sub-folder per class; the folder names are the classes (`label`).
+- `webdataset`: tar shards (`KEY.jpg` + `KEY.txt` + `KEY.json`, as img2dataset writes them) and `parquet`
+  shards with the image bytes in a column (img2dataset's `jpg`, or a `datasets` image struct).
+- `coco`: a caption annotation file (`captions_train2017.json`) and its image directory; all of an image's
+  captions go into `captions`, the first into `caption`.
+
+How it scales: the source is cut into units (a shard, a row group, or a chunk of a few thousand table
+rows written by one streaming pass over the table), `datasets.Dataset.from_generator` turns the units
+into Arrow in bounded memory, `num_proc` workers each take a contiguous run of units (the output order is
+the source order whatever `num_proc`), and the result is saved atomically. A bad row (missing file,
+undecodable image, empty caption, duplicate id) is skipped, counted, and listed in `skipped.jsonl`
+inside the output directory; a bad shard ends that shard only.
+"""
+
+from __future__ import annotations
+
+import csv
+import glob
+import io
+import json
+import os
+import re
+import shutil
+import tarfile
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+from vltool import columns as C
+from vltool.errors import UsageError, VltoolError
+
+FORMATS = ("auto", "csv", "tsv", "jsonl", "parquet", "webdataset", "imagefolder", "coco")
+TABLE_FORMATS = ("csv", "tsv", "jsonl", "parquet")
+IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm", "pnm")
+TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+
+# Column names tried, in order, when --image-column / --caption-column / --id-column are not given.
+IMAGE_COLUMN_CANDIDATES = ("filepath", "image", "image_path", "img_path", "path", "file", "filename", "file_name", "img", "jpg", "png")
+CAPTION_COLUMN_CANDIDATES = ("title", "caption", "text", "txt", "captions", "sentence")
+ID_COLUMN_CANDIDATES = ("id", "key")
+
+REPORT_FILE = "skipped.jsonl"
+CHUNK_ROWS = 4096  # table rows per unit of work
+
+# Why a row was skipped (the `reason` field of skipped.jsonl).
+MISSING_FILE = "missing file"
+NO_IMAGE = "no image"
+UNDECODABLE = "undecodable image"
+EMPTY_CAPTION = "empty caption"
+MISSING_LABEL = "missing label"
+DUPLICATE_ID = "duplicate id"
+BAD_ROW = "unreadable row"
+BAD_SHARD = "unreadable shard"
+
+
+@dataclass
+class ImportConfig:
+    """Options of `vltool import`."""
+
+    format: str = "auto"  # one of FORMATS; auto: from the file extensions or the directory's contents
+    image_column: str | None = None  # table column with image paths (or bytes); WebDataset: the image extension
+    caption_column: str | None = None  # table column with the caption (a list-valued column fills `captions`)
+    label_column: str | None = None  # table column whose values become the ClassLabel `label`
+    id_column: str | None = None  # table column with ids; default `id` or `key` when present, else the row number
+    image_root: Path | None = None  # base of relative image paths; default: the table's directory (COCO: guessed)
+    extra_columns: list[str] = field(default_factory=list)  # source columns (or .json keys) copied as strings
+    max_side: int | None = None  # resize images whose longer side exceeds this (aspect kept); None keeps them
+    caption_template: str = "{label}"  # imagefolder: the caption of each image, from its class name
+    num_proc: int = 1  # worker processes; the output does not depend on it
+
+    def validate(self) -> None:
+        problems = []
+        if self.format not in FORMATS:
+            problems.append(f"--format {self.format!r}: choose one of {', '.join(FORMATS)}")
+        if self.max_side is not None and self.max_side < 1:
+            problems.append(f"--max-side must be >= 1, got {self.max_side}")
+        if self.num_proc < 1:
+            problems.append(f"--num-proc must be >= 1, got {self.num_proc}")
+        if "{label}" not in self.caption_template:
+            problems.append(f"--caption-template {self.caption_template!r} must contain {{label}}, e.g. 'a photo of a {{label}}'")
+        reserved = {C.ID, C.IMAGE, C.CAPTION, C.CAPTIONS, C.LABEL}
+        clash = [c for c in self.extra_columns if c in reserved]
+        if clash:
+            problems.append(f"--extra-column {', '.join(clash)}: these names are the dataset contract's own columns")
+        if len(set(self.extra_columns)) != len(self.extra_columns):
+            problems.append("--extra-column: a column is given twice")
+        if problems:
+            raise UsageError("; ".join(problems))
+
+
+# --------------------------------------------------------------------------------------------------
+# Finding the source files
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """`a{00..02}b{x,y}` -> a00bx a00by a01bx ... (braceexpand's rules for ranges and alternatives)."""
+    m = re.search(r"\{([^{}]*)\}", pattern)
+    if not m:
+        return [pattern]
+    head, body, tail = pattern[: m.start()], m.group(1), pattern[m.end() :]
+    r = re.fullmatch(r"(-?\d+)\.\.(-?\d+)", body)
+    if r:
+        a, b = r.groups()
+        width = max(len(a), len(b)) if (a.lstrip("-").startswith("0") and len(a) > 1) or (b.startswith("0") and len(b) > 1) else 0
+        lo, hi = int(a), int(b)
+        step = 1 if hi >= lo else -1
+        values = [str(v).zfill(width) for v in range(lo, hi + step, step)]
+    elif "," in body:
+        values = body.split(",")
+    else:  # literal braces
+        return [head + "{" + body + "}" + rest for rest in expand_braces(tail)]
+    return [head + v + rest for v in values for rest in expand_braces(tail)]
+
+
+def expand_sources(specs: Sequence[str]) -> list[Path]:
+    """Every path named by the SOURCE arguments: braces expanded, then globs; each must exist."""
+    paths: list[Path] = []
+    for spec in specs:
+        for pat in expand_braces(os.path.expanduser(spec)):
+            if any(ch in pat for ch in "*?["):
+                found = sorted(glob.glob(pat))
+                if not found:
+                    raise UsageError(f"SOURCE {spec!r}: the pattern {pat!r} matches no file")
+                paths.extend(Path(p) for p in found)
+            else:
+                p = Path(pat)
+                if not p.exists():
+                    raise UsageError(f"SOURCE {spec!r}: {pat} does not exist")
+                paths.append(p)
+    seen: set = set()
+    unique = []
+    for p in paths:
+        key = p.resolve()
+        if key not in seen:
+            seen.add(key)
+            unique.append(p)
+    return unique
+
+
+def _is_tar(p: Path) -> bool:
+    return p.name.lower().endswith(TAR_SUFFIXES)
+
+
+def _file_format(p: Path) -> str | None:
+    name = p.name.lower()
+    if name.endswith(TAR_SUFFIXES):
+        return "webdataset"
+    ext = name.rsplit(".", 1)[-1] if "." in name else ""
+    return {"csv": "csv", "tsv": "tsv", "jsonl": "jsonl", "ndjson": "jsonl", "parquet": "parquet", "json": "coco"}.get(ext)
+
+
+def _listdir(d: Path) -> list[Path]:
+    return sorted(p for p in d.iterdir() if not p.name.startswith("."))
+
+
+def detect_format(paths: Sequence[Path], fmt: str) -> tuple[str, list[Path]]:
+    """(format, files): the format (given or detected) and the files to read (a directory's shards listed)."""
+    if len(paths) == 1 and paths[0].is_dir():
+        d = paths[0]
+        entries = _listdir(d)
+        tars = [p for p in entries if p.is_file() and _is_tar(p)]
+        parquets = [p for p in entries if p.is_file() and p.suffix.lower() == ".parquet"]
+        subdirs = [p for p in entries if p.is_dir()]
+        if fmt == "auto":
+            # img2dataset's webdataset output holds NNNNN.tar and NNNNN.parquet (metadata only): the tars win.
+            fmt = "webdataset" if tars else "parquet" if parquets else "imagefolder" if subdirs else ""
+            if not fmt:
+                raise UsageError(
+                    f"SOURCE {d}: found no .tar or .parquet shards and no class sub-folders; "
+                    "give the table or annotation file itself, or --format"
+                )
+        if fmt == "webdataset":
+            if not tars:
+                raise UsageError(f"SOURCE {d}: no .tar shards in this directory")
+            return fmt, tars
+        if fmt == "parquet":
+            if not parquets:
+                raise UsageError(f"SOURCE {d}: no .parquet files in this directory")
+            return fmt, parquets
+        if fmt == "imagefolder":
+            if not subdirs:
+                raise UsageError(f"SOURCE {d}: an image folder needs one sub-folder per class; found none")
+            return fmt, [d]
+        raise UsageError(f"SOURCE {d} is a directory; --format {fmt} needs a file")
+    if any(p.is_dir() for p in paths):
+        raise UsageError("SOURCE: give one directory, or files (several files must all have the same format)")
+    if fmt == "imagefolder":
+        raise UsageError("--format imagefolder needs one directory with a sub-folder per class")
+    if fmt == "auto":
+        kinds = {_file_format(p) for p in paths}
+        if None in kinds:
+            bad = next(p for p in paths if _file_format(p) is None)
+            raise UsageError(
+                f"SOURCE {bad}: cannot tell the format from the extension; "
+                f"give --format ({', '.join(FORMATS[1:])})"
+            )
+        if len(kinds) > 1:
+            raise UsageError(f"SOURCE: the files have different formats ({', '.join(sorted(kinds))}); import them separately")
+        fmt = kinds.pop()
+    if fmt == "coco" and len(paths) != 1:
+        raise UsageError("--format coco reads one annotation file (e.g. captions_train2017.json)")
+    return fmt, list(paths)
+
+
+# --------------------------------------------------------------------------------------------------
+# Images
+
+
+def prepare_image(data: bytes, max_side: int | None) -> bytes:
+    """Decode `data` fully (a truncated or corrupt file raises); resize if its longer side exceeds `max_side`.
+
+    An image that needs no resizing is kept byte for byte. A resized image is re-encoded: JPEG sources as
+    JPEG (quality 95), every other format as PNG (lossless, alpha kept).
+    """
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as im:
+        w, h = im.size
+        if not max_side or max(w, h) <= max_side:
+            im.load()
+            return data
+        scale = max_side / max(w, h)
+        size = (max(1, round(w * scale)), max(1, round(h * scale)))
+        fmt = im.format
+        if fmt == "JPEG":
+            im.draft(im.mode, size)  # decode at a reduced scale (>= size): much faster for large JPEGs
+        im.load()
+        small = im.resize(size, Image.Resampling.BICUBIC, reducing_gap=3.0)
+    buf = io.BytesIO()
+    if fmt == "JPEG":
+        if small.mode not in ("RGB", "L", "CMYK"):
+            small = small.convert("RGB")
+        small.save(buf, format="JPEG", quality=95)
+    else:
+        if small.mode not in ("1", "L", "LA", "I", "I;16", "P", "RGB", "RGBA"):
+            small = small.convert("RGBA")
+        small.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+# --------------------------------------------------------------------------------------------------
+# The plan: what the workers need to know, picklable
+
+
+@dataclass
+class _Plan:
+    kind: str  # rows (pre-resolved chunk files), parquet (image bytes in a column), webdataset
+    skip_dir: str
+    max_side: int | None
+    multi: bool  # write `captions`
+    label_names: list[str] | None
+    extras: list[str]
+    image_column: str | None = None  # parquet: the bytes column; webdataset: the image extension
+    caption_column: str | None = None  # parquet: the caption column; webdataset: extension or .json key
+    id_column: str | None = None  # parquet
+    label_column: str | None = None  # parquet
+    label_index: dict = field(default_factory=dict)
+
+
+class _Skips:
+    """Skip records of one unit of work, appended to its own file (workers run in other processes)."""
+
+    def __init__(self, plan: _Plan, unit_index: int):
+        self.path = Path(plan.skip_dir) / f"{unit_index:08d}.jsonl"
+        self.f = None
+
+    def add(self, source: str, key: str | None, reason: str, detail: str = "") -> None:
+        if self.f is None:
+            self.f = open(self.path, "a", encoding="utf-8")
+        self.f.write(json.dumps({"source": source, "id": key, "reason": reason, "detail": detail[:300]}, ensure_ascii=False) + "\n")
+
+    def close(self) -> None:
+        if self.f is not None:
+            self.f.close()
+
+
+def _as_text(v: Any) -> str | None:
+    """An --extra-column value as a string (lists and objects as JSON)."""
+    if v is None or isinstance(v, str):
+        return v
+    return json.dumps(v, ensure_ascii=False) if isinstance(v, (dict, list)) else str(v)
+
+
+def _clean_captions(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return [s for s in (str(v).strip() for v in value if v is not None) if s]
+    s = str(value).strip()
+    return [s] if s else []
+
+
+def _row(
+    plan: _Plan, skips: _Skips, source: str, key: str, captions: list[str], image: bytes | None, image_error: tuple | None,
+    label: Any, extras: dict, caption: str | None = None,
+) -> dict | None:
+    """One output row, or None after recording why it was skipped. `caption` defaults to `captions[0]`."""
+    if image_error is not None:
+        skips.add(source, key, *image_error)
+        return None
+    caption = caption or (captions[0] if captions else None)
+    if not caption:
+        skips.add(source, key, EMPTY_CAPTION)
+        return None
+    row: dict = {C.ID: key}
+    if plan.label_names is not None:
+        if label is None or str(label).strip() == "":
+            skips.add(source, key, MISSING_LABEL)
+            return None
+        row[C.LABEL] = plan.label_index[str(label)]
+    try:
+        data = prepare_image(image, plan.max_side)
+    except Exception as e:  # PIL raises many kinds (OSError, SyntaxError, DecompressionBombError, ...)
+        detail = "not a format PIL can read" if type(e).__name__ == "UnidentifiedImageError" else f"{type(e).__name__}: {e}"
+        skips.add(source, key, UNDECODABLE, detail)
+        return None
+    row[C.IMAGE] = {"bytes": data, "path": None}
+    row[C.CAPTION] = caption
+    if plan.multi:
+        row[C.CAPTIONS] = captions or [caption]
+    for name in plan.extras:
+        row[name] = _as_text(extras.get(name))
+    return row
+
+
+def _read_file(path: str) -> tuple[bytes | None, tuple | None]:
+    if re.match(r"^[a-z][a-z0-9+.-]*://", path):
+        return None, (MISSING_FILE, f"{path}: URLs are not downloaded (img2dataset fetches them)")
+    try:
+        with open(path, "rb") as f:
+            return f.read(), None
+    except OSError as e:
+        return None, (MISSING_FILE, f"{path}: {e.strerror or e}")
+
+
+def _gen_rows(unit: tuple, plan: _Plan, skips: _Skips) -> Iterator[dict]:
+    """A chunk file written by the first pass: key, where, image (path), captions, label, extras."""
+    import pyarrow.parquet as pq
+
+    for rec in pq.read_table(unit[1]).to_pylist():
+        key, where = rec["key"], rec["where"]
+        if rec["image"] is None or rec["image"] == "":
+            data, err = None, (MISSING_FILE, "the image path is empty")
+        else:
+            data, err = _read_file(rec["image"])
+        row = _row(plan, skips, where, key, _clean_captions(rec["captions"]), data, err, rec["label"], rec)
+        if row is not None:
+            yield row
+
+
+def _image_bytes(value: Any, base: Path) -> tuple[bytes | None, tuple | None]:
+    """A parquet image cell: raw bytes, or a datasets image struct {bytes, path}."""
+    if isinstance(value, dict):
+        if value.get("bytes"):
+            return value["bytes"], None
+        if value.get("path"):
+            p = Path(value["path"])
+            return _read_file(str(p if p.is_absolute() else base / p))
+        return None, (NO_IMAGE, "the image cell is empty")
+    if value is None or value == b"":
+        return None, (NO_IMAGE, "the image cell is empty")
+    if isinstance(value, str):
+        p = Path(value)
+        return _read_file(str(p if p.is_absolute() else base / p))
+    return bytes(value), None
+
+
+def _gen_parquet(unit: tuple, plan: _Plan, skips: _Skips) -> Iterator[dict]:
+    """One row group of a parquet file with image bytes in a column (img2dataset's parquet output)."""
+    import pyarrow.parquet as pq
+
+    _, path, row_group, first_row, stem = unit
+    pf = pq.ParquetFile(path)
+    names = set(pf.schema_arrow.names)
+    cols = [c for c in {plan.image_column, plan.caption_column, plan.id_column, plan.label_column, *plan.extras} if c and c in names]
+    base = Path(path).parent
+    r = first_row
+    for batch in pf.iter_batches(batch_size=256, row_groups=[row_group], columns=cols):
+        for rec in batch.to_pylist():
+            key = rec.get(plan.id_column) if plan.id_column else None
+            key = str(key) if key not in (None, "") else f"{stem}-{r}"
+            where = f"{Path(path).name} row {r}"
+            r += 1
+            data, err = _image_bytes(rec.get(plan.image_column), base)
+            caps = _clean_captions(rec.get(plan.caption_column))
+            row = _row(plan, skips, where, key, caps, data, err, rec.get(plan.label_column) if plan.label_column else None, rec)
+            if row is not None:
+                yield row
+
+
+def _split_member(name: str) -> tuple[str, str] | None:
+    """WebDataset's rule: the key is the path up to the first dot of the file name, the rest is the extension."""
+    d, _, base = name.rpartition("/")
+    if base.startswith((".", "_")) or "." not in base:
+        return None
+    stem, _, ext = base.partition(".")
+    return (f"{d}/{stem}" if d else stem), ext.lower()
+
+
+_ZERO_BLOCK = bytes(512)
+
+
+def _tar_number(field: bytes) -> int:
+    if field[:1] and field[0] & 0x80:  # GNU base-256 for large values
+        return int.from_bytes(field[1:], "big")
+    text = field.split(b"\0", 1)[0].strip()
+    return int(text, 8) if text else 0
+
+
+def iter_tar(path: str) -> Iterator[tuple[str, bytes]]:
+    """(name, data) of each regular file of a tar stream, in order (ustar, GNU long names, PAX paths).
+
+    A few times faster than `tarfile` on shards of many small members. Raises `tarfile.ReadError` on
+    a bad header checksum or a truncated archive; `.tar.gz` / `.tgz` are read through gzip.
+    """
+    import gzip
+
+    raw = open(path, "rb", buffering=1 << 20)
+    f = gzip.open(raw) if path.lower().endswith((".gz", ".tgz")) else raw
+    try:
+        long_name = None
+        while True:
+            header = f.read(512)
+            if len(header) < 512:
+                if header.strip(b"\0"):
+                    raise tarfile.ReadError("truncated header")
+                return
+            if header == _ZERO_BLOCK:
+                return
+            stored = _tar_number(header[148:156])
+            unsigned = sum(header[:148]) + 256 + sum(header[156:])
+            if stored != unsigned and stored != unsigned - 256 * sum(1 for b in header[:148] + header[156:] if b > 127):
+                raise tarfile.ReadError("bad header checksum")
+            size = _tar_number(header[124:136])
+            kind = header[156:157]
+            data = f.read(size)
+            if len(data) < size:
+                raise tarfile.ReadError("truncated member")
+            if size % 512 and len(f.read(512 - size % 512)) < 512 - size % 512:
+                raise tarfile.ReadError("truncated member")
+            if kind == b"L":  # GNU long name of the next member
+                long_name = data.split(b"\0", 1)[0].decode("utf-8", "replace")
+                continue
+            if kind == b"x":  # PAX header: "LEN key=value\n" records
+                i = 0
+                while i < len(data):
+                    sp = data.index(b" ", i)
+                    n = int(data[i:sp])
+                    key, _, value = data[sp + 1 : i + n - 1].partition(b"=")
+                    if key == b"path":
+                        long_name = value.decode("utf-8", "replace")
+                    i += n
+                continue
+            if kind not in (b"0", b"\0", b"7"):  # directories, links, global headers: no sample data
+                long_name = None
+                continue
+            if long_name is not None:
+                name, long_name = long_name, None
+            else:
+                name = header[:100].split(b"\0", 1)[0]
+                if header[257:262] == b"ustar":
+                    prefix = header[345:500].split(b"\0", 1)[0]
+                    if prefix:
+                        name = prefix + b"/" + name
+                name = name.decode("utf-8", "replace")
+            yield name, data
+    finally:
+        f.close()
+        raw.close()
+
+
+def _wds_sample_row(plan: _Plan, skips: _Skips, source: str, key: str, files: dict) -> dict | None:
+    meta: dict = {}
+    if "json" in files:
+        try:
+            meta = json.loads(files["json"].decode("utf-8"))
+            if not isinstance(meta, dict):
+                meta = {}
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            meta = {}
+    row_id = meta.get("id") if isinstance(meta.get("id"), str) and meta.get("id") else key
+    if plan.image_column:
+        image = files.get(plan.image_column)
+    else:
+        image = next((files[e] for e in IMAGE_EXTS if e in files), None)
+    err = None if image else (NO_IMAGE, f"the sample has no image file ({', '.join(sorted(files)) or 'nothing'})")
+    cap_key = plan.caption_column or "txt"
+    if cap_key in files:
+        caps = _clean_captions(files[cap_key].decode("utf-8", errors="replace"))
+    else:
+        caps = _clean_captions(meta.get(cap_key if plan.caption_column else "caption"))
+    caption = caps[0] if caps else None
+    if plan.multi and isinstance(meta.get(C.CAPTIONS), list):  # vltool's export: the captions list verbatim
+        caps = _clean_captions(meta[C.CAPTIONS])
+    return _row(plan, skips, source, row_id, caps, image, err, None, meta, caption=caption)
+
+
+def _gen_webdataset(unit: tuple, plan: _Plan, skips: _Skips) -> Iterator[dict]:
+    """One tar shard, read as a stream: consecutive members with the same key form a sample."""
+    path = unit[1]
+    name = Path(path).name
+    key, files = None, {}
+    try:
+        for member, data in iter_tar(path):
+            parts = _split_member(member)
+            if parts is None:
+                continue
+            k, ext = parts
+            if k != key:
+                if key is not None:
+                    row = _wds_sample_row(plan, skips, name, key, files)
+                    if row is not None:
+                        yield row
+                key, files = k, {}
+            files[ext] = data
+    except (tarfile.TarError, OSError, EOFError, ValueError) as e:
+        skips.add(name, key, BAD_SHARD, f"the rest of the shard is lost: {type(e).__name__}: {e}")
+        return
+    if key is not None:
+        row = _wds_sample_row(plan, skips, name, key, files)
+        if row is not None:
+            yield row
+
+
+_GENERATORS = {"rows": _gen_rows, "parquet": _gen_parquet, "webdataset": _gen_webdataset}
+
+
+def _generate(units: list, plan: _Plan) -> Iterator[dict]:
+    """`from_generator`'s generator: each worker gets a contiguous run of `units`."""
+    for unit in units:
+        skips = _Skips(plan, unit[0])
+        try:
+            yield from _GENERATORS[plan.kind](unit, plan, skips)
+        finally:
+            skips.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# First pass over table-like sources: a stream of plain records, cut into chunk files
+
+
+class _ChunkWriter:
+    """Writes records (key, where, image path, captions, label, extras) into parquet chunks of CHUNK_ROWS."""
+
+    def __init__(self, work: Path, extras: Sequence[str]):
+        self.dir = work / "chunks"
+        self.dir.mkdir()
+        self.extras = list(extras)
+        self.buf: list[dict] = []
+        self.units: list[tuple] = []
+        self.multi = False
+        self.labels: set[str] = set()
+        self.rows = 0
+
+    def add(self, key: str, where: str, image: str | None, captions: Any, label: Any = None, extras: dict | None = None) -> None:
+        if isinstance(captions, (list, tuple)):
+            self.multi = True
+            caps = [None if c is None else str(c) for c in captions]
+        else:
+            caps = None if captions is None else [str(captions)]
+        lab = None if label is None or str(label).strip() == "" else str(label)
+        if lab is not None:
+            self.labels.add(lab)
+        rec = {"key": key, "where": where, "image": image, "captions": caps, "label": lab}
+        for name in self.extras:
+            rec[name] = _as_text((extras or {}).get(name))
+        self.buf.append(rec)
+        self.rows += 1
+        if len(self.buf) >= CHUNK_ROWS:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.buf:
+            return
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        schema = pa.schema(
+            [("key", pa.string()), ("where", pa.string()), ("image", pa.string()), ("captions", pa.list_(pa.string())),
+             ("label", pa.string())] + [(n, pa.string()) for n in self.extras]
+        )
+        path = self.dir / f"{len(self.units):08d}.parquet"
+        pq.write_table(pa.Table.from_pylist(self.buf, schema=schema), path)
+        self.units.append((len(self.units), str(path)))
+        self.buf = []
+
+
+def _sort_labels(names: set[str]) -> list[str]:
+    if names and all(re.fullmatch(r"-?\d+", n) for n in names):
+        return sorted(names, key=int)
+    return sorted(names)
+
+
+def _pick(columns: Sequence[str], given: str | None, candidates: Sequence[str], what: str, option: str, source: str) -> str:
+    if given is not None:
+        if given not in columns:
+            raise UsageError(f"{source} has no column {given!r} for {option} (it has: {', '.join(columns)})")
+        return given
+    for c in candidates:
+        if c in columns:
+            return c
+    raise UsageError(
+        f"{source}: found no {what} column (tried {', '.join(candidates)}; it has: {', '.join(columns)}); name it with {option}"
+    )
+
+
+def _resolve_path(value: Any, root: Path) -> str | None:
+    if value is None:
+        return None
+    s = str(value).strip()
+    if not s or re.match(r"^[a-z][a-z0-9+.-]*://", s):
+        return s or None
+    p = Path(os.path.expanduser(s))
+    return str(p if p.is_absolute() else root / p)
+
+
+@dataclass
+class _TableColumns:
+    image: str
+    caption: str
+    id: str | None
+    label: str | None
+
+
+def _table_columns(columns: Sequence[str], config: ImportConfig, source: str) -> _TableColumns:
+    problems = []
+    picked: dict = {}
+    for name, given, cands, what, opt in (
+        ("image", config.image_column, IMAGE_COLUMN_CANDIDATES, "image", "--image-column"),
+        ("caption", config.caption_column, CAPTION_COLUMN_CANDIDATES, "caption", "--caption-column"),
+    ):
+        try:
+            picked[name] = _pick(columns, given, cands, what, opt, source)
+        except UsageError as e:
+            problems.append(str(e))
+    for name, given, opt in (("label", config.label_column, "--label-column"), ("id", config.id_column, "--id-column")):
+        if given is not None and given not in columns:
+            problems.append(f"{source} has no column {given!r} for {opt} (it has: {', '.join(columns)})")
+    missing_extra = [c for c in config.extra_columns if c not in columns]
+    if missing_extra:
+        problems.append(f"{source} has no column {', '.join(map(repr, missing_extra))} for --extra-column (it has: {', '.join(columns)})")
+    if problems:
+        raise UsageError("; ".join(problems))
+    id_col = config.id_column or next((c for c in ID_COLUMN_CANDIDATES if c in columns), None)
+    return _TableColumns(picked["image"], picked["caption"], id_col, config.label_column)
+
+
+def _csv_separator(path: Path, fmt: str) -> str:
+    if fmt == "tsv":
+        return "\t"
+    with open(path, encoding="utf-8-sig", errors="replace", newline="") as f:
+        header = f.readline()
+    return "\t" if "\t" in header else ","
+
+
+def _scan_tables(files: Sequence[Path], fmt: str, config: ImportConfig, writer: _ChunkWriter, skips: _Skips) -> dict:
+    """Stream every table once, writing the rows into chunks; return which columns were used."""
+    import pyarrow.parquet as pq
+
+    csv.field_size_limit(1 << 30)
+    used: dict = {}
+    several = len(files) > 1
+    for path in files:
+        root = Path(config.image_root).expanduser() if config.image_root else path.resolve().parent
+        prefix = f"{path.stem}-" if several else ""
+
+        def add(r: int, rec: dict, cols: _TableColumns) -> None:
+            key = rec.get(cols.id) if cols.id else None
+            key = str(key).strip() if key is not None and str(key).strip() else f"{prefix}{r}"
+            writer.add(
+                key, f"{path.name} row {r}", _resolve_path(rec.get(cols.image), root), rec.get(cols.caption),
+                rec.get(cols.label) if cols.label else None, rec,
+            )
+
+        if fmt in ("csv", "tsv"):
+            sep = _csv_separator(path, fmt)
+            with open(path, encoding="utf-8-sig", errors="replace", newline="") as f:
+                reader = csv.reader(f, delimiter=sep)
+                header = next(reader, None)
+                if not header:
+                    raise UsageError(f"{path} is empty (no header line)")
+                header = [h.strip() for h in header]
+                cols = _table_columns(header, config, str(path))
+                for r, values in enumerate(reader):
+                    if not values:
+                        continue
+                    add(r, dict(zip(header, values)), cols)
+        elif fmt == "jsonl":
+            cols = None
+            with open(path, encoding="utf-8-sig", errors="replace") as f:
+                r = -1
+                for line in f:
+                    if not line.strip():
+                        continue
+                    r += 1
+                    try:
+                        rec = json.loads(line)
+                        if not isinstance(rec, dict):
+                            raise ValueError("not a JSON object")
+                    except ValueError as e:
+                        skips.add(f"{path.name} row {r}", None, BAD_ROW, str(e))
+                        continue
+                    if cols is None:
+                        cols = _table_columns(list(rec), config, str(path))
+                    add(r, rec, cols)
+            if cols is None:
+                raise UsageError(f"{path} holds no JSON rows")
+        else:  # parquet with image paths
+            pf = pq.ParquetFile(path)
+            cols = _table_columns(pf.schema_arrow.names, config, str(path))
+            names = [c for c in {cols.image, cols.caption, cols.id, cols.label, *config.extra_columns} if c]
+            r = 0
+            for batch in pf.iter_batches(batch_size=4096, columns=names):
+                for rec in batch.to_pylist():
+                    add(r, rec, cols)
+                    r += 1
+        used = {"image_column": cols.image, "caption_column": cols.caption, "id_column": cols.id, "label_column": cols.label}
+    writer.flush()
+    return used
+
+
+def _scan_imagefolder(root: Path, config: ImportConfig, writer: _ChunkWriter) -> dict:
+    classes = [p.name for p in _listdir(root) if p.is_dir()]
+    ignored = 0
+    for cls in classes:
+        caption = config.caption_template.format(label=re.sub(r"[_-]+", " ", cls).strip())
+        for dirpath, dirnames, filenames in os.walk(root / cls, followlinks=True):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            for fn in sorted(filenames):
+                if fn.startswith(".") or fn.rsplit(".", 1)[-1].lower() not in IMAGE_EXTS or "." not in fn:
+                    ignored += 1
+                    continue
+                p = Path(dirpath) / fn
+                rel = p.relative_to(root).as_posix()
+                writer.add(rel.rsplit(".", 1)[0], rel, str(p), caption, cls)
+    writer.flush()
+    return {"classes": classes, "ignored_files": ignored}
+
+
+def _guess_coco_root(ann: Path, first_file: str | None) -> Path | None:
+    split = ann.stem.split("_")[-1]  # captions_train2017 -> train2017
+    d = ann.resolve().parent
+    for cand in (d.parent / split, d / split, d / "images" / split, d.parent / "images" / split, d / "images", d.parent / "images", d, d.parent):
+        if cand.is_dir() and (first_file is None or (cand / first_file).is_file()):
+            return cand
+    return None
+
+
+def _scan_coco(ann: Path, config: ImportConfig, writer: _ChunkWriter) -> dict:
+    try:
+        with open(ann, encoding="utf-8") as f:
+            coco = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise UsageError(f"{ann} is not a readable JSON file: {e}") from e
+    if not isinstance(coco, dict) or not isinstance(coco.get("images"), list) or not isinstance(coco.get("annotations"), list):
+        raise UsageError(f"{ann} is not a COCO annotation file (it needs 'images' and 'annotations' lists)")
+    images = coco["images"]
+    first = next((im.get("file_name") for im in images if isinstance(im, dict) and im.get("file_name")), None)
+    if config.image_root:
+        root = Path(config.image_root).expanduser()
+        if not root.is_dir():
+            raise UsageError(f"--image-root {root} is not a directory")
+    else:
+        root = _guess_coco_root(ann, first)
+        if root is None:
+            raise UsageError(f"{ann}: cannot find the image directory (looked for {first!r} near it); give --image-root")
+    caps: dict = {}
+    n_caps = 0
+    for a in coco["annotations"]:
+        if isinstance(a, dict) and "image_id" in a:
+            caps.setdefault(a["image_id"], []).append(a.get("caption"))
+            n_caps += 1
+    missing_extra = [c for c in config.extra_columns if images and c not in images[0]]
+    if missing_extra:
+        raise UsageError(f"{ann}: the image records have no {', '.join(map(repr, missing_extra))} for --extra-column")
+    del coco
+    for i, im in enumerate(images):
+        image_id = im.get("id")
+        key = str(image_id) if image_id is not None else str(i)
+        writer.add(key, f"{ann.name} image {key}", _resolve_path(im.get("file_name"), root), caps.get(image_id, []), None, im)
+    writer.multi = True
+    writer.flush()
+    return {"image_root": str(root), "annotations": n_caps}
+
+
+# --------------------------------------------------------------------------------------------------
+# Shard sources: units without a first pass
+
+
+def _plan_parquet_shards(files: Sequence[Path], config: ImportConfig) -> tuple[list[tuple], dict, set]:
+    """Units (file, row group) for parquet files whose image column holds bytes; the columns used; labels."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    units: list[tuple] = []
+    labels: set = set()
+    used: dict = {}
+    several = len(files) > 1
+    for path in files:
+        pf = pq.ParquetFile(path)
+        names = pf.schema_arrow.names
+        cols = _table_columns(names, config, str(path))
+        if cols.id is None and "key" in names:
+            cols.id = "key"
+        first = 0
+        for g in range(pf.num_row_groups):
+            units.append((len(units), str(path), g, first, path.stem if several else path.stem))
+            first += pf.metadata.row_group(g).num_rows
+        if cols.label:
+            col = pq.read_table(path, columns=[cols.label]).column(0)
+            col = pc.cast(col, pa.string()) if not pa.types.is_string(col.type) else col
+            labels |= {v for v in pc.unique(col).to_pylist() if v is not None and v.strip()}
+        used = {"image_column": cols.image, "caption_column": cols.caption, "id_column": cols.id, "label_column": cols.label}
+    return units, used, labels
+
+
+def _parquet_has_image_bytes(path: Path, config: ImportConfig) -> bool:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pq.ParquetFile(path).schema_arrow
+    col = _pick(schema.names, config.image_column, IMAGE_COLUMN_CANDIDATES, "image", "--image-column", str(path))
+    t = schema.field(col).type
+    return pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_struct(t)
+
+
+def _peek_webdataset_captions(path: Path) -> bool:
+    """Whether the first sample's .json carries a `captions` list (vltool's own export writes one)."""
+    try:
+        first = None
+        for member, data in iter_tar(str(path)):
+            parts = _split_member(member)
+            if parts is None:
+                continue
+            if first is None:
+                first = parts[0]
+            elif parts[0] != first:
+                return False
+            if parts[1] == "json":
+                meta = json.loads(data.decode("utf-8"))
+                return isinstance(meta, dict) and isinstance(meta.get(C.CAPTIONS), list)
+    except (tarfile.TarError, OSError, EOFError, ValueError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        return False
+    return False
+
+
+# --------------------------------------------------------------------------------------------------
+# The command
+
+
+def _merge_skips(skip_dir: Path) -> list[dict]:
+    records = []
+    for p in sorted(skip_dir.glob("*.jsonl")):
+        with open(p, encoding="utf-8") as f:
+            records.extend(json.loads(line) for line in f if line.strip())
+    return records
+
+
+def _drop_duplicate_ids(ds, records: list[dict]):
+    """Keep the first row of each id; the others become skip records.
+
+    Memory is 16 bytes a row (a 64-bit hash of each id and a sort order), not a set of the ids: rows
+    whose hashes collide are compared by their ids, so a collision never drops a row.
+    """
+    import numpy as np
+
+    ids = ds.data.column(C.ID)
+    hashes = np.empty(len(ds), dtype=np.int64)
+    i = 0
+    for chunk in ids.chunks:  # memory-mapped: one chunk at a time in Python objects
+        values = chunk.to_pylist()
+        hashes[i : i + len(values)] = [hash(v) for v in values]
+        i += len(values)
+    order = np.argsort(hashes, kind="stable")  # equal hashes stay in row order
+    sorted_h = hashes[order]
+    same = np.flatnonzero(sorted_h[1:] == sorted_h[:-1])
+    if same.size == 0:
+        return ds
+    drop: list[int] = []
+    starts = np.unique(np.concatenate([same, same + 1]))
+    groups = np.split(starts, np.flatnonzero(np.diff(starts) > 1) + 1)  # runs of equal hashes
+    for group in groups:
+        seen: set = set()
+        for row in sorted(order[group].tolist()):
+            v = ids[row].as_py()
+            if v in seen:
+                drop.append(row)
+                records.append({"source": None, "id": v, "reason": DUPLICATE_ID, "detail": f"row {row} of the import repeats an earlier id"})
+            else:
+                seen.add(v)
+    if not drop:
+        return ds
+    keep = np.ones(len(ds), dtype=bool)
+    keep[drop] = False
+    return ds.select(np.flatnonzero(keep))
+
+
+def _features(plan: _Plan):
+    import datasets
+
+    feats = {C.ID: datasets.Value("string"), C.IMAGE: datasets.Image(), C.CAPTION: datasets.Value("string")}
+    if plan.multi:
+        feats[C.CAPTIONS] = datasets.List(datasets.Value("string"))
+    if plan.label_names is not None:
+        feats[C.LABEL] = datasets.ClassLabel(names=plan.label_names)
+    for name in plan.extras:
+        feats[name] = datasets.Value("string")
+    return datasets.Features(feats)
+
+
+def import_data(sources: Sequence[str] | str, out, config: ImportConfig, *, overwrite: bool = False) -> dict:
+    """Read `sources` into a dataset at `out` (with `vltool.json` and `skipped.jsonl`); return the provenance record."""
+    import datasets
+
+    from vltool import provenance
+    from vltool.io import atomic_output, check_output, write_json_atomic
+
+    timer = provenance.Timer()
+    config.validate()
+    specs = [sources] if isinstance(sources, (str, Path)) else list(sources)
+    specs = [str(s) for s in specs]
+    if not specs:
+        raise UsageError("give at least one SOURCE")
+    paths = expand_sources(specs)
+    fmt, files = detect_format(paths, config.format)
+    if fmt in ("imagefolder", "coco"):
+        given = [o for o, v in (("--image-column", config.image_column), ("--caption-column", config.caption_column),
+                                ("--label-column", config.label_column), ("--id-column", config.id_column)) if v]
+        if given:
+            raise UsageError(f"{', '.join(given)} apply to table and shard sources, not to --format {fmt}")
+    if fmt != "imagefolder" and config.caption_template != "{label}":
+        raise UsageError("--caption-template applies to image folders only")
+    if fmt == "webdataset" and (config.label_column or config.id_column):
+        raise UsageError("--label-column and --id-column apply to tables; WebDataset ids are the sample keys")
+    out = check_output(out, overwrite, inputs=[p.resolve() for p in paths] + ([Path(config.image_root)] if config.image_root else []))
+
+    stats: dict = {"format": fmt, "files": len(files)}
+    bars_were_on = datasets.is_progress_bar_enabled()
+    work = out.parent / f".{out.name}.work-{uuid.uuid4().hex[:8]}"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work.mkdir()
+    try:
+        skip_dir = work / "skips"
+        skip_dir.mkdir()
+        plan = _Plan(kind="rows", skip_dir=str(skip_dir), max_side=config.max_side, multi=False, label_names=None,
+                     extras=list(config.extra_columns))
+        if fmt == "webdataset":
+            units = [(i, str(p)) for i, p in enumerate(files)]
+            plan.kind = "webdataset"
+            plan.image_column, plan.caption_column = config.image_column, config.caption_column
+            plan.multi = _peek_webdataset_captions(files[0])
+        elif fmt == "parquet" and _parquet_has_image_bytes(files[0], config):
+            units, used, labels = _plan_parquet_shards(files, config)
+            plan.kind = "parquet"
+            plan.image_column, plan.caption_column = used["image_column"], used["caption_column"]
+            plan.id_column, plan.label_column = used["id_column"], used["label_column"]
+            if used["label_column"]:
+                plan.label_names = _sort_labels(labels)
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            cap_type = pq.ParquetFile(files[0]).schema_arrow.field(used["caption_column"]).type
+            plan.multi = pa.types.is_list(cap_type) or pa.types.is_large_list(cap_type)
+            stats.update(used)
+        else:
+            writer = _ChunkWriter(work, config.extra_columns)
+            scan_skips = _Skips(plan, 99_999_999)  # rows the first pass could not read, listed after the others
+            try:
+                if fmt in TABLE_FORMATS:
+                    stats.update(_scan_tables(files, fmt, config, writer, scan_skips))
+                elif fmt == "imagefolder":
+                    found = _scan_imagefolder(files[0], config, writer)
+                    stats.update(classes=len(found["classes"]), ignored_files=found["ignored_files"])
+                    writer.labels = set(found["classes"])
+                    plan.label_names = found["classes"]
+                elif fmt == "coco":
+                    stats.update(_scan_coco(files[0], config, writer))
+            finally:
+                scan_skips.close()
+            units = writer.units
+            plan.multi = writer.multi
+            if plan.label_names is None and (config.label_column is not None):
+                plan.label_names = _sort_labels(writer.labels)
+        if plan.label_names is not None:
+            plan.label_index = {n: i for i, n in enumerate(plan.label_names)}
+            stats["classes"] = len(plan.label_names)
+
+        ds = None
+        if units:
+            num_proc = min(config.num_proc, len(units))
+            datasets.enable_progress_bars()  # the "Generating train split" bar is the import's progress
+            try:
+                ds = datasets.Dataset.from_generator(
+                    _generate,
+                    features=_features(plan),
+                    cache_dir=str(work / "cache"),
+                    gen_kwargs={"units": units, "plan": plan},
+                    num_proc=num_proc if num_proc > 1 else None,
+                    fingerprint=uuid.uuid4().hex,  # never reuse a cache: the source files may have changed
+                )
+            except ValueError as e:  # every row skipped: datasets refuses to build an empty split
+                if "corresponds to no data" not in str(e):
+                    raise
+        records = _merge_skips(skip_dir)
+        if ds is not None:
+            ds = _drop_duplicate_ids(ds, records)
+        rows_out = len(ds) if ds is not None else 0
+        reasons = Counter(r["reason"] for r in records)
+        rows_in = rows_out + sum(n for r, n in reasons.items() if r != BAD_SHARD)
+        if rows_out == 0:
+            first = "; ".join(f"{r.get('source')}: {r['reason']} {r.get('detail', '')}".strip() for r in records[:3])
+            raise VltoolError(
+                f"no row could be imported from {', '.join(specs)} ({rows_in} read, all skipped: "
+                f"{dict(reasons) or 'the source is empty'}){'; e.g. ' + first if first else ''}"
+            )
+        stats.update(
+            rows_read=rows_in,
+            rows_out=rows_out,
+            rows_skipped=rows_in - rows_out,
+            skipped=dict(sorted(reasons.items())),
+            report=REPORT_FILE if records else None,
+            captions_column=plan.multi,
+            max_side=config.max_side,
+        )
+        inputs = [{"spec": s, "path": os.path.abspath(os.path.expanduser(s)), "format": fmt} for s in specs]
+        inputs[0]["files"] = len(files)
+        prov = provenance.make("import", config, inputs, rows_in=rows_in, rows_out=rows_out, stats=stats, timer=timer)
+        with atomic_output(out, overwrite) as tmp:
+            ds.save_to_disk(str(tmp), num_proc=config.num_proc if config.num_proc > 1 and rows_out >= 10_000 else None)
+            if records:
+                with open(tmp / REPORT_FILE, "w", encoding="utf-8") as f:
+                    for r in records:
+                        f.write(json.dumps(r, ensure_ascii=False) + "\n")
+            prov["wall_time_s"] = round(timer.seconds, 3)
+            write_json_atomic(tmp / C.PROVENANCE_FILE, prov)
+        del ds
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        if not bars_were_on:
+            datasets.disable_progress_bars()
+    return prov

@@ -8,6 +8,7 @@ import typer
 
 from vltool import __version__
 from vltool.commands import deform, export, import_, info
+from vltool.commands import pretrain
 
 app = typer.Typer(
     name="vltool",
@@ -40,6 +41,7 @@ deform.register(app)
 import_.register(app)
 export.register(app)
 info.register(app)
+pretrain.register(app)
 
 
 def main() -> None:

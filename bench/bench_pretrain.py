@@ -1,0 +1,182 @@
+"""Training speed of `vltool pretrain` against open_clip's own trainer (`python -m open_clip_train.main`).
+
+Both train the same architecture (`vltool-small` by default: a 6-layer, 256-wide ViT at 64 px with a
+6-layer, 256-wide text transformer, written once as an open_clip `local-dir:` config so open_clip's trainer
+builds exactly the same model), with the same batch size, precision (bf16 autocast), data (the emoji train
+rows: PNG files and a CSV for open_clip, the saved dataset for vltool), augmentation (random resized
+crop 0.9-1), AdamW and data-loader workers. Runs alternate (vltool, open_clip, vltool, ...). Each run's
+throughput is the median over its steps after the first `--skip` of per-step samples/s (open_clip's
+`--log-every-n-steps 1` lines, vltool's metrics.jsonl with `--log-every 1`); the script prints the median
+over runs of each, their ratio, and the model FLOP/s achieved by each as a share of this machine's
+measured bf16 matrix-multiply peak (FLOPs per sample from torch's FlopCounterMode on one forward and
+backward pass).
+
+Needs (benchmark only): pip install webdataset braceexpand  (open_clip_train imports them).
+
+    python bench/bench_pretrain.py                 # defaults: vltool-small, batch 64, 30 steps, 3 runs each
+    python bench/bench_pretrain.py --arch vltool-tiny --batch-size 32 --steps 20 --runs 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+def matmul_peak_bf16(n: int = 1024, seconds: float = 3.0) -> float:
+    """Best measured FLOP/s of an (n x n) @ (n x n) bf16 matrix multiply on this machine."""
+    import torch
+
+    a = torch.randn(n, n, dtype=torch.bfloat16)
+    b = torch.randn(n, n, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    best = 0.0
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        t = time.perf_counter()
+        for _ in range(4):
+            a @ b
+        dt = time.perf_counter() - t
+        best = max(best, 4 * 2 * n**3 / dt)
+    return best
+
+
+def flops_per_sample(arch: str, batch: int) -> float:
+    """Model FLOPs of one training sample (forward + backward, loss included) under bf16 autocast."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from vltool.losses import ClipLoss, LossInput
+    from vltool.model import ModelSpec, create_model
+
+    model, tok = create_model(ModelSpec(arch=arch))
+    size = model.config["preprocess"]["size"]
+    x = torch.randn(batch, 3, size, size)
+    t = tok(["a grinning face with big eyes"] * batch)
+    with FlopCounterMode(display=False) as fc, torch.autocast("cpu", dtype=torch.bfloat16):
+        img, txt = model(x, t)
+        loss = ClipLoss()(LossInput(img, txt, model.logit_scale.exp()))["loss"]
+        loss.backward()
+    return fc.get_total_flops() / batch
+
+
+def prepare(work: Path, arch: str, rows: int) -> tuple[str, Path, Path]:
+    """The emoji train rows as a vltool dataset, PNG files + CSV for open_clip, and the local-dir config."""
+    from vltool.io import load_dataset
+    from vltool.model import arch_config
+
+    src = load_dataset("emoji", where=["split=train"]).dataset
+    n = min(rows, len(src))
+    ds = src.select(range(n))
+    data_dir = work / "emoji_train"
+    ds.save_to_disk(str(data_dir))
+    img_dir = work / "png"
+    img_dir.mkdir()
+    csv_path = work / "train.csv"
+    with open(csv_path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["filepath", "title"])
+        for i, row in enumerate(ds.select_columns(["image", "caption"])):
+            p = img_dir / f"{i}.png"
+            row["image"].save(p)
+            w.writerow([str(p), row["caption"]])
+    oc_dir = work / "oc_model"
+    oc_dir.mkdir()
+    cfg = arch_config(arch)
+    size = cfg["vision_cfg"]["image_size"]
+    (oc_dir / "open_clip_config.json").write_text(
+        json.dumps({"model_cfg": {**cfg, "custom_text": True}, "preprocess_cfg": {"size": size}})
+    )
+    return str(data_dir), csv_path, oc_dir
+
+
+def median_after(values: list[float], skip: int) -> float:
+    v = values[skip:] if len(values) > skip else values
+    return statistics.median(v)
+
+
+def run_vltool(data: str, out: Path, args) -> float:
+    cmd = [
+        sys.executable, "-m", "vltool", "pretrain", data, "--out", str(out), "--overwrite", "--arch", args.arch,
+        "--batch-size", str(args.batch_size), "--steps", str(args.steps), "--precision", "bf16", "--augment", "clip",
+        "--lr", "5e-4", "--weight-decay", "0.1", "--workers", str(args.workers), "--log-every", "1",
+        "--checkpoint-every", str(10**9), "--no-progress", "--seed", "0",
+    ]
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    if r.returncode != 0:
+        raise SystemExit(f"vltool failed:\n{r.stderr[-3000:]}")
+    sps = [m["samples_per_s"] for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if m["kind"] == "train"]
+    return median_after(sps, args.skip)
+
+
+def run_open_clip(csv_path: Path, oc_dir: Path, logs: Path, args) -> float:
+    cmd = [
+        sys.executable, "-m", "open_clip_train.main", "--model", f"local-dir:{oc_dir}", "--dataset-type", "csv",
+        "--train-data", str(csv_path), "--csv-img-key", "filepath", "--csv-caption-key", "title",
+        "--csv-separator", ",", "--batch-size", str(args.batch_size), "--precision", "amp_bf16", "--epochs", "1",
+        "--workers", str(args.workers), "--lr", "5e-4", "--wd", "0.1", "--warmup", "0", "--log-every-n-steps", "1",
+        "--save-frequency", "0", "--logs", str(logs), "--name", f"run{time.time_ns()}", "--seed", "0",
+        "--report-to", "",
+    ]
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    text = r.stdout + r.stderr
+    sps = [float(x) for x in re.findall(r"Batch \(t\): [0-9.]+, ([0-9.]+)/s", text)]
+    if r.returncode != 0 or not sps:
+        raise SystemExit(f"open_clip_train failed:\n{text[-3000:]}")
+    return median_after(sps, args.skip)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--arch", default="vltool-small")
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--runs", type=int, default=3, help="runs of each trainer, alternating")
+    ap.add_argument("--skip", type=int, default=3, help="first steps of a run left out (warm-up)")
+    ap.add_argument("--workers", type=int, default=0)
+    args = ap.parse_args()
+    try:
+        import braceexpand  # noqa: F401
+        import webdataset  # noqa: F401
+    except ImportError:
+        raise SystemExit("open_clip_train needs webdataset and braceexpand: pip install webdataset braceexpand")
+    import torch
+
+    work = Path(tempfile.mkdtemp(prefix="bench_pretrain_"))
+    try:
+        data, csv_path, oc_dir = prepare(work, args.arch, args.batch_size * args.steps)
+        print(f"arch {args.arch}, batch {args.batch_size}, {args.steps} steps, bf16, {args.workers} workers, "
+              f"torch threads {torch.get_num_threads()}, {args.runs} alternating runs each", flush=True)
+        vl, oc = [], []
+        for k in range(args.runs):
+            vl.append(run_vltool(data, work / "vl_run", args))
+            print(f"  run {k + 1}: vltool    {vl[-1]:8.1f} samples/s", flush=True)
+            oc.append(run_open_clip(csv_path, oc_dir, work / "oc_logs", args))
+            print(f"  run {k + 1}: open_clip {oc[-1]:8.1f} samples/s", flush=True)
+        fps = flops_per_sample(args.arch, args.batch_size)
+        peak = matmul_peak_bf16()
+        mv, mo = statistics.median(vl), statistics.median(oc)
+        print(f"vltool pretrain     median {mv:8.1f} samples/s  {mv * fps / 1e9:7.1f} GFLOP/s  {100 * mv * fps / peak:5.1f}% of peak")
+        print(f"open_clip_train     median {mo:8.1f} samples/s  {mo * fps / 1e9:7.1f} GFLOP/s  {100 * mo * fps / peak:5.1f}% of peak")
+        print(f"ratio vltool / open_clip: {mv / mo:.3f}")
+        print(f"model: {fps / 1e9:.3f} GFLOP per training sample; bf16 matmul peak {peak / 1e9:.1f} GFLOP/s")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

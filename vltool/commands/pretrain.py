@@ -1,0 +1,182 @@
+"""`vltool pretrain`: the Typer layer. The work is vltool.pretrain.pretrain."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from vltool.commands.common import JsonOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors
+
+HELP = """Train a two-tower image-text model with a contrastive loss (CLIP's symmetric InfoNCE).
+
+The model is written to RUN_DIR/model (load it in any command with --model RUN_DIR) and, when both towers
+are open_clip towers, also to RUN_DIR/open_clip (open_clip's local-dir layout). RUN_DIR also holds
+checkpoints/, metrics.jsonl, loss.png and vltool.json.
+
+Several DATA inputs are concatenated (the columns they share; clashing ids are refused unless
+--prefix-ids). --batch-size is per process: under `accelerate launch` with N processes the loss uses the
+global batch of N x batch-size rows as negatives, and the run equals one process with that batch.
+
+Examples:
+
+  vltool pretrain emoji --where split=train --out runs/tiny --arch vltool-tiny --epochs 5
+
+  vltool pretrain emoji --where split=train --out runs/lit \\
+      --image-tower torchvision:mobilenet_v2 --image-weights mobilenet_v2-b0353104.pth \\
+      --text-tower hf:PATH/TO/all-MiniLM-L6-v2 --lock-image --augment none --epochs 3
+
+  accelerate launch --multi_gpu --num_processes 2 -m vltool pretrain emoji --out runs/ddp ...  (2 CPU processes)
+
+  vltool pretrain --resume runs/tiny        (continue an interrupted run with its own options)
+"""
+
+Int = Optional[int]
+Float = Optional[float]
+Str = Optional[str]
+
+
+def pretrain_command(
+    data: Annotated[
+        Optional[list[str]],
+        typer.Argument(help="Datasets saved with save_to_disk, or 'emoji'. Omit with --resume.", show_default=False),
+    ] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="The run directory RUN_DIR.")] = None,
+    resume: Annotated[Optional[Path], typer.Option("--resume", help="Continue the run in RUN_DIR from its last checkpoint, with its own options.")] = None,
+    # model
+    arch: Annotated[str, typer.Option("--arch", help="open_clip or vltool architecture of a new model (vltool-micro, vltool-tiny, vltool-small, vltool-tiny-rn, RN50, ViT-B-32, ...).", rich_help_panel="Model")] = "vltool-tiny",
+    image_tower: Annotated[Str, typer.Option("--image-tower", help="torchvision:NAME, a pretrained image tower (with --image-weights).", rich_help_panel="Model")] = None,
+    image_weights: Annotated[Str, typer.Option("--image-weights", help="Local torchvision weights file of --image-tower.", rich_help_panel="Model")] = None,
+    text_tower: Annotated[Str, typer.Option("--text-tower", help="hf:LOCAL_DIR, a pretrained Hugging Face text encoder.", rich_help_panel="Model")] = None,
+    text_pooling: Annotated[str, typer.Option("--text-pooling", help="mean | cls pooling of the hf text tower.", rich_help_panel="Model")] = "mean",
+    embed_dim: Annotated[Int, typer.Option("--embed-dim", help="Shared embedding size [default: the arch's].", rich_help_panel="Model")] = None,
+    image_size: Annotated[Int, typer.Option("--image-size", help="Input image size [default: the arch's].", rich_help_panel="Model")] = None,
+    context_length: Annotated[Int, typer.Option("--context-length", help="Text tokens [default: the arch's; 64 for hf towers].", rich_help_panel="Model")] = None,
+    init: Annotated[Str, typer.Option("--init", help="Start from a trained vltool model (RUN_DIR or RUN_DIR/model).", rich_help_panel="Model")] = None,
+    loss: Annotated[str, typer.Option("--loss", help="Training objective.", rich_help_panel="Model")] = "clip",
+    logit_scale_init: Annotated[Float, typer.Option("--logit-scale-init", help="Initial logit-scale multiplier [default: the loss's; CLIP 1/0.07].", rich_help_panel="Model")] = None,
+    logit_scale_learnable: Annotated[Optional[bool], typer.Option("--learn-logit-scale/--fixed-logit-scale", help="Learn the logit scale or keep it fixed [default: the loss's; CLIP learns it].", rich_help_panel="Model", show_default=False)] = None,
+    lock_image: Annotated[bool, typer.Option("--lock-image", help="Freeze the image tower (LiT); a projection vltool adds stays trainable.", rich_help_panel="Model")] = False,
+    lock_text: Annotated[bool, typer.Option("--lock-text", help="Freeze the text tower.", rich_help_panel="Model")] = False,
+    unfreeze_image_last: Annotated[int, typer.Option("--unfreeze-image-last", help="With --lock-image: train the last N blocks.", rich_help_panel="Model")] = 0,
+    unfreeze_text_last: Annotated[int, typer.Option("--unfreeze-text-last", help="With --lock-text: train the last N blocks.", rich_help_panel="Model")] = 0,
+    cache_frozen: Annotated[bool, typer.Option("--cache-frozen/--no-cache-frozen", help="Compute a wholly frozen tower's features once when its input is not augmented.", rich_help_panel="Model")] = True,
+    sync_bn: Annotated[bool, typer.Option("--sync-bn", help="SyncBatchNorm across processes (GPUs only).", rich_help_panel="Model")] = False,
+    # data
+    where: WhereOpt = None,
+    split: SplitOpt = None,
+    text_column: Annotated[str, typer.Option("--text-column", help="The text column.", rich_help_panel="Data")] = "caption",
+    caption_sampling: Annotated[Str, typer.Option("--caption-sampling", help="random | first: one caption of the 'captions' list per image each step (CLIPS).", rich_help_panel="Data")] = None,
+    prefix_ids: Annotated[bool, typer.Option("--prefix-ids", help="Make the ids of several inputs unique as '<input index>:<id>'.", rich_help_panel="Data")] = False,
+    augment: Annotated[str, typer.Option("--augment", help="none | clip (random resized crop) | simclr (crop, flip, jitter, grayscale, blur).", rich_help_panel="Data")] = "clip",
+    workers: Annotated[int, typer.Option("--workers", help="Data-loader workers per process.", rich_help_panel="Data")] = 0,
+    eval_data: Annotated[Optional[list[str]], typer.Option("--eval-data", help="Held-out data evaluated during training (repeatable).", rich_help_panel="Data")] = None,
+    eval_where: Annotated[Optional[list[str]], typer.Option("--eval-where", help="--where clauses for --eval-data.", rich_help_panel="Data")] = None,
+    # optimisation
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Rows per process per step.", rich_help_panel="Optimisation")] = 64,
+    epochs: Annotated[Float, typer.Option("--epochs", help="Passes over the data [default: 1 unless --steps].", rich_help_panel="Optimisation")] = None,
+    steps: Annotated[Int, typer.Option("--steps", help="Optimizer steps (instead of --epochs).", rich_help_panel="Optimisation")] = None,
+    optimizer: Annotated[str, typer.Option("--optimizer", help="adamw | sgd.", rich_help_panel="Optimisation")] = "adamw",
+    lr: Annotated[float, typer.Option("--lr", help="Peak learning rate.", rich_help_panel="Optimisation")] = 5e-4,
+    lr_schedule: Annotated[str, typer.Option("--lr-schedule", help="cosine | constant after warmup.", rich_help_panel="Optimisation")] = "cosine",
+    warmup_steps: Annotated[int, typer.Option("--warmup-steps", help="Linear warmup steps.", rich_help_panel="Optimisation")] = 0,
+    min_lr: Annotated[float, typer.Option("--min-lr", help="Final learning rate of the cosine schedule.", rich_help_panel="Optimisation")] = 0.0,
+    weight_decay: Annotated[float, typer.Option("--weight-decay", help="Weight decay (not on gains, biases, logit scale).", rich_help_panel="Optimisation")] = 0.1,
+    beta1: Annotated[float, typer.Option("--beta1", rich_help_panel="Optimisation")] = 0.9,
+    beta2: Annotated[float, typer.Option("--beta2", rich_help_panel="Optimisation")] = 0.98,
+    eps: Annotated[float, typer.Option("--eps", rich_help_panel="Optimisation")] = 1e-6,
+    momentum: Annotated[float, typer.Option("--momentum", help="SGD momentum.", rich_help_panel="Optimisation")] = 0.9,
+    grad_clip_norm: Annotated[Float, typer.Option("--grad-clip-norm", help="Clip the gradient norm.", rich_help_panel="Optimisation")] = None,
+    accum_steps: Annotated[int, typer.Option("--accum-steps", help="Micro-batches per optimizer step.", rich_help_panel="Optimisation")] = 1,
+    precision: Annotated[str, typer.Option("--precision", help="no | bf16 | fp16 mixed precision (bf16 works on CPU).", rich_help_panel="Optimisation")] = "no",
+    seed: SeedOpt = 0,
+    cpu: Annotated[bool, typer.Option("--cpu", help="Train on CPU even when a GPU is there.", rich_help_panel="Optimisation")] = False,
+    # logging
+    log_every: Annotated[int, typer.Option("--log-every", help="Steps between lines of metrics.jsonl.", rich_help_panel="Logging")] = 10,
+    checkpoint_every: Annotated[int, typer.Option("--checkpoint-every", help="Steps between checkpoints.", rich_help_panel="Logging")] = 200,
+    keep_checkpoints: Annotated[int, typer.Option("--keep-checkpoints", help="Most recent checkpoints kept.", rich_help_panel="Logging")] = 2,
+    eval_every: Annotated[int, typer.Option("--eval-every", help="Steps between evaluations on --eval-data (0: at the end only).", rich_help_panel="Logging")] = 0,
+    stop_after_steps: Annotated[Int, typer.Option("--stop-after-steps", help="Stop with a checkpoint after N steps of this invocation (continue with --resume).", rich_help_panel="Logging")] = None,
+    no_progress: Annotated[bool, typer.Option("--no-progress", help="No progress bar.", rich_help_panel="Logging")] = False,
+    overwrite: OverwriteOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    from vltool.pretrain import PretrainConfig, pretrain
+
+    config = PretrainConfig(
+        arch=arch, image_tower=image_tower, image_weights=image_weights, text_tower=text_tower,
+        text_pooling=text_pooling, embed_dim=embed_dim, image_size=image_size, context_length=context_length,
+        init=init, loss=loss, logit_scale_init=logit_scale_init, logit_scale_learnable=logit_scale_learnable,
+        lock_image=lock_image, lock_text=lock_text, unfreeze_image_last=unfreeze_image_last,
+        unfreeze_text_last=unfreeze_text_last, cache_frozen=cache_frozen, sync_bn=sync_bn,
+        text_column=text_column, caption_sampling=caption_sampling, prefix_ids=prefix_ids, augment=augment,
+        workers=workers, batch_size=batch_size, epochs=epochs, steps=steps, optimizer=optimizer, lr=lr,
+        lr_schedule=lr_schedule, warmup_steps=warmup_steps, min_lr=min_lr, weight_decay=weight_decay,
+        beta1=beta1, beta2=beta2, eps=eps, momentum=momentum, grad_clip_norm=grad_clip_norm,
+        accum_steps=accum_steps, precision=precision, seed=seed, log_every=log_every,
+        checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints, eval_every=eval_every, cpu=cpu,
+    )
+    result = pretrain(
+        data or [], out, None if resume else config, where=where or [], split=split, eval_data=eval_data or [],
+        eval_where=eval_where or [], overwrite=overwrite, resume=resume, stop_after_steps=stop_after_steps,
+        progress=not no_progress,
+    )
+    if not result.get("stats") and result.get("status") == "finished":
+        return  # not the main process
+    if result["status"] == "stopped":
+        msg = {"status": "stopped", "step": result["step"], "total_steps": result["total_steps"], "run_dir": result["run_dir"]}
+        if as_json:
+            from vltool.console import print_json
+
+            print_json(msg)
+        else:
+            from vltool.console import out as stdout
+
+            stdout.print(
+                f"stopped at step {result['step']}/{result['total_steps']}; continue with "
+                f"`vltool pretrain --resume {result['run_dir']}`"
+            )
+        return
+    s = result["stats"]
+    if as_json:
+        from vltool.console import print_json
+
+        print_json(s)
+    else:
+        print_stats(s)
+
+
+def print_stats(s: dict) -> None:
+    from rich.table import Table
+
+    from vltool.console import out as stdout
+
+    t = Table(title=f"pretrain -> {s['model']}")
+    t.add_column("statistic")
+    t.add_column("value", justify="right")
+    rows = [
+        ("steps", f"{s['steps']:,} ({s['epochs']} epochs)"),
+        ("samples seen", f"{s['samples_seen']:,}"),
+        ("global batch", f"{s['global_batch']} x {s['accum_steps']} accumulation, {s['num_processes']} process(es)"),
+        ("loss first -> final", f"{s['first_loss']:.4f} -> {s['final_loss']:.4f}" if s["first_loss"] is not None and s["final_loss"] is not None else "-"),
+        ("logit scale", f"{s['final_logit_scale']:.2f}"),
+        ("parameters (trainable)", f"{s['parameters']:,} ({s['trainable_parameters']:,})"),
+        ("bad images skipped", f"{s['bad_images']:,}"),
+        ("empty texts skipped", f"{s['empty_texts']:,}"),
+        ("samples/s (this run)", f"{s['samples_per_s_this_invocation']}"),
+    ]
+    if s.get("final_eval"):
+        e = s["final_eval"]
+        rows.append(("eval loss / R@1 i2t / t2i", f"{e['val_loss']:.4f} / {e['val_i2t_r1']:.3f} / {e['val_t2i_r1']:.3f}"))
+    rows.append(("open_clip export", s["open_clip_export"] or "not expressible (non-open_clip tower)"))
+    rows.append(("model fingerprint", s["model_fingerprint"]))
+    for k, v in rows:
+        t.add_row(k, str(v))
+    stdout.print(t)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("pretrain", help=HELP, short_help="Train a two-tower image-text model (CLIP InfoNCE).")(
+        handle_errors(pretrain_command)
+    )

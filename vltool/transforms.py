@@ -1,0 +1,54 @@
+"""Image transforms for training: none, CLIP's random resized crop, SimCLR's augmentations.
+
+The eval transform (resize the shorter side, centre crop, normalise) is `vltool.model.eval_transform`.
+Training transforms draw from torch's global RNG; the trainer seeds it per row (seed, epoch, row), so an
+augmentation does not depend on the worker, the process count or a resume.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+AUGMENTATIONS = ("none", "clip", "simclr")
+
+
+def _interp(name: str):
+    from torchvision.transforms import InterpolationMode
+
+    return {"bicubic": InterpolationMode.BICUBIC, "bilinear": InterpolationMode.BILINEAR}.get(name, InterpolationMode.BICUBIC)
+
+
+def blur_kernel(size: int) -> int:
+    """SimCLR's Gaussian blur kernel: 10% of the image side, odd, at least 3 (23 px at 224)."""
+    k = max(3, int(round(0.1 * size)))
+    return k if k % 2 == 1 else k + 1
+
+
+def train_transform(preprocess: dict, augment: str) -> Callable:
+    """PIL.Image -> (3,H,W) float tensor with the model's normalisation and the chosen augmentation."""
+    from torchvision import transforms as T
+
+    from vltool.model import eval_transform
+
+    if augment == "none":
+        return eval_transform(preprocess)
+    size = int(preprocess["size"])
+    interp = _interp(preprocess.get("interpolation", "bicubic"))
+    norm = T.Normalize(mean=preprocess["mean"], std=preprocess["std"])
+    rgb = T.Lambda(lambda im: im.convert("RGB"))
+    if augment == "clip":  # open_clip's training transform: RandomResizedCrop(scale 0.9-1)
+        return T.Compose([rgb, T.RandomResizedCrop(size, scale=(0.9, 1.0), interpolation=interp), T.ToTensor(), norm])
+    if augment == "simclr":  # Chen et al. 2020, as Santurkar et al. use it
+        return T.Compose(
+            [
+                rgb,
+                T.RandomResizedCrop(size, scale=(0.08, 1.0), interpolation=interp),
+                T.RandomHorizontalFlip(),
+                T.RandomApply([T.ColorJitter(0.4, 0.4, 0.4, 0.1)], p=0.8),
+                T.RandomGrayscale(p=0.2),
+                T.RandomApply([T.GaussianBlur(blur_kernel(size), sigma=(0.1, 2.0))], p=0.5),
+                T.ToTensor(),
+                norm,
+            ]
+        )
+    raise ValueError(f"unknown augmentation {augment!r}")

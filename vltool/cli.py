@@ -9,6 +9,7 @@ import typer
 from vltool import __version__
 from vltool.commands import deform, export, import_, info
 from vltool.commands import pretrain
+from vltool.commands import filter as filter_, recaption
 
 app = typer.Typer(
     name="vltool",
@@ -42,6 +43,8 @@ import_.register(app)
 export.register(app)
 info.register(app)
 pretrain.register(app)
+recaption.register(app)
+filter_.register(app)
 
 
 def main() -> None:

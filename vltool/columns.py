@@ -11,6 +11,8 @@ POSITIVES = "positives"  # list of ids that are positives of this row
 # Columns written by particular commands.
 CAPTION_ORIGINAL = "caption_original"  # deform: the intact text before deformation
 IS_BASE = "is_base"  # deform: row kept intact as part of the base set
+CAPTION_SOURCE = "caption_source"  # recaption: struct {caption, captions}: where each text came from
+QUALITY_SCORE = "quality_score"  # filter: probability that the caption is reference-like
 
 # Columns of the built-in emoji dataset.
 SPLIT = "split"

@@ -1,0 +1,172 @@
+"""`vltool recaption`: the Typer layer. The work is vltool.recaption.recaption."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from vltool.commands.common import (
+    BatchSizeOpt,
+    DataArg,
+    JsonOpt,
+    OutOpt,
+    OverwriteOpt,
+    SeedOpt,
+    SplitOpt,
+    WhereOpt,
+    handle_errors,
+)
+
+HELP = """New captions for every row: re-caption the images with a captioning model, or paraphrase the
+captions with a language model (Santurkar et al., sections 3.2, 3.3, 4, appendices A.5, A.8; FFF 4.2).
+
+Every model is a local directory (save_pretrained); nothing is downloaded.
+
+Captioner (--model): any image-to-text model transformers loads with AutoModelForImageTextToText and
+AutoProcessor (BLIP, BLIP-2, ...). --strategy nucleus samples each caption with its own seed (top-p 0.9,
+repetition penalty 1.1, 5 to 40 new tokens: the paper's settings); --strategy beam keeps the k best
+beams (FFF). --prompt "a picture of" makes conditional captions (the prompt is stripped unless
+--keep-prompt).
+
+Paraphraser (--paraphrase --lm): a causal LM is prompted with four (caption, paraphrase) pairs in the
+paper's format ("Paraphrase the sentence below / Input: ... / Output: ..."; --examples FILE replaces
+them) and samples with temperature 0.8 until the end of the output line.
+
+Output: `captions` gets the new texts after the existing ones (--replace: new ones only); `caption`
+becomes the first new text with --set-caption; `caption_source` {caption, captions} says where each
+text came from ("original", or "recaption:nucleus:MODEL_DIR_NAME", ...).
+
+Work is written in shards to OUT.partial as it finishes; rerunning the same command after Ctrl-C, a kill
+or a crash continues where it stopped. Under `accelerate launch` each process captions its share and
+process 0 merges.
+
+Examples:
+
+  vltool recaption emoji --out emoji_blip --model ./blip-base --num-captions 5 --where split=train
+
+  vltool recaption data --out data_fff --model ./blip2-opt --strategy beam --num-captions 5 --set-caption
+
+  vltool recaption data --out data_para --paraphrase --lm ./gpt-j --num-captions 5
+
+  accelerate launch --multi_gpu --num_processes 4 -m vltool recaption data --out data_blip --model ./blip-base
+"""
+
+
+def recaption_command(
+    data: DataArg,
+    out: OutOpt,
+    model: Annotated[
+        Optional[Path], typer.Option("--model", help="A local image captioner directory (BLIP, BLIP-2, ...).")
+    ] = None,
+    paraphrase: Annotated[
+        bool, typer.Option("--paraphrase", help="Paraphrase each row's text with --lm instead of captioning images.")
+    ] = False,
+    lm: Annotated[
+        Optional[Path], typer.Option("--lm", help="A local causal language model directory (with --paraphrase).")
+    ] = None,
+    examples: Annotated[
+        Optional[Path],
+        typer.Option("--examples", help='JSON file of [input, output] pairs for the paraphrase prompt [default: the paper\'s four].'),
+    ] = None,
+    column: Annotated[str, typer.Option("--column", help="The text column paraphrased (with --paraphrase).")] = "caption",
+    num_captions: Annotated[int, typer.Option("--num-captions", min=1, help="New captions (or paraphrases) per row.")] = 5,
+    strategy: Annotated[
+        str, typer.Option("--strategy", help="nucleus: sampling, one seed per caption (Santurkar); beam: k best beams (FFF).")
+    ] = "nucleus",
+    top_p: Annotated[
+        Optional[float], typer.Option("--top-p", help="Nucleus mass [default: 0.9; 1.0 (temperature only) with --paraphrase].")
+    ] = None,
+    temperature: Annotated[
+        Optional[float], typer.Option("--temperature", help="Sampling temperature [default: 1.0; 0.8 with --paraphrase].")
+    ] = None,
+    repetition_penalty: Annotated[
+        Optional[float], typer.Option("--repetition-penalty", help="[default: 1.1 for nucleus captioning, else 1.0].")
+    ] = None,
+    min_new_tokens: Annotated[
+        Optional[int], typer.Option("--min-new-tokens", help="Shortest output in tokens [default: 5; 1 with --paraphrase].")
+    ] = None,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Longest output in tokens.")] = 40,
+    num_beams: Annotated[
+        Optional[int], typer.Option("--num-beams", help="Beam width with --strategy beam [default: --num-captions].")
+    ] = None,
+    prompt: Annotated[
+        Optional[str], typer.Option("--prompt", help='Text the captions continue (conditional captioning), e.g. "a picture of".')
+    ] = None,
+    keep_prompt: Annotated[bool, typer.Option("--keep-prompt", help="Keep --prompt at the start of each caption.")] = False,
+    replace: Annotated[bool, typer.Option("--replace", help="captions = the new texts only (drop the existing ones).")] = False,
+    set_caption: Annotated[bool, typer.Option("--set-caption", help="caption = the row's first new text.")] = False,
+    shard_size: Annotated[int, typer.Option("--shard-size", min=1, help="Rows per checkpoint shard.")] = 1024,
+    max_shards: Annotated[
+        Optional[int], typer.Option("--max-shards", min=1, help="Stop after this many new shards; rerun to continue.")
+    ] = None,
+    restart: Annotated[bool, typer.Option("--restart", help="Discard unfinished work in OUT.partial instead of resuming.")] = False,
+    device: Annotated[str, typer.Option("--device", help="auto (cuda if available), cpu, cuda, cuda:N.")] = "auto",
+    dtype: Annotated[str, typer.Option("--dtype", help="auto (float16 on cuda, float32 on cpu), float32, float16, bfloat16.")] = "auto",
+    where: WhereOpt = None,
+    split: SplitOpt = None,
+    seed: SeedOpt = 0,
+    batch_size: BatchSizeOpt = 32,
+    overwrite: OverwriteOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    from vltool.recaption import RecaptionConfig, recaption
+
+    config = RecaptionConfig(
+        model=model, paraphrase=paraphrase, lm=lm, examples=examples, column=column, num_captions=num_captions,
+        strategy=strategy, top_p=top_p, temperature=temperature, repetition_penalty=repetition_penalty,
+        min_new_tokens=min_new_tokens, max_new_tokens=max_new_tokens, num_beams=num_beams, prompt=prompt,
+        keep_prompt=keep_prompt, replace=replace, set_caption=set_caption, seed=seed, batch_size=batch_size,
+        shard_size=shard_size, device=device, dtype=dtype, max_shards=max_shards, restart=restart,
+    )
+    result = recaption(data, out, config, where=where or [], split=split, overwrite=overwrite)
+    if not result.get("finished"):
+        if as_json:
+            from vltool.console import print_json
+
+            print_json(result)
+        return
+    if as_json:
+        from vltool.console import print_json
+
+        print_json(result["stats"] | {"out": str(out)})
+    else:
+        print_stats(result["stats"], out)
+
+
+def print_stats(s: dict, out) -> None:
+    from rich.table import Table
+
+    from vltool.console import out as stdout
+
+    g = s["generation"]
+    t = Table(title=f"{g['mode']} ({g['strategy']}, k={g['num_captions']}) -> {out}")
+    t.add_column("statistic")
+    t.add_column("value", justify="right")
+    rows = [
+        ("model", f"{s['model']['name']} ({', '.join(s['model']['architectures']) or s['model']['model_type']})"),
+        ("rows", f"{s['rows']:,}"),
+        ("rows with new captions", f"{s['rows_with_new_captions']:,}"),
+        ("rows without input", f"{s['rows_without_input']:,}"),
+        ("captions generated", f"{s['captions_generated']:,}"),
+        ("empty outputs dropped", f"{s['empty_outputs_dropped']:,}"),
+        ("mean words per caption", f"{s['mean_words']:.2f}"),
+        ("distinct captions per row (mean)", f"{s['distinct_per_row_mean']:.2f}"),
+        ("shards (done before this run)", f"{s['shards']} ({s['shards_done_before_this_run']})"),
+        ("processes", str(s["num_processes"])),
+        ("rows/s (process 0)", "-" if s["rows_per_second_process_0"] is None else f"{s['rows_per_second_process_0']:.1f}"),
+        ("caption_source label", s["caption_source_label"]),
+    ]
+    for k, v in rows:
+        t.add_row(k, v)
+    stdout.print(t)
+    for ex in s["examples"][:3]:
+        head = f"{ex['id']}" + (f" ({ex['input']!r})" if "input" in ex else "")
+        stdout.print(f"{head}: " + " | ".join(ex["generated"]), highlight=False, markup=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("recaption", help=HELP, short_help="New captions from a captioner, or paraphrases from an LM.")(
+        handle_errors(recaption_command)
+    )

@@ -1,0 +1,683 @@
+"""`vltool filter`: keep the captions a bag-of-n-grams classifier calls reference-like.
+
+Santurkar et al. (section 4, appendix A.7) train fastText, a linear classifier on bag-of-n-gram sentence
+embeddings (n=2), to tell captions of a source dataset (CC, YFCC) from COCO's, and keep the source
+captions classified as COCO-like. This module does the same in PyTorch (docs/recaption-filter.md):
+
+- Text to features: lower-case; every character that is neither a letter, a digit nor whitespace is a
+  token of its own; words are the whitespace-separated rest. Each word is hashed (BLAKE2b, 64 bits);
+  unigrams and word n-grams up to `ngrams` are hashed into `buckets` buckets, as fastText does for its
+  n-grams. `featurize` does this for a whole column at once with Arrow kernels; `featurize_one` is the
+  plain-Python reference it is tested against.
+- Model (fastText's): the mean of the features' embeddings (`EmbeddingBag`, `dim`), then a linear layer
+  to one logit, trained with class-balanced logistic loss and a small L2 penalty (calibrated scores).
+- Cross-fitting: each set is cut into `folds` random parts; classifier f trains on the other parts of
+  both sets (80% for 5 folds) and scores part f. Every source row is scored by a classifier that never
+  saw it (a classifier scoring its own training rows calls them "source" more than it should: it has
+  learnt them), and the held-out accuracy is measured on every row once.
+- Scoring: the model is linear in the mean embedding, so mean(E[ids]) @ w + b == mean(E[ids] @ w) + b:
+  each bucket's contribution `E @ w` is one number, and scoring a caption is a table look-up and a mean
+  (`Scorer`), hundreds of thousands of captions per second.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from vltool import columns as C
+from vltool.errors import UsageError
+
+_MASK = (1 << 64) - 1
+_FNV_PRIME = 0x100000001B3  # mixes the next word's hash into an n-gram key
+_PUNCT_RE2 = r"([^\pL\pN\s])"  # Arrow (RE2): a non-letter, non-digit, non-space character
+_PUNCT_ASCII = r"([^a-z0-9\s\x0b\x1c-\x1f])|[\x1c-\x1f]"  # the same on ASCII text (\x0b, \x1c-\x1f are spaces)
+_PUNCT_PY = r"([^\w\s]|_)"  # the same class in Python's `re` (\w includes "_", which RE2's \pL\pN does not)
+_CHUNK = 1 << 16  # captions featurized at once (bounds memory; chunks run on threads)
+
+
+@dataclass
+class FilterConfig:
+    """Options of `vltool filter`."""
+
+    column: str = C.CAPTION  # the source text column that is scored (one string per row)
+    reference_column: str | None = None  # the reference's text column, string or list of strings [default: column]
+    threshold: float | None = None  # keep rows with quality_score >= threshold [default 0.5 unless keep_frac is given]
+    keep_frac: float | None = None  # instead of a threshold: keep this fraction of rows, highest scores first
+    folds: int = 5  # cross-fitting: k classifiers, each trains on (k-1)/k of each set and scores the rest; 1: one
+    ngrams: int = 2  # longest word n-gram: 1 = unigrams only, 2 = unigrams and bigrams (the paper's n=2)
+    buckets: int = 1 << 20  # hashed feature buckets (fastText uses 2M for its n-grams)
+    dim: int = 8  # embedding size (binary task: the classifier is linear whatever the size)
+    epochs: int = 5  # passes over the training rows (fastText's default) ...
+    min_steps: int = 100  # ... or more passes, until this many optimizer steps (small sets need them)
+    l2: float = 0.01  # L2 penalty (per batch): keeps the scores calibrated, so that the 0.5 threshold means something
+    lr: float = 0.05  # Adam learning rate, decayed linearly to 0
+    batch_size: int = 256  # training rows per step
+    seed: int = 0  # train/held-out split, initialisation, batch order, shown examples
+    num_examples: int = 5  # kept and dropped captions shown and recorded
+
+    @property
+    def resolved_threshold(self) -> float | None:
+        if self.keep_frac is not None:
+            return None
+        return 0.5 if self.threshold is None else self.threshold
+
+    def validate(self) -> None:
+        problems = []
+        if self.threshold is not None and self.keep_frac is not None:
+            problems.append("give --threshold or --keep-frac, not both")
+        if self.threshold is not None and not 0.0 <= self.threshold <= 1.0:
+            problems.append(f"--threshold must be in [0, 1], got {self.threshold}")
+        if self.keep_frac is not None and not 0.0 < self.keep_frac <= 1.0:
+            problems.append(f"--keep-frac must be in (0, 1], got {self.keep_frac}")
+        if not 1 <= self.folds <= 20:
+            problems.append(f"--folds must be 1 to 20, got {self.folds}")
+        if not 1 <= self.ngrams <= 5:
+            problems.append(f"--ngrams must be 1 to 5, got {self.ngrams}")
+        if not 16 <= self.buckets <= 1 << 26:
+            problems.append(f"--buckets must be in [16, 2^26], got {self.buckets}")
+        if self.min_steps < 0:
+            problems.append(f"--min-steps must be >= 0, got {self.min_steps}")
+        for name, value in (("--dim", self.dim), ("--epochs", self.epochs), ("--batch-size", self.batch_size)):
+            if value < 1:
+                problems.append(f"{name} must be >= 1, got {value}")
+        if not self.lr > 0:
+            problems.append(f"--lr must be > 0, got {self.lr}")
+        if self.num_examples < 0:
+            problems.append(f"--num-examples must be >= 0, got {self.num_examples}")
+        if problems:
+            raise UsageError("; ".join(problems))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Features
+
+
+def splitmix64(x: np.ndarray) -> np.ndarray:
+    """A 64-bit finaliser on a uint64 array (wrap-around arithmetic)."""
+    with np.errstate(over="ignore"):
+        x = x + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
+def _splitmix64_int(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
+def word_hash(word: str) -> int:
+    """A word's stable 64-bit hash (the same in every process and run, unlike Python's hash())."""
+    return int.from_bytes(hashlib.blake2b(word.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
+
+
+class _HashCache(dict):
+    """word -> word_hash(word), computed once per distinct word."""
+
+    def __missing__(self, word: str) -> int:
+        h = self[word] = word_hash(word)
+        return h
+
+
+_WORD_HASHES = _HashCache()
+
+
+def tokenize_one(text: str | None) -> list[str]:
+    """Reference tokenizer: lower-case, punctuation characters as tokens of their own, split on whitespace."""
+    import re
+
+    return re.sub(_PUNCT_PY, r" \1 ", (text or "").lower()).split()
+
+
+def featurize_one(text: str | None, buckets: int, ngrams: int) -> list[int]:
+    """Reference implementation: the bucket ids of one caption's unigrams, then bigrams, ... up to `ngrams`.
+
+    An n-gram's key is built word by word: key_1 = hash(w_i), key_n = key_{n-1} * P + hash(w_{i+n-1})
+    (mod 2^64); its bucket is splitmix64(key_n XOR n) mod buckets.
+    """
+    hashes = [word_hash(t) for t in tokenize_one(text)]
+    feats: list[int] = []
+    keys = list(hashes)
+    for n in range(1, ngrams + 1):
+        if n > 1:
+            keys = [(keys[i] * _FNV_PRIME + hashes[i + n - 1]) & _MASK for i in range(len(keys) - 1)]
+        feats.extend(_splitmix64_int(k ^ n) % buckets for k in keys)
+    return feats
+
+
+def _as_arrow(texts):
+    """Texts as a pyarrow ChunkedArray of strings."""
+    import pyarrow as pa
+
+    if isinstance(texts, pa.ChunkedArray):
+        return texts
+    if isinstance(texts, pa.Array):
+        return pa.chunked_array([texts])
+    return pa.chunked_array([pa.array(list(texts), type=pa.large_string())])
+
+
+def _featurize_chunk(arr, buckets: int, ngrams: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ids, owner, tokens_per_caption) of one Arrow string array; owner[i] is the caption of feature i."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    n = len(arr)
+    if pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type):
+        pass
+    else:
+        arr = arr.cast(pa.large_string())
+    arr = pc.fill_null(arr, "")
+    if n and pc.all(pc.string_is_ascii(arr)).as_py():  # the same tokens, 3x faster with ASCII kernels
+        spaced = pc.replace_substring_regex(pc.ascii_lower(arr), pattern=_PUNCT_ASCII, replacement=r" \1 ")
+        lists = pc.ascii_split_whitespace(spaced)
+    else:
+        spaced = pc.replace_substring_regex(pc.utf8_lower(arr), pattern=_PUNCT_RE2, replacement=r" \1 ")
+        lists = pc.utf8_split_whitespace(spaced)
+    offsets = lists.offsets.to_numpy().astype(np.int64)
+    lengths = np.diff(offsets)  # (n,) tokens per caption, empty strings included
+    flat = lists.flatten()
+    owner_tok = np.repeat(np.arange(n, dtype=np.int64), lengths)  # (T,)
+    if len(flat):
+        enc = pc.dictionary_encode(flat)
+        words = enc.dictionary.to_pylist()
+        table = np.fromiter(map(_WORD_HASHES.__getitem__, words), dtype=np.uint64, count=len(words))
+        idx = enc.indices.to_numpy()
+        h = table[idx]  # (T,) word hashes
+        if "" in words:  # splitting yields "" at leading, trailing and doubled spaces
+            keep = idx != words.index("")
+            h, owner_tok = h[keep], owner_tok[keep]
+    else:
+        h = np.zeros(0, dtype=np.uint64)
+    ids, owners = [], []
+    keys = h  # (T - k + 1,) key of the k-gram starting at each token
+    for k in range(1, ngrams + 1):
+        if k > 1:
+            with np.errstate(over="ignore"):
+                keys = keys[:-1] * np.uint64(_FNV_PRIME) + h[k - 1 :]
+            same = owner_tok[k - 1 :] == owner_tok[: len(keys)]  # first and last word in one caption
+            keys_k, own_k = keys[same], owner_tok[: len(keys)][same]
+        else:
+            keys_k, own_k = keys, owner_tok
+        ids.append((splitmix64(keys_k ^ np.uint64(k)) % np.uint64(buckets)).astype(np.int64))
+        owners.append(own_k)
+    return np.concatenate(ids), np.concatenate(owners), np.bincount(owner_tok, minlength=n)
+
+
+def _map_chunks(fn, texts) -> list:
+    """fn(arrow string array) over chunks of `texts`, in order, on up to two threads (Arrow and numpy
+    release the GIL, so chunks featurize in parallel)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    ca = _as_arrow(texts)
+    pieces = [ca.slice(lo, _CHUNK).combine_chunks() for lo in range(0, len(ca), _CHUNK)]
+    if len(pieces) <= 1:
+        return [fn(p) for p in pieces]
+    with ThreadPoolExecutor(max_workers=min(2, os.cpu_count() or 1)) as pool:
+        return list(pool.map(fn, pieces))
+
+
+def featurize(texts, buckets: int, ngrams: int) -> tuple[np.ndarray, np.ndarray]:
+    """Hashed n-gram features of many captions: (ids (F,) int64, offsets (n+1,) int64), caption i owning
+    ids[offsets[i]:offsets[i+1]] in the order of `featurize_one` (unigrams, then bigrams, ...).
+    `texts` is a list of strings (None is empty) or an Arrow string array."""
+
+    def one(piece):
+        ids, owner, _ = _featurize_chunk(piece, buckets, ngrams)
+        order = np.argsort(owner, kind="stable")  # group by caption, keeping unigram-then-bigram order
+        return ids[order], np.bincount(owner, minlength=len(piece))
+
+    done = _map_chunks(one, texts)
+    all_ids, all_counts = [d[0] for d in done], [d[1] for d in done]
+    if not all_ids:
+        return np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64)
+    counts = np.concatenate(all_counts)
+    offsets = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    return np.concatenate(all_ids), offsets
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Model
+
+
+def make_model(rows: int, dim: int, seed: int):
+    """fastText's classifier: mean of n-gram embeddings -> linear -> one logit (reference-like).
+
+    `rows` embedding rows, one per bucket seen in training, plus a last all-zero padding row for
+    n-grams never seen in training: EmbeddingBag leaves padding entries out of the mean.
+    """
+    import torch
+    from torch import nn
+
+    class FastTextClassifier(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            g = torch.Generator().manual_seed(seed)
+            # fastText: input vectors uniform(-1/dim, 1/dim), output weights zero
+            weight = torch.empty(rows + 1, dim).uniform_(-1.0 / dim, 1.0 / dim, generator=g)
+            weight[rows] = 0.0
+            self.embedding = nn.EmbeddingBag(rows + 1, dim, mode="mean", sparse=True, padding_idx=rows, _weight=weight)
+            self.linear = nn.Linear(dim, 1)
+            with torch.no_grad():
+                self.linear.weight.zero_()
+                self.linear.bias.zero_()
+
+        def forward(self, ids, offsets):  # ids (F,), offsets (B,) -> logits (B,)
+            return self.linear(self.embedding(ids, offsets)).squeeze(-1)
+
+    return FastTextClassifier()
+
+
+@dataclass
+class Classifier:
+    """A trained model and the buckets it knows (its embedding row r is bucket vocab[r])."""
+
+    model: Any
+    vocab: np.ndarray  # (U,) sorted bucket ids seen in training
+    buckets: int
+    ngrams: int
+
+    def rows(self, ids: np.ndarray) -> np.ndarray:
+        """Bucket ids -> embedding rows; unseen buckets -> the padding row U."""
+        u = len(self.vocab)
+        pos = np.searchsorted(self.vocab, ids)
+        hit = pos < u
+        hit[hit] = self.vocab[pos[hit]] == ids[hit]
+        return np.where(hit, pos, u)
+
+    def logits(self, texts) -> np.ndarray:
+        """Reference implementation of Scorer.logits: the PyTorch model on the features."""
+        import torch
+
+        ids, offsets = featurize(texts, self.buckets, self.ngrams)
+        with torch.no_grad():
+            out = self.model(torch.from_numpy(self.rows(ids)), torch.from_numpy(offsets[:-1]))
+        return out.double().numpy()
+
+
+@dataclass
+class Scorer:
+    """The trained classifier folded into one number per bucket: logit = mean(table[ids] over the
+    caption's n-grams seen in training) + bias."""
+
+    table: np.ndarray  # (buckets,) float64: E @ w, each bucket's contribution (0 for unseen buckets)
+    seen: np.ndarray  # (buckets,) float64: 1 for buckets seen in training, 0 otherwise
+    bias: float
+    buckets: int
+    ngrams: int
+
+    @classmethod
+    def from_classifier(cls, clf: Classifier) -> "Scorer":
+        import torch
+
+        with torch.no_grad():
+            emb = clf.model.embedding.weight[: len(clf.vocab)]  # (U, dim)
+            contrib = (emb @ clf.model.linear.weight.T).squeeze(1).double().numpy()  # (U,)
+            bias = float(clf.model.linear.bias.double().item())
+        table = np.zeros(clf.buckets, dtype=np.float64)
+        seen = np.zeros(clf.buckets, dtype=np.float64)
+        table[clf.vocab] = contrib
+        seen[clf.vocab] = 1.0
+        return cls(table, seen, bias, clf.buckets, clf.ngrams)
+
+    def logits(self, texts) -> np.ndarray:
+        """(n,) float64 logits of "reference-like"; a caption with no known n-gram gets the bias."""
+
+        def one(piece) -> np.ndarray:
+            ids, owner, _ = _featurize_chunk(piece, self.buckets, self.ngrams)
+            n = len(piece)
+            total = np.bincount(owner, weights=self.table[ids], minlength=n)  # (n,) sum of contributions
+            count = np.bincount(owner, weights=self.seen[ids], minlength=n)  # (n,) known n-grams
+            return total / np.maximum(count, 1.0) + self.bias
+
+        parts = _map_chunks(one, texts)
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.float64)
+
+    def scores(self, texts) -> np.ndarray:
+        """(n,) probability of "reference-like"."""
+        return 1.0 / (1.0 + np.exp(-self.logits(texts)))
+
+
+def train_classifier(
+    ref_texts: Sequence[str], src_texts: Sequence[str], config: FilterConfig, log=None
+) -> tuple[Classifier, dict]:
+    """Fit the classifier on reference (label 1) and source (label 0) texts; classes weigh equally."""
+    import torch
+
+    ids_r, off_r = featurize(ref_texts, config.buckets, config.ngrams)
+    ids_s, off_s = featurize(src_texts, config.buckets, config.ngrams)
+    # one CSR over both sets, reference rows first, over the buckets seen here (compact embedding rows)
+    vocab, ids = np.unique(np.concatenate([ids_r, ids_s]), return_inverse=True)
+    offsets = np.concatenate([off_r[:-1], off_s + off_r[-1]])  # (n+1,)
+    n_r, n_s = len(off_r) - 1, len(off_s) - 1
+    n = n_r + n_s
+    y = np.concatenate([np.ones(n_r, np.float32), np.zeros(n_s, np.float32)])
+    w = np.concatenate([np.full(n_r, n / (2 * n_r), np.float32), np.full(n_s, n / (2 * n_s), np.float32)])
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # steps are tiny sparse updates: more threads only add synchronisation
+    try:
+        model, stats = _train(ids.astype(np.int64), offsets, y, w, len(vocab), config, log)
+    finally:
+        torch.set_num_threads(threads)
+    return Classifier(model, vocab, config.buckets, config.ngrams), {"known_buckets": int(len(vocab)), **stats}
+
+
+def _train(ids: np.ndarray, offsets: np.ndarray, y: np.ndarray, w: np.ndarray, rows: int, config: FilterConfig,
+           log):
+    import torch
+
+    n = len(y)
+    torch.manual_seed(config.seed)
+    model = make_model(rows, config.dim, config.seed)
+    # fastText updates one row at a time with SGD; on batches, Adam (sparse for the embedding table) is
+    # stable where batched SGD with fastText's step size is not. The learning rate decays linearly to 0.
+    opts = [
+        torch.optim.SparseAdam(list(model.embedding.parameters()), lr=config.lr),
+        torch.optim.Adam(list(model.linear.parameters()), lr=config.lr),
+    ]
+    steps_per_epoch = -(-n // config.batch_size)
+    epochs = max(config.epochs, -(-config.min_steps // steps_per_epoch))
+    total_steps = steps_per_epoch * epochs
+    rng = np.random.default_rng(config.seed)
+    ids_t = torch.from_numpy(ids)
+    y_t, w_t = torch.from_numpy(y), torch.from_numpy(w)
+    step = 0
+    losses = []
+    for epoch in range(epochs):
+        perm = rng.permutation(n)
+        epoch_loss = 0.0
+        for lo in range(0, n, config.batch_size):
+            rows = perm[lo : lo + config.batch_size]
+            starts, lens = offsets[rows], offsets[rows + 1] - offsets[rows]
+            bag_starts = np.cumsum(lens) - lens  # (B,) where each row's bag starts in the batch
+            # feature j of the batch is ids[starts[row] + (j - bag_starts[row])]
+            gather = np.repeat(starts - bag_starts, lens) + np.arange(lens.sum())
+            batch_ids = ids_t[torch.from_numpy(gather)]  # (sum lens,)
+            batch_off = torch.from_numpy(bag_starts)  # (B,)
+            rows_t = torch.from_numpy(rows)
+            for opt in opts:
+                for group in opt.param_groups:
+                    group["lr"] = config.lr * (1.0 - step / total_steps)
+            logits = model(batch_ids, batch_off)  # (B,)
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, y_t[rows_t], weight=w_t[rows_t])
+            if config.l2 > 0:  # L2 on the embedding rows this batch uses (lazy, sparse) and on the linear layer
+                loss = loss + config.l2 * (
+                    torch.nn.functional.embedding(batch_ids, model.embedding.weight, sparse=True).pow(2).sum()
+                    / len(rows)
+                    + model.linear.weight.pow(2).sum()
+                )
+            for opt in opts:
+                opt.zero_grad()
+            loss.backward()
+            for opt in opts:
+                opt.step()
+            epoch_loss += loss.item() * len(rows)
+            step += 1
+        losses.append(round(epoch_loss / n, 5))
+        if log and (epoch + 1) % max(1, epochs // 5) == 0:
+            log(f"filter: epoch {epoch + 1}/{epochs}: training loss {losses[-1]:.4f}")
+    model.eval()
+    every = max(1, epochs // 10)
+    return model, {"epochs_run": epochs, "train_steps": total_steps,
+                   "train_loss": {str(e + 1): losses[e] for e in range(epochs) if (e + 1) % every == 0 or e == 0}}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Metrics and reporting
+
+
+def bootstrap_ci(correct: np.ndarray, seed: int, n_boot: int = 1000) -> tuple[float, float]:
+    """95% percentile bootstrap interval of the mean of a 0/1 vector."""
+    if len(correct) == 0:
+        return (float("nan"), float("nan"))
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(correct), size=(n_boot, len(correct)))
+    means = correct[idx].mean(axis=1)
+    return (float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5)))
+
+
+def heldout_metrics(p_ref: np.ndarray, p_src: np.ndarray, seed: int) -> dict:
+    """Accuracy of "reference-like iff p >= 0.5" on held-out rows of both sets."""
+    if len(p_ref) == 0 or len(p_src) == 0:
+        return {"heldout_rows": int(len(p_ref) + len(p_src)), "accuracy": None}
+    correct = np.concatenate([p_ref >= 0.5, p_src < 0.5]).astype(np.float64)
+    n = len(correct)
+    rec_r, rec_s = float((p_ref >= 0.5).mean()), float((p_src < 0.5).mean())
+    return {
+        "heldout_rows": n,
+        "heldout_reference_rows": int(len(p_ref)),
+        "heldout_source_rows": int(len(p_src)),
+        "accuracy": round(float(correct.mean()), 4),
+        "accuracy_ci95": [round(x, 4) for x in bootstrap_ci(correct, seed)],
+        "chance_accuracy": round(max(len(p_ref), len(p_src)) / n, 4),  # always answering the larger set
+        "balanced_accuracy": round((rec_r + rec_s) / 2, 4),  # chance 0.5
+        "reference_called_reference_like": round(rec_r, 4),
+        "source_called_source_like": round(rec_s, 4),
+    }
+
+
+def top_ngrams(scorer: Scorer, texts: Sequence[str], k: int = 10, min_count: int = 3) -> dict:
+    """The n-grams pushing `texts` most towards each class: ranked by weight x count (their total pull
+    on the scores), among n-grams seen >= min_count times. A bucket can hold several n-grams (hashing);
+    the most frequent one names it."""
+    from collections import Counter
+
+    counts: Counter = Counter()
+    for text in texts:
+        toks = tokenize_one(text)
+        for n in range(1, scorer.ngrams + 1):
+            counts.update(" ".join(toks[i : i + n]) for i in range(len(toks) - n + 1))
+    by_bucket: dict[int, tuple[str, int]] = {}
+    for gram, c in counts.items():
+        if c < min_count:
+            continue
+        b = featurize_one(gram, scorer.buckets, len(gram.split()))[-1]  # the full n-gram's bucket
+        if b not in by_bucket or c > by_bucket[b][1]:
+            by_bucket[b] = (gram, c)
+    items = sorted(((float(scorer.table[b]) * c, float(scorer.table[b]), g) for b, (g, c) in by_bucket.items()),
+                   reverse=True)
+    return {
+        "reference_like": [[g, round(w, 3)] for _, w, g in items[:k] if w > 0],
+        "source_like": [[g, round(w, 3)] for _, w, g in items[::-1][:k] if w < 0],
+    }
+
+
+def _is_text(feature) -> bool:
+    import datasets
+
+    return isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")
+
+
+def _text_column(ds, name: str, what: str, allow_list: bool):
+    """The column as an Arrow string array (a list column flattened when allowed)."""
+    import pyarrow as pa
+
+    from vltool.io import require_columns
+
+    require_columns(ds, [name], what)
+    feature = ds.features[name]
+    arr = ds.data.column(name)
+    if ds._indices is not None:
+        arr = arr.take(ds._indices.column(0))
+    if _is_text(feature):
+        return arr
+    if allow_list and _is_text(getattr(feature, "feature", None)):  # List / Sequence of strings
+        import pyarrow.compute as pc
+
+        return pa.chunked_array([pc.list_flatten(c) for c in arr.chunks], type=arr.type.value_type)
+    kinds = "a text column or a list of texts" if allow_list else "a text column (one string per row)"
+    raise UsageError(f"{what}: column {name!r} is not {kinds} (its type is {feature})")
+
+
+def _examples(ids: list, texts: list, scores: np.ndarray, rows: np.ndarray, k: int, seed: int) -> list[dict]:
+    if k == 0 or len(rows) == 0:
+        return []
+    pick = np.sort(np.random.default_rng(seed).choice(rows, size=min(k, len(rows)), replace=False))
+    return [{"id": ids[i], "caption": texts[i], "quality_score": round(float(scores[i]), 4)} for i in pick.tolist()]
+
+
+def filter_dataset(ds, ref_texts, config: FilterConfig, *, log=None) -> tuple[object, dict]:
+    """Train on `ref_texts` vs `ds[config.column]`, score every row of `ds`, keep the reference-like ones.
+
+    Returns the kept rows with a `quality_score` column, and the statistics.
+    """
+    import time
+
+    import datasets
+    import pyarrow as pa
+
+    config.validate()
+    from vltool.io import require_columns
+
+    require_columns(ds, [C.ID, config.column], "the input")
+    src_arr = _text_column(ds, config.column, "the input", allow_list=False)
+    ref_arr = ref_texts if isinstance(ref_texts, pa.ChunkedArray) else _as_arrow(ref_texts)
+    n_src, n_ref = len(src_arr), len(ref_arr)
+    problems = []
+    for name, n in (("the input", n_src), ("the reference set", n_ref)):
+        if n < 2:
+            problems.append(f"{name} has {n} caption(s); the classifier needs at least 2 in each set")
+    if problems:
+        raise UsageError("; ".join(problems))
+
+    # Each set is cut into random parts; classifier f trains on every part but part f of both sets and
+    # scores part f (cross-fitting), so no row is scored by a classifier that saw it. With folds=1, one
+    # classifier trains on 4 of 5 parts and scores every source row (its training rows in-sample).
+    parts = config.folds if config.folds > 1 else 5
+
+    def assign(n: int, salt: int) -> np.ndarray:
+        part = np.empty(n, dtype=np.int64)
+        part[np.random.default_rng([config.seed, salt]).permutation(n)] = np.arange(n) % parts
+        return part
+
+    part_s, part_r = assign(n_src, 0), assign(n_ref, 1)
+    take = lambda arr, idx: arr.take(pa.array(idx, type=pa.int64()))  # noqa: E731
+    scores = np.empty(n_src, dtype=np.float64)
+    held_ref, held_src, scorers, fold_stats = [], [], [], []
+    train_s = score_s = 0.0
+    for f in range(config.folds):
+        tr_s, ho_s = np.flatnonzero(part_s != f), np.flatnonzero(part_s == f)
+        tr_r, ho_r = np.flatnonzero(part_r != f), np.flatnonzero(part_r == f)
+        t0 = time.perf_counter()
+        clf, st = train_classifier(take(ref_arr, tr_r), take(src_arr, tr_s), config)
+        train_s += time.perf_counter() - t0
+        if log:
+            log(f"filter: classifier {f + 1}/{config.folds}: trained on {len(tr_s):,} source and {len(tr_r):,} "
+                f"reference captions ({st['train_steps']} steps, final loss {list(st['train_loss'].values())[-1]:.4f})")
+        scorer = Scorer.from_classifier(clf)
+        t0 = time.perf_counter()
+        if config.folds > 1:
+            scores[ho_s] = scorer.scores(take(src_arr, ho_s))
+        else:
+            scores[:] = scorer.scores(src_arr)
+        score_s += time.perf_counter() - t0
+        held_src.append(scores[ho_s])
+        held_ref.append(scorer.scores(take(ref_arr, ho_r)))
+        scorers.append(scorer)
+        fold_stats.append({"train_source_rows": int(len(tr_s)), "train_reference_captions": int(len(tr_r)), **st})
+    metrics = heldout_metrics(np.concatenate(held_ref), np.concatenate(held_src), config.seed)
+    mean_scorer = Scorer(np.mean([x.table for x in scorers], axis=0), np.max([x.seen for x in scorers], axis=0),
+                         float(np.mean([x.bias for x in scorers])), config.buckets, config.ngrams)
+    train_rows = np.flatnonzero(part_s != 0)
+
+    if config.keep_frac is not None:
+        k = int(round(config.keep_frac * n_src))
+        order = np.argsort(-scores, kind="stable")  # highest first; ties keep row order
+        keep = np.zeros(n_src, dtype=bool)
+        keep[order[:k]] = True
+        cutoff = float(scores[order[k - 1]]) if k else None
+    else:
+        cutoff = config.resolved_threshold
+        keep = scores >= cutoff
+    kept_rows, dropped_rows = np.flatnonzero(keep), np.flatnonzero(~keep)
+
+    ids = ds.data.column(C.ID)
+    if ds._indices is not None:
+        ids = ids.take(ds._indices.column(0))
+    ids, texts = ids.to_pylist(), src_arr.to_pylist()
+    stats = {
+        "rows_in": n_src,
+        "rows_out": int(keep.sum()),
+        "rows_dropped": int((~keep).sum()),
+        "kept_frac": round(float(keep.mean()), 4),
+        "rule": f"keep-frac {config.keep_frac}" if config.keep_frac is not None else f"quality_score >= {cutoff}",
+        "score_cutoff": None if cutoff is None else round(cutoff, 6),
+        "reference_captions": n_ref,
+        "train_source_rows": fold_stats[0]["train_source_rows"],
+        "train_reference_captions": fold_stats[0]["train_reference_captions"],
+        "classifier": {
+            "model": "fastText-style: mean of hashed n-gram embeddings -> linear -> sigmoid (PyTorch)",
+            "scoring": f"cross-fitted: {config.folds} classifiers, each scores the rows it did not train on"
+            if config.folds > 1 else "one classifier trained on 80% of each set scores every row (in-sample for those)",
+            "ngrams": config.ngrams,
+            "buckets": config.buckets,
+            "dim": config.dim,
+            "l2": config.l2,
+            "class_weighting": "balanced (each set weighs half of the loss)",
+            "per_classifier": fold_stats,
+            "train_seconds": round(train_s, 3),
+        },
+        "heldout": metrics,
+        "score_quantiles": {
+            q: round(float(np.quantile(scores, float(q))), 4) for q in ("0.05", "0.25", "0.5", "0.75", "0.95")
+        },
+        "score_seconds": round(score_s, 4),
+        "captions_scored_per_second": round(n_src / score_s) if score_s > 0 else None,
+        "examples_kept": _examples(ids, texts, scores, kept_rows, config.num_examples, config.seed),
+        "examples_dropped": _examples(ids, texts, scores, dropped_rows, config.num_examples, config.seed + 1),
+        "top_ngrams": top_ngrams(mean_scorer, [texts[i] for i in train_rows[:20000].tolist()]
+                                 + ref_arr.slice(0, 20000).to_pylist()),
+    }
+
+    if ds._indices is not None:
+        ds = ds.flatten_indices()
+    if C.QUALITY_SCORE in ds.column_names:  # a second filter replaces the first one's scores
+        ds = ds.remove_columns([C.QUALITY_SCORE])
+    ds = ds.add_column(C.QUALITY_SCORE, scores.astype(np.float32).tolist(), feature=datasets.Value("float32"))
+    if not keep.all():
+        ds = ds.select(kept_rows)
+    return ds, stats
+
+
+def filter(  # noqa: A001 - the command's name (docs/conventions.md: one name everywhere)
+    data: str,
+    reference: str,
+    out,
+    config: FilterConfig,
+    *,
+    where: Sequence[str] = (),
+    split: str | None = None,
+    reference_where: Sequence[str] = (),
+    reference_split: str | None = None,
+    overwrite: bool = False,
+) -> dict:
+    """Load `data` and `reference`, filter `data`, write it atomically to `out`; return its `vltool.json`."""
+    from vltool import provenance
+    from vltool.console import log
+    from vltool.io import check_output, load_dataset, save_dataset
+
+    timer = provenance.Timer()
+    config.validate()
+    src = load_dataset(data, split=split, where=where, required=[C.ID, config.column])
+    ref_column = config.reference_column or config.column
+    ref = load_dataset(reference, split=reference_split, where=reference_where, required=[ref_column])
+    out = check_output(out, overwrite, inputs=[src.path, ref.path])
+    ref_texts = _text_column(ref.dataset, ref_column, "the reference set", allow_list=True)
+    log(f"filter: {src.rows:,} source rows, {len(ref_texts):,} reference captions; training the classifier")
+    ds, stats = filter_dataset(src.dataset, ref_texts, config, log=log)
+    options = {**provenance.jsonable(config), "resolved_threshold": config.resolved_threshold,
+               "reference_where": list(reference_where), "reference_split": reference_split}
+    prov = provenance.make(
+        "filter", options, [src, ref], rows_in=stats["rows_in"], rows_out=stats["rows_out"], stats=stats, timer=timer
+    )
+    save_dataset(ds, out, prov, overwrite=overwrite)
+    prov["wall_time_s"] = round(timer.seconds, 3)
+    return prov

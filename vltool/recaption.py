@@ -1,0 +1,919 @@
+"""`vltool recaption`: new captions from an image captioner, or paraphrases from a language model.
+
+Santurkar et al. re-caption CC and YFCC images with BLIP, several captions per image by nucleus sampling
+(top-p 0.9, repetition penalty 1.1, 5 to 40 tokens, a different seed per caption; section 3.2, 3.3,
+appendix A.5), and paraphrase captions with GPT-J prompted with four (caption, paraphrase) pairs,
+sampling with a temperature (section 4, appendix A.8). FFF (section 4.2) captions with BLIP-2 and keeps
+the k sequences of a beam search. Every model is a local directory loaded with `from_pretrained`.
+
+Determinism: every sampled caption has its own random stream, seeded from (--seed, row id, caption
+index): `RowSampler` draws each row's next token with that row's generator inside the ordinary
+`model.generate` loop. A row's captions therefore do not depend on the batch size, the shard, the number
+of processes, or on which rows were done before an interruption.
+
+Resumable work: rows are cut into shards of `shard_size`; each finished shard is written at once to
+`OUT.partial/shards/` (atomically), and a rerun of the same job skips the shards already there. Under
+`accelerate launch` process r takes the shards i with i % num_processes == r and process 0 merges them.
+When every shard is done, the dataset is written atomically to OUT and OUT.partial is removed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from vltool import columns as C
+from vltool.errors import UsageError, VltoolError
+
+STRATEGIES = ("nucleus", "beam")
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+ORIGINAL = "original"  # caption_source of a text that was in the input and has no recorded source
+PROMPT_HEADER = "Paraphrase the sentence below"
+# Santurkar et al., appendix A.8: the four (caption, paraphrase) pairs of their example query, pairs of
+# human-written COCO captions of one image.
+DEFAULT_EXAMPLES: tuple[tuple[str, str], ...] = (
+    ("A little boy standing next to a dog in a field.",
+     "A dog parked filled with people and a bunch of different dogs."),
+    ("Some people are on the sandy beach flying kites.",
+     "a sunny day at the beach with colorful kites in the sky"),
+    ("A living room filled with furniture and a table.",
+     "A living room with a nice couch and a coffee table."),
+    ("A couple of people on a surfboard in the ocean.",
+     "A dog is lying on the surfboard as it surfs on a wave."),
+)
+
+
+@dataclass
+class RecaptionConfig:
+    """Options of `vltool recaption`. Strategy-dependent defaults are None here; `settings()` resolves them."""
+
+    model: Path | None = None  # captioner: a local image-to-text model directory (BLIP, BLIP-2, ...)
+    paraphrase: bool = False  # paraphrase each row's text with a language model instead of captioning images
+    lm: Path | None = None  # paraphraser: a local causal (or seq2seq) language model directory
+    examples: Path | None = None  # paraphraser: JSON file of [input, output] pairs [default: the paper's four]
+    column: str = C.CAPTION  # paraphraser: the text column paraphrased
+    num_captions: int = 5  # k: new captions (or paraphrases) per row
+    strategy: str = "nucleus"  # nucleus: sampling, one seed per caption (Santurkar); beam: k best beams (FFF)
+    top_p: float | None = None  # nucleus mass [default: 0.9 captioner, 1.0 (plain temperature sampling) paraphraser]
+    temperature: float | None = None  # sampling temperature [default: 1.0 captioner, 0.8 paraphraser]
+    repetition_penalty: float | None = None  # [default: 1.1 captioner with nucleus, else 1.0]
+    min_new_tokens: int | None = None  # shortest output in tokens [default: 5 captioner, 1 paraphraser]
+    max_new_tokens: int = 40  # longest output in tokens (the paper's range is 5 to 40)
+    num_beams: int | None = None  # beam width for --strategy beam [default: num_captions]
+    prompt: str | None = None  # captioner: text the caption continues (conditional captioning), e.g. "a picture of"
+    keep_prompt: bool = False  # captioner: keep the prompt at the start of each caption (default: strip it)
+    replace: bool = False  # captions = the new texts only (default: the existing ones, then the new ones)
+    set_caption: bool = False  # caption = the first new text of the row
+    seed: int = 0  # base of every caption's seed (with the row id and the caption index)
+    batch_size: int = 32  # rows per generate call (each expands to k sequences)
+    shard_size: int = 1024  # rows per checkpoint shard; part of the job's identity
+    device: str = "auto"  # auto (cuda if available, else cpu; the process's device under accelerate), cpu, cuda, cuda:1
+    dtype: str = "auto"  # model weights: auto (float16 on cuda, float32 on cpu), float32, float16, bfloat16
+    max_shards: int | None = None  # stop after this many new shards (rerun to continue); None: run to the end
+    restart: bool = False  # discard unfinished work of an earlier run in OUT.partial instead of resuming
+
+    @property
+    def mode(self) -> str:
+        return "paraphrase" if self.paraphrase else "recaption"
+
+    @property
+    def model_path(self) -> Path | None:
+        return self.lm if self.paraphrase else self.model
+
+    def settings(self) -> dict:
+        """The generation settings, with strategy defaults filled in (recorded in vltool.json)."""
+        para = self.paraphrase
+        sampling = self.strategy == "nucleus"
+        return {
+            "mode": self.mode,
+            "strategy": self.strategy,
+            "num_captions": self.num_captions,
+            "top_p": (self.top_p if self.top_p is not None else (1.0 if para else 0.9)) if sampling else None,
+            "temperature": (self.temperature if self.temperature is not None else (0.8 if para else 1.0))
+            if sampling else None,
+            "repetition_penalty": self.repetition_penalty
+            if self.repetition_penalty is not None else (1.1 if sampling and not para else 1.0),
+            "min_new_tokens": self.min_new_tokens if self.min_new_tokens is not None else (1 if para else 5),
+            "max_new_tokens": self.max_new_tokens,
+            "num_beams": (self.num_beams or self.num_captions) if not sampling else None,
+            "prompt": self.prompt,
+            "keep_prompt": self.keep_prompt,
+            "seed": self.seed,
+            "column": self.column if para else None,
+        }
+
+    def validate(self) -> None:
+        p = []
+        if self.paraphrase:
+            if self.lm is None:
+                p.append("--paraphrase needs --lm LOCAL_LM (a causal language model directory)")
+            if self.model is not None:
+                p.append("--model is the captioner; with --paraphrase give the language model as --lm")
+            if self.prompt is not None or self.keep_prompt:
+                p.append("--prompt and --keep-prompt are for the captioner, not --paraphrase")
+        else:
+            if self.model is None:
+                p.append("give --model LOCAL_CAPTIONER to re-caption images, or --paraphrase --lm LOCAL_LM")
+            if self.lm is not None:
+                p.append("--lm is used with --paraphrase")
+            if self.examples is not None:
+                p.append("--examples is used with --paraphrase")
+            if self.keep_prompt and not self.prompt:
+                p.append("--keep-prompt needs --prompt")
+        if self.examples is not None and not Path(self.examples).expanduser().is_file():
+            p.append(f"--examples {self.examples}: no such file")
+        if self.strategy not in STRATEGIES:
+            p.append(f"--strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
+        if self.num_captions < 1:
+            p.append(f"--num-captions must be >= 1, got {self.num_captions}")
+        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
+            p.append(f"--top-p must be in (0, 1], got {self.top_p}")
+        if self.temperature is not None and not self.temperature > 0.0:
+            p.append(f"--temperature must be > 0, got {self.temperature}")
+        if self.strategy == "beam" and (self.top_p is not None or self.temperature is not None):
+            p.append("--top-p and --temperature apply to --strategy nucleus, not beam")
+        if self.repetition_penalty is not None and not self.repetition_penalty > 0.0:
+            p.append(f"--repetition-penalty must be > 0, got {self.repetition_penalty}")
+        if self.max_new_tokens < 1:
+            p.append(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
+        if self.min_new_tokens is not None and not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            p.append(f"--min-new-tokens must be in [0, --max-new-tokens], got {self.min_new_tokens}")
+        if self.num_beams is not None:
+            if self.strategy != "beam":
+                p.append("--num-beams applies to --strategy beam")
+            elif self.num_beams < self.num_captions:
+                p.append(f"--num-beams ({self.num_beams}) must be >= --num-captions ({self.num_captions})")
+        for name, value in (("--batch-size", self.batch_size), ("--shard-size", self.shard_size)):
+            if value < 1:
+                p.append(f"{name} must be >= 1, got {value}")
+        if self.max_shards is not None and self.max_shards < 1:
+            p.append(f"--max-shards must be >= 1, got {self.max_shards}")
+        if self.dtype not in DTYPES:
+            p.append(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if not (self.device in ("auto", "cpu", "mps") or self.device.startswith("cuda")):
+            p.append(f"--device must be auto, cpu, cuda, cuda:N or mps, got {self.device!r}")
+        if p:
+            raise UsageError("; ".join(p))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Prompts and seeds
+
+
+def one_line(text: str) -> str:
+    """Whitespace (newlines included) collapsed to single spaces: the prompt is line-based."""
+    return " ".join(str(text).split())
+
+
+def paraphrase_prompt(caption: str, examples: Sequence[tuple[str, str]] = DEFAULT_EXAMPLES) -> str:
+    """The in-context query of Santurkar et al., appendix A.8: one block per example pair, then the caption.
+
+    The model's paraphrase is what it writes after the final "Output:", up to the end of that line.
+    """
+    lines = []
+    for inp, out in examples:
+        lines += [PROMPT_HEADER, f"Input: {one_line(inp)}", f"Output: {one_line(out)}"]
+    lines += [PROMPT_HEADER, f"Input: {one_line(caption)}", "Output:"]
+    return "\n".join(lines)
+
+
+def load_examples(path: Path | str | None) -> tuple[tuple[str, str], ...]:
+    """--examples FILE: a JSON list of [input, output] pairs or {"input": ..., "output": ...} objects
+    (or JSON Lines with one of these per line)."""
+    if path is None:
+        return DEFAULT_EXAMPLES
+    path = Path(path).expanduser()
+    text = path.read_text(encoding="utf-8")
+    try:
+        items = json.loads(text)
+    except json.JSONDecodeError:
+        try:
+            items = [json.loads(line) for line in text.splitlines() if line.strip()]
+        except json.JSONDecodeError as e:
+            raise UsageError(f"--examples {path}: not JSON or JSON Lines ({e})") from None
+    pairs = []
+    for i, item in enumerate(items if isinstance(items, list) else [None]):
+        if isinstance(item, dict) and isinstance(item.get("input"), str) and isinstance(item.get("output"), str):
+            pairs.append((item["input"], item["output"]))
+        elif isinstance(item, (list, tuple)) and len(item) == 2 and all(isinstance(x, str) for x in item):
+            pairs.append((item[0], item[1]))
+        else:
+            raise UsageError(
+                f"--examples {path}: item {i} is not an [input, output] pair of strings or an "
+                '{"input": ..., "output": ...} object'
+            )
+    if not pairs:
+        raise UsageError(f"--examples {path}: no example pairs")
+    if any(not one_line(a) or not one_line(b) for a, b in pairs):
+        raise UsageError(f"--examples {path}: an example input or output is empty")
+    return tuple(pairs)
+
+
+def caption_seed(seed: int, row_id: str, index: int) -> int:
+    """The 64-bit seed of caption `index` of row `row_id` (independent of batching and processes)."""
+    digest = hashlib.blake2b(f"{seed}\x00{row_id}\x00{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
+
+
+def make_row_sampler(generators: list, temperature: float, top_p: float):
+    """A LogitsProcessor that samples each sequence's next token with that sequence's own generator.
+
+    It runs last in `generate`'s processor list (after repetition penalty and minimum length), applies
+    the temperature and the nucleus (as TopPLogitsWarper does), draws one uniform number per sequence
+    from its generator and picks the token by inverse CDF. It returns scores that are 0 for the picked
+    token and -inf elsewhere, so generate's own sampling step can only pick that token.
+    """
+    import torch
+    from transformers import LogitsProcessor
+
+    class RowSampler(LogitsProcessor):
+        def __call__(self, input_ids, scores):  # scores (N, V), N = rows * k in generate's order
+            if scores.shape[0] != len(generators):
+                raise VltoolError(f"internal: {scores.shape[0]} sequences but {len(generators)} generators")
+            logits = scores.float() / temperature
+            if top_p < 1.0:
+                sorted_logits, sorted_idx = torch.sort(logits, descending=False)  # (N, V) ascending
+                cum = sorted_logits.softmax(-1).cumsum(-1)
+                drop_sorted = cum <= (1.0 - top_p)  # the low tail outside the nucleus
+                drop_sorted[:, -1:] = False  # keep at least the most likely token
+                drop = drop_sorted.scatter(1, sorted_idx, drop_sorted)
+                logits = logits.masked_fill(drop, float("-inf"))
+            cdf = logits.softmax(-1).double().cumsum(-1)  # (N, V)
+            u = torch.stack([torch.rand((), generator=g, dtype=torch.float64) for g in generators])  # (N,)
+            target = u.to(cdf.device).unsqueeze(1) * cdf[:, -1:]  # (N, 1)
+            pick = torch.searchsorted(cdf, target, right=True).clamp_(max=cdf.shape[1] - 1)  # (N, 1)
+            out = torch.full_like(scores, float("-inf"))
+            return out.scatter_(1, pick, 0.0)
+
+    return RowSampler()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Models
+
+
+def _auto_names() -> tuple[dict, dict]:
+    """model_type -> class name of transformers' image-to-text models, and of its language models."""
+    from transformers.models.auto import modeling_auto as ma
+
+    captioners = dict(ma.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)
+    captioners.update(getattr(ma, "MODEL_FOR_VISION_2_SEQ_MAPPING_NAMES", {}))  # older transformers
+    return captioners, {**_causal_names(), **_seq2seq_names()}
+
+
+def inspect_model(path: Path | str, paraphrase: bool) -> dict:
+    """Check that `path` is a local model of the right kind without loading its weights; describe it."""
+    opt = "--lm" if paraphrase else "--model"
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise UsageError(
+            f"{opt} {path} does not exist; give a local model directory (written by save_pretrained): "
+            "weights are not downloaded"
+        )
+    if not (path / "config.json").is_file():
+        raise UsageError(f"{opt} {path} is not a transformers model directory (it has no config.json)")
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    except Exception as e:  # unknown model_type, corrupt JSON: transformers raises several kinds
+        raise UsageError(f"{opt} {path}: cannot read its config.json ({e})") from None
+    captioners, lms = _auto_names()
+    model_type = config.model_type
+    archs = list(getattr(config, "architectures", None) or [])
+    what = f"a {model_type!r} model" + (f" ({', '.join(archs)})" if archs else "")
+    if paraphrase:
+        if model_type not in lms:
+            hint = "; it is an image captioner: use it as --model without --paraphrase" if model_type in captioners else ""
+            raise UsageError(f"--lm {path} is {what}, not a causal or seq2seq language model{hint}")
+        kind = "causal" if model_type in _causal_names() else "seq2seq"
+    else:
+        known = set(captioners.values())
+        if model_type not in captioners or (archs and not any(a in known for a in archs)):
+            hint = "; to paraphrase captions with a language model use --paraphrase --lm" if model_type in lms else ""
+            raise UsageError(
+                f"--model {path} is {what}, not an image captioner: recaption needs an image-to-text generation "
+                f"model such as BLIP (BlipForConditionalGeneration) or BLIP-2 (Blip2ForConditionalGeneration){hint}"
+            )
+        kind = "captioner"
+    return {
+        "path": str(path.resolve()),
+        "name": path.resolve().name,
+        "model_type": model_type,
+        "architectures": archs,
+        "kind": kind,
+        "fingerprint": model_fingerprint(path),
+    }
+
+
+def _causal_names() -> dict:
+    from transformers.models.auto import modeling_auto as ma
+
+    return dict(ma.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+
+
+def _seq2seq_names() -> dict:
+    from transformers.models.auto import modeling_auto as ma
+
+    return dict(ma.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES)
+
+
+def model_fingerprint(path: Path) -> str:
+    """SHA-256 of config.json and of each weight file's name, size and modification time (not contents:
+    hashing gigabytes of weights would cost more than a shard of work)."""
+    h = hashlib.sha256((path / "config.json").read_bytes())
+    for f in sorted(path.iterdir()):
+        if f.is_file() and f.suffix in (".safetensors", ".bin", ".pt", ".pth", ".msgpack", ".h5"):
+            st = f.stat()
+            h.update(f"{f.name}\x00{st.st_size}\x00{st.st_mtime_ns}\x00".encode())
+    return h.hexdigest()
+
+
+def resolve_device(device: str) -> str:
+    import torch
+
+    if device != "auto":
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise UsageError(f"--device {device}: CUDA is not available on this machine")
+        return device
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_dtype(dtype: str, device: str):
+    import torch
+
+    if dtype == "auto":
+        return torch.float16 if device.startswith("cuda") else torch.float32
+    return getattr(torch, dtype)
+
+
+class _Quiet:
+    """Silence transformers' info logs and progress bars while loading (vltool shows its own)."""
+
+    def __enter__(self):
+        from transformers.utils import logging as hf_logging
+
+        self._level = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+        return self
+
+    def __exit__(self, *exc):
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity(self._level)
+        hf_logging.enable_progress_bar()
+        return False
+
+
+@dataclass
+class Generator:
+    """A loaded model and the settings it generates with. `__call__(items, ids)` returns, for each
+    item (an image or a text), its list of generated texts (empty outputs removed)."""
+
+    kind: str  # captioner | causal | seq2seq
+    model: Any
+    processor: Any  # the captioner's processor, or the language model's tokenizer
+    settings: dict
+    device: str
+    dtype: Any
+    examples: tuple = ()
+    stop_ids: list = field(default_factory=list)  # paraphraser: tokens that end the output line
+    prompt_text: str = ""  # captioner: the prompt as the tokenizer decodes it (stripped from outputs)
+
+    @property
+    def tokenizer(self):
+        return getattr(self.processor, "tokenizer", self.processor)
+
+    def _generate_kwargs(self, ids: Sequence[str]) -> dict:
+        from transformers import LogitsProcessorList
+
+        s = self.settings
+        k = s["num_captions"]
+        kw = dict(
+            max_new_tokens=s["max_new_tokens"],
+            min_new_tokens=s["min_new_tokens"],
+            repetition_penalty=s["repetition_penalty"],
+            num_return_sequences=k,
+        )
+        if s["strategy"] == "nucleus":
+            import torch
+
+            gens = [torch.Generator().manual_seed(caption_seed(s["seed"], i, j)) for i in ids for j in range(k)]
+            sampler = make_row_sampler(gens, s["temperature"], s["top_p"])
+            # generate's own warpers are neutral: RowSampler has already chosen the token
+            kw.update(do_sample=True, top_k=0, top_p=1.0, temperature=1.0, num_beams=1,
+                      logits_processor=LogitsProcessorList([sampler]))
+        else:
+            kw.update(do_sample=False, num_beams=s["num_beams"])
+        return kw
+
+    def prepare(self, items: Sequence[Any]) -> Any:
+        """CPU-side work for one batch (image decoding, processor / tokenizer); may run on a thread."""
+        if self.kind == "captioner":
+            images = [to_rgb(im) for im in items]
+            text = [self.settings["prompt"]] * len(images) if self.settings["prompt"] else None
+            return self.processor(images=images, text=text, return_tensors="pt")
+        prompts = [paraphrase_prompt(t, self.examples) for t in items]
+        return self.processor(prompts, return_tensors="pt", padding=True)
+
+    def __call__(self, items: Sequence[Any], ids: Sequence[str], prepared: Any = None) -> list[list[str]]:
+        import torch
+
+        if not items:
+            return []
+        inputs = prepared if prepared is not None else self.prepare(items)
+        inputs = {k: v.to(self.device) for k, v in inputs.items()}
+        if "pixel_values" in inputs:
+            inputs["pixel_values"] = inputs["pixel_values"].to(self.dtype)
+        kw = self._generate_kwargs(ids)
+        if self.kind != "captioner":
+            tok = self.tokenizer
+            kw.update(eos_token_id=self.stop_ids, pad_token_id=tok.pad_token_id)
+        with torch.inference_mode():
+            out = self.model.generate(**inputs, **kw)  # (B * k, L)
+        if self.kind == "causal":
+            out = out[:, inputs["input_ids"].shape[1]:]  # the continuation after the prompt
+        texts = self.tokenizer.batch_decode(out, skip_special_tokens=True)
+        texts = [self._clean(t) for t in texts]
+        k = self.settings["num_captions"]
+        return [[t for t in texts[i * k:(i + 1) * k] if t] for i in range(len(items))]
+
+    def _clean(self, text: str) -> str:
+        if self.kind == "captioner":
+            if self.prompt_text and not self.settings["keep_prompt"] and text.startswith(self.prompt_text):
+                text = text[len(self.prompt_text):]
+            return one_line(text)
+        return one_line(text.split("\n", 1)[0])  # the output line only
+
+
+def to_rgb(image):
+    """A PIL image as RGB; transparent pixels (emoji, icons) composited onto white."""
+    from PIL import Image
+
+    if image.mode in ("RGBA", "LA") or (image.mode == "P" and "transparency" in image.info):
+        image = image.convert("RGBA")
+        background = Image.new("RGBA", image.size, (255, 255, 255, 255))
+        return Image.alpha_composite(background, image).convert("RGB")
+    return image if image.mode == "RGB" else image.convert("RGB")
+
+
+def newline_token_ids(tokenizer) -> list[int]:
+    """Every token whose text contains a line break: generation stops at the end of the output line."""
+    n = len(tokenizer)
+    texts = tokenizer.batch_decode([[i] for i in range(n)], skip_special_tokens=False)
+    return [i for i, t in enumerate(texts) if "\n" in t]
+
+
+def load_generator(info: dict, config: RecaptionConfig, device: str) -> Generator:
+    """Load the model directory described by `inspect_model` with its processor or tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForSeq2SeqLM, AutoProcessor, \
+        AutoTokenizer
+
+    path, kind = info["path"], info["kind"]
+    dtype = resolve_dtype(config.dtype, device)
+    opt = "--lm" if config.paraphrase else "--model"
+    settings = config.settings()
+    with _Quiet():
+        try:
+            if kind == "captioner":
+                processor = AutoProcessor.from_pretrained(path, local_files_only=True)
+                if not hasattr(processor, "image_processor") and not hasattr(processor, "tokenizer"):
+                    raise UsageError(f"--model {path}: its processor is not an image + text processor")
+                model = AutoModelForImageTextToText.from_pretrained(path, local_files_only=True, dtype=dtype)
+            else:
+                processor = AutoTokenizer.from_pretrained(path, local_files_only=True)
+                cls = AutoModelForCausalLM if kind == "causal" else AutoModelForSeq2SeqLM
+                model = cls.from_pretrained(path, local_files_only=True, dtype=dtype)
+        except UsageError:
+            raise
+        except (OSError, ValueError, KeyError) as e:
+            what = "processor (preprocessor_config.json, tokenizer files)" if kind == "captioner" else "tokenizer"
+            raise UsageError(f"{opt} {path}: cannot load the model or its {what}: {e}") from None
+    model.to(device).eval()
+    gen = Generator(kind=kind, model=model, processor=processor, settings=settings, device=device, dtype=dtype)
+    tok = gen.tokenizer
+    if kind == "captioner":
+        if settings["prompt"]:
+            ids = tok(settings["prompt"], add_special_tokens=False)["input_ids"]
+            gen.prompt_text = tok.decode(ids, skip_special_tokens=True)
+    else:
+        gen.examples = load_examples(config.examples)
+        if tok.pad_token_id is None:
+            tok.pad_token = tok.eos_token
+        if kind == "causal":
+            tok.padding_side = "left"  # prompts of different lengths end where generation starts
+        stops = newline_token_ids(tok) if kind == "causal" else []
+        if tok.eos_token_id is not None:
+            stops.append(tok.eos_token_id)
+        if not stops:
+            raise UsageError(f"--lm {path}: its tokenizer has no end-of-sequence token and no line-break token")
+        gen.stop_ids = sorted(set(stops))
+    return gen
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Work directory: shards, resume, merge
+
+
+def work_dir_for(out: Path) -> Path:
+    return out.parent / f"{out.name}.partial"
+
+
+@dataclass
+class WorkDir:
+    """OUT.partial: job.json (what is computed) and shards/NNNNNN.json (finished shards)."""
+
+    root: Path
+
+    @property
+    def shards(self) -> Path:
+        return self.root / "shards"
+
+    def shard_path(self, i: int) -> Path:
+        return self.shards / f"{i:06d}.json"
+
+    def open(self, job: dict, restart: bool) -> int:
+        """Create or resume; returns how many shards were already done. A different job is refused."""
+        from vltool.io import write_json_atomic
+
+        job_file = self.root / "job.json"
+        if restart and self.root.exists():
+            shutil.rmtree(self.root)
+        if job_file.is_file():
+            try:
+                old = json.loads(job_file.read_text())
+            except json.JSONDecodeError:
+                old = None
+            if old != job:
+                diff = sorted(k for k in set(job) | set(old or {}) if (old or {}).get(k) != job.get(k))
+                raise UsageError(
+                    f"{self.root} holds unfinished work of a different job (differs in: {', '.join(diff)}); "
+                    "rerun with the same options to resume it, or pass --restart to discard it"
+                )
+        self.shards.mkdir(parents=True, exist_ok=True)
+        if not job_file.is_file():
+            write_json_atomic(job_file, job)  # every process writes the same content: a race is harmless
+        return len(list(self.shards.glob("*.json")))
+
+    def done(self, i: int) -> bool:
+        return self.shard_path(i).is_file()
+
+    def write(self, i: int, ids: list[str], captions: list[list[str]], seconds: float) -> None:
+        path = self.shard_path(i)
+        tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        tmp.write_text(json.dumps({"shard": i, "ids": ids, "captions": captions, "seconds": round(seconds, 3)},
+                                  ensure_ascii=False))
+        os.replace(tmp, path)  # a killed process leaves a finished shard or none, never half of one
+
+    def read(self, i: int, ids: list[str]) -> list[list[str]]:
+        try:
+            rec = json.loads(self.shard_path(i).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise VltoolError(f"{self.shard_path(i)} is unreadable ({e}); delete it and rerun to redo that shard") from e
+        if rec.get("ids") != ids or len(rec.get("captions", ())) != len(ids):
+            raise VltoolError(
+                f"{self.shard_path(i)} does not hold the rows of shard {i} (the input changed?); "
+                "rerun with --restart"
+            )
+        return rec["captions"]
+
+
+@dataclass
+class Dist:
+    """Which share of the shards this process does."""
+
+    rank: int
+    world: int
+    device: str
+
+
+def _launcher_env() -> tuple[int, int, int]:
+    """(rank, world size, local rank) from the launcher's environment: torchrun / `accelerate launch`
+    (RANK, WORLD_SIZE, LOCAL_RANK) or MPI (OMPI_COMM_WORLD_*, PMI_*); (0, 1, 0) for a plain run.
+
+    Read from the environment rather than accelerate's PartialState: on CPU-only machines PartialState
+    reports a single process unless accelerate was configured for MULTI_CPU, and then every process
+    would do every shard. No process group is needed: the processes meet in OUT.partial."""
+    env = os.environ
+    for rank, world, local in (("RANK", "WORLD_SIZE", "LOCAL_RANK"),
+                               ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
+                               ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID")):
+        if env.get(world, "1").isdigit() and int(env.get(world, "1")) > 1 and env.get(rank, "").isdigit():
+            return int(env[rank]), int(env[world]), int(env.get(local, "0") or 0)
+    return 0, 1, 0
+
+
+def distributed(config: RecaptionConfig, process_index: int | None, num_processes: int | None) -> Dist:
+    """The process's rank and device: explicit (tests), from the launcher, or a single process."""
+    if process_index is not None:
+        return Dist(process_index, num_processes or 1, resolve_device(config.device))
+    rank, world, local = _launcher_env()
+    device = resolve_device(config.device)
+    if world > 1 and config.device == "auto" and device == "cuda":
+        device = f"cuda:{local}"  # one GPU per process, as accelerate assigns them
+    return Dist(rank, world, device)
+
+
+class Interrupted(VltoolError):
+    """Ctrl-C or a signal during generation: finished shards are kept."""
+
+    exit_code = 130
+
+
+def _progress():
+    """A progress bar on stderr: rows done of this process's share, rows per second, time left."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
+        TimeRemainingColumn
+
+    from vltool.console import err
+
+    return Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+        console=err,
+    )
+
+
+def run_shards(
+    ds, work: WorkDir, todo: list[int], n: int, config: RecaptionConfig, gen_factory: Callable[[], Generator],
+    input_column: str, dist: Dist, log: Callable[[str], None],
+) -> dict:
+    """Generate every shard in `todo` (in order), writing each as soon as it is finished."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if config.max_shards is not None:
+        todo = todo[: config.max_shards]
+    rows_todo = sum(min(n, (i + 1) * config.shard_size) - i * config.shard_size for i in todo)
+    stats = {"shards_run": 0, "rows_run": 0, "generate_seconds": 0.0}
+    if not todo:
+        return stats
+    gen = gen_factory()
+    cols = ds.select_columns([C.ID, input_column])
+    unit = "images" if gen.kind == "captioner" else "captions"
+    label = f"{config.mode}" + (f" [process {dist.rank}/{dist.world}]" if dist.world > 1 else "")
+    bs = config.batch_size
+    t_start = time.perf_counter()
+    with _progress() as progress, ThreadPoolExecutor(max_workers=1) as pool:
+        task = progress.add_task(label, total=rows_todo, rate="")
+        try:
+            for i in todo:
+                lo, hi = i * config.shard_size, min(n, (i + 1) * config.shard_size)
+                t0 = time.perf_counter()
+                ids: list[str] = []
+                outputs: list[list[str]] = []
+                batches = [(b, min(hi, b + bs)) for b in range(lo, hi, bs)]
+
+                def load(span):
+                    rows = cols[span[0]:span[1]]
+                    keep = [j for j, x in enumerate(rows[input_column]) if _has_input(x)]
+                    items = [rows[input_column][j] for j in keep]
+                    return rows[C.ID], keep, items, (gen.prepare(items) if items else None)
+
+                nxt = pool.submit(load, batches[0])
+                for bi in range(len(batches)):
+                    batch_ids, keep, items, prepared = nxt.result()
+                    if bi + 1 < len(batches):
+                        nxt = pool.submit(load, batches[bi + 1])  # decode the next batch while this one runs
+                    got = gen(items, [batch_ids[j] for j in keep], prepared)
+                    per_row: list[list[str]] = [[] for _ in batch_ids]
+                    for j, caps in zip(keep, got):
+                        per_row[j] = caps
+                    ids.extend(batch_ids)
+                    outputs.extend(per_row)
+                    stats["rows_run"] += len(batch_ids)
+                    elapsed = time.perf_counter() - t_start
+                    progress.update(task, advance=len(batch_ids), rate=f"{stats['rows_run'] / elapsed:.1f} {unit}/s")
+                work.write(i, ids, outputs, time.perf_counter() - t0)
+                stats["shards_run"] += 1
+        except KeyboardInterrupt:
+            raise Interrupted(
+                f"interrupted after {stats['shards_run']} new shard(s); finished shards are kept in {work.root}: "
+                "rerun the same command to continue"
+            ) from None
+    stats["generate_seconds"] = round(time.perf_counter() - t_start, 3)
+    stats["rows_per_second"] = round(stats["rows_run"] / max(stats["generate_seconds"], 1e-9), 2)
+    log(f"{config.mode}: {stats['rows_run']:,} rows in {stats['generate_seconds']:.1f}s "
+        f"({stats['rows_per_second']:.1f} {unit}/s)")
+    return stats
+
+
+def _has_input(x) -> bool:
+    if x is None:
+        return False
+    if isinstance(x, str):
+        return bool(x.strip())
+    return True
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Output
+
+
+def source_label(config: RecaptionConfig, model_info: dict) -> str:
+    """caption_source entry of a generated text: mode, strategy and model directory name."""
+    return f"{config.mode}:{config.strategy}:{model_info['name']}"
+
+
+def assemble(ds, generated: list[list[str]], config: RecaptionConfig, label: str):
+    """The output dataset: captions (existing + new, or new only), caption (with --set-caption) and
+    caption_source {caption, captions}, the rest of the columns untouched."""
+    import datasets
+
+    n = len(ds)
+    names = ds.column_names
+    existing = ds[C.CAPTIONS] if C.CAPTIONS in names else None
+    caption = ds[C.CAPTION] if C.CAPTION in names else None
+    old_src = ds[C.CAPTION_SOURCE] if C.CAPTION_SOURCE in names else None
+    new_caps, new_src, new_caption, caption_src = [], [], [], []
+    for r in range(n):
+        gen = generated[r]
+        if existing is not None:
+            old = [t for t in (existing[r] or [])]
+        elif caption is not None and caption[r]:
+            old = [caption[r]]  # no captions column: the row's existing text is its caption
+        else:
+            old = []
+        prev = old_src[r] if old_src is not None and old_src[r] else None
+        old_labels = prev["captions"] if prev and len(prev.get("captions") or []) == len(old) else [ORIGINAL] * len(old)
+        cap_label = (prev or {}).get("caption") or (ORIGINAL if caption is not None and caption[r] is not None else None)
+        if config.replace:
+            new_caps.append(list(gen))
+            new_src.append([label] * len(gen))
+        else:
+            new_caps.append(old + list(gen))
+            new_src.append(list(old_labels) + [label] * len(gen))
+        if config.set_caption and gen:
+            new_caption.append(gen[0])
+            caption_src.append(label)
+        else:
+            new_caption.append(caption[r] if caption is not None else None)
+            caption_src.append(cap_label)
+    order = list(names)
+    if ds._indices is not None:
+        ds = ds.flatten_indices()
+    string_list = datasets.List(datasets.Value("string")) if hasattr(datasets, "List") else \
+        datasets.Sequence(datasets.Value("string"))
+    caps_feature = ds.features[C.CAPTIONS] if existing is not None else string_list
+    drop = [c for c in (C.CAPTIONS, C.CAPTION_SOURCE) if c in names]
+    if config.set_caption and caption is not None:
+        drop.append(C.CAPTION)
+    ds = ds.remove_columns(drop)
+    ds = ds.add_column(C.CAPTIONS, new_caps, feature=caps_feature)
+    if config.set_caption:
+        ds = ds.add_column(C.CAPTION, new_caption, feature=datasets.Value("string"))
+        if C.CAPTION not in order:
+            order.append(C.CAPTION)
+    source_feature = datasets.Features({"caption": datasets.Value("string"), "captions": string_list})
+    ds = ds.add_column(C.CAPTION_SOURCE, [{"caption": c, "captions": s} for c, s in zip(caption_src, new_src)],
+                       feature=source_feature)
+    for c in (C.CAPTIONS, C.CAPTION_SOURCE):
+        if c not in order:
+            order.append(c)
+    return ds.select_columns(order)
+
+
+def generation_stats(ds, generated: list[list[str]], config: RecaptionConfig, input_column: str) -> dict:
+    import numpy as np
+
+    import pyarrow.compute as pc
+
+    n = len(generated)
+    k = config.num_captions
+    flat = [t for g in generated for t in g]
+    col = ds.data.column(input_column)
+    if ds._indices is not None:
+        col = col.take(ds._indices.column(0))
+    missing = int(pc.sum(pc.is_null(col)).as_py() or 0)
+    if input_column != C.IMAGE:  # blank texts are not paraphrased either
+        missing += int(pc.sum(pc.equal(pc.utf8_trim_whitespace(pc.drop_null(col)), "")).as_py() or 0)
+    rows_with = sum(1 for g in generated if g)
+    distinct_per_row = [len(set(g)) for g in generated if g]
+    sample = list(range(min(5, n)))
+    inputs = ds.select(sample)[input_column] if sample and input_column != C.IMAGE else [None] * len(sample)
+    ids = ds.select(sample)[C.ID] if sample else []
+    return {
+        "rows": n,
+        "rows_with_new_captions": rows_with,
+        "rows_without_input": missing,
+        "captions_generated": len(flat),
+        "empty_outputs_dropped": (n - missing) * k - len(flat),
+        "mean_words": round(float(np.mean([len(t.split()) for t in flat])), 2) if flat else 0.0,
+        "distinct_per_row_mean": round(float(np.mean(distinct_per_row)), 3) if distinct_per_row else 0.0,
+        "distinct_fraction_overall": round(len(set(flat)) / len(flat), 4) if flat else 0.0,
+        "examples": [
+            {"id": i, **({"input": x} if x is not None else {}), "generated": generated[r]}
+            for r, (i, x) in enumerate(zip(ids, inputs))
+        ],
+    }
+
+
+def recaption(
+    data: str,
+    out,
+    config: RecaptionConfig,
+    *,
+    where: Sequence[str] = (),
+    split: str | None = None,
+    overwrite: bool = False,
+    process_index: int | None = None,
+    num_processes: int | None = None,
+    log: Callable[[str], None] | None = None,
+) -> dict:
+    """Generate captions (or paraphrases) for every row of `data`, resumably, and write OUT atomically.
+
+    Returns the `vltool.json` record, or, when this process does not write OUT (not process 0, stopped by
+    --max-shards, other processes' shards missing), a status with "finished": False.
+    `process_index` / `num_processes` run one process's share by hand (as `accelerate launch` would).
+    """
+    from vltool import provenance
+    from vltool.console import log as console_log
+    from vltool.io import check_output, load_dataset, save_dataset
+
+    log = log or console_log
+    timer = provenance.Timer()
+    config.validate()
+    if config.restart and (num_processes or _launcher_env()[1]) > 1:
+        raise UsageError("--restart with several processes is not supported: delete OUT.partial and relaunch")
+    input_column = config.column if config.paraphrase else C.IMAGE
+    src = load_dataset(data, split=split, where=where, required=[C.ID, input_column])
+    if config.paraphrase:
+        feature = src.dataset.features[input_column]
+        if not (getattr(feature, "dtype", None) in ("string", "large_string")):
+            raise UsageError(f"--column {input_column!r} is not a text column (its type is {feature})")
+    out = check_output(out, overwrite, inputs=[src.path])
+    info = inspect_model(config.model_path, config.paraphrase)
+    examples = load_examples(config.examples) if config.paraphrase else ()
+    dist = distributed(config, process_index, num_processes)
+
+    n = src.rows
+    num_shards = -(-n // config.shard_size)
+    settings = config.settings()
+    job = {
+        "command": "recaption",
+        "input": {"path": str(src.path), "split": src.split, "where": src.where, "fingerprint": src.fingerprint,
+                  "rows": n},
+        "model": {k: info[k] for k in ("path", "model_type", "fingerprint")},
+        "generation": settings,
+        "examples": [list(p) for p in examples],
+        "shard_size": config.shard_size,
+        "num_shards": num_shards,
+    }
+    work = WorkDir(work_dir_for(out))
+    done_before = work.open(job, config.restart)
+    if done_before:
+        log(f"{config.mode}: resuming: {done_before} of {num_shards} shards already done in {work.root}")
+    mine = [i for i in range(num_shards) if i % dist.world == dist.rank]
+    todo = [i for i in mine if not work.done(i)]
+    run = run_shards(
+        src.dataset, work, todo, n, config, lambda: load_generator(info, config, dist.device), input_column, dist, log
+    )
+    status = {"finished": False, "work_dir": str(work.root), "num_shards": num_shards, "process_index": dist.rank,
+              "num_processes": dist.world, "shards_done_before": done_before, **run}
+    if dist.rank != 0:
+        log(f"{config.mode}: process {dist.rank}: share done; process 0 merges")
+        return status
+    missing = [i for i in range(num_shards) if not work.done(i)]
+    if missing and config.max_shards is None and dist.world > 1:
+        log(f"{config.mode}: waiting for {len(missing)} shard(s) from the other processes")
+        while missing:
+            time.sleep(2.0)
+            missing = [i for i in missing if not work.done(i)]
+    if missing:
+        log(f"{config.mode}: {num_shards - len(missing)} of {num_shards} shards done; rerun the same command to continue")
+        return {**status, "shards_missing": len(missing)}
+
+    ds = src.dataset
+    ids = ds[C.ID]
+    generated: list[list[str]] = []
+    for i in range(num_shards):
+        lo, hi = i * config.shard_size, min(n, (i + 1) * config.shard_size)
+        generated.extend(work.read(i, ids[lo:hi]))
+    label = source_label(config, info)
+    out_ds = assemble(ds, generated, config, label)
+    stats = {
+        **generation_stats(ds, generated, config, input_column),
+        "caption_source_label": label,
+        "generation": settings,
+        "model": info,
+        "device": dist.device,
+        "dtype": str(resolve_dtype(config.dtype, dist.device)).replace("torch.", ""),
+        "num_processes": dist.world,
+        "shards": num_shards,
+        "shards_done_before_this_run": done_before,
+        "shards_run_by_process_0": run["shards_run"],
+        "rows_per_second_process_0": run.get("rows_per_second"),
+    }
+    options = {**provenance.jsonable(config), "resolved": settings}
+    prov = provenance.make("recaption", options, [src, info], rows_in=n, rows_out=len(out_ds), stats=stats, timer=timer)
+    save_dataset(out_ds, out, prov, overwrite=overwrite)
+    shutil.rmtree(work.root, ignore_errors=True)
+    prov["wall_time_s"] = round(timer.seconds, 3)
+    return {**prov, "finished": True}

@@ -68,7 +68,7 @@ def run_size(n: int) -> dict:
         approx = mine(img, txt, thresholds=th, index="ivf")
         out["ivf_s"] = round(time.perf_counter() - t, 2)
         e = sum(len(p) for p in exact.positives)
-        hit = sum(len(np.intersect1d(a, b)) for a, b in zip(exact.positives, approx.positives))
+        hit = sum(len(np.intersect1d(a, b)) for a, b in zip(exact.positives, approx.positives))  # over every row
         out["ivf_recall"] = round(hit / max(e, 1), 4)
     out["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     return out

@@ -101,3 +101,81 @@ def test_bad_pair_files(tmp_path):
     t.write_text("no placeholder\n")
     with pytest.raises(UsageError, match="exactly one"):
         read_templates(t)
+
+
+# --- the command, end to end with a tiny model --------------------------------------------------------
+
+def _setup(tmp_path):
+    import datasets
+
+    from tests._eval_helpers import make_colors, make_model
+
+    data = make_colors(tmp_path / "colors", per_class=4)
+    ds = datasets.load_from_disk(data)
+    ds = ds.add_column("gender", ["man" if i % 2 else "woman" for i in range(len(ds))])
+    ds.save_to_disk(str(tmp_path / "colors_g"))
+    return str(tmp_path / "colors_g"), make_model(tmp_path / "run"), make_model(tmp_path / "run_other", seed=1)
+
+
+def test_subspace_zeroshot_with_debias_equals_hand_edit_and_report(tmp_path):
+    import json
+
+    from vltool.cache import EmbeddingCache
+    from vltool.debias import DebiasConfig, compute_subspace, load_subspace, measure
+    from vltool.encode import encode_images, encode_prompts
+    from vltool.io import load_dataset
+    from vltool.model import load_model
+    from vltool.templates import class_prompts, load_templates
+    from vltool.zeroshot import ZeroshotConfig, class_embeddings, zeroshot
+
+    data, model, _ = _setup(tmp_path)
+    prov = compute_subspace(DebiasConfig(model=str(model), components=2), tmp_path / "sub")
+    v = load_subspace(tmp_path / "sub")
+    assert v.shape == (2, 32) and np.allclose(v @ v.T, np.eye(2), atol=1e-5)
+    saved = json.loads((tmp_path / "sub" / "vltool.json").read_text())
+    assert saved["stats"]["sentence_pairs"] == 20 * 8 and len(saved["stats"]["explained_variance_ratio"]) == 2
+
+    rec = zeroshot(data, ZeroshotConfig(model=str(model), debias=str(tmp_path / "sub"), bootstrap=0, progress=False))
+    m = load_model(str(model))
+    src = load_dataset(data)
+    img = encode_images(m, src, cache=EmbeddingCache(), progress=False).embeddings
+    names = src.dataset.features["label"].names
+    prompts = class_prompts(names, load_templates("photo")[1])
+    cls = class_embeddings(encode_prompts(m, [p for ps in prompts for p in ps], progress=False).embeddings, [len(p) for p in prompts])
+    x = project_out(img, v)
+    top1 = float(np.mean((x @ cls.T).argmax(1) == np.array(src.dataset["label"])))
+    assert rec["metrics"]["top1"]["value"] == pytest.approx(top1)
+    assert rec["protocol"]["debias"]["components"] == 2
+
+    report = measure(DebiasConfig(model=str(model), subspace=str(tmp_path / "sub"), eval_data=data, top=3, zeroshot_label="label"),
+                     tmp_path / "report.json")
+    s = report["stats"]
+    assert set(s["cells"]) == {"man", "woman"} and set(s["cells"]["man"]) == {"man", "woman"}
+    c = s["cells"]["man"]["woman"]
+    assert c["delta"] == pytest.approx(c["after"] - c["before"], abs=1e-4)
+    assert s["zeroshot"]["after"]["value"] == pytest.approx(top1)
+    assert json.loads((tmp_path / "report.json").read_text())["stats"]["gap_before"] == s["gap_before"]
+
+
+def test_other_models_subspace_is_refused(tmp_path, cli):
+    data, model, other = _setup(tmp_path)
+    assert cli("debias", "--model", model, "--out", tmp_path / "sub").exit_code == 0
+    r = cli("zeroshot", data, "--model", other, "--debias", tmp_path / "sub")
+    assert r.exit_code == 2 and "computed with another model" in r.stderr
+    r = cli("retrieve", data, "--model", model, "--debias", tmp_path / "sub", "--bootstrap", "0")
+    assert r.exit_code == 0, r.stderr
+
+
+def test_pairs_that_vanish_or_coincide_once_tokenised(tmp_path, cli):
+    _, model, _ = _setup(tmp_path)
+    p = tmp_path / "pairs.txt"
+    p.write_text("man\tman\n")
+    r = cli("debias", "--model", model, "--pairs", p, "--out", tmp_path / "s")
+    assert r.exit_code == 2 and "same once tokenised" in r.stderr
+    p.write_text("man\t\t\n")
+    r = cli("debias", "--model", model, "--pairs", p, "--out", tmp_path / "s")
+    assert r.exit_code == 2 and "line 1" in r.stderr
+    p.write_text("man, &nbsp;\n")  # an HTML space: open_clip's tokenizer unescapes and strips it
+    r = cli("debias", "--model", model, "--pairs", p, "--out", tmp_path / "s")
+    assert r.exit_code == 2 and "'&nbsp;' reduces to nothing once tokenised" in r.stderr
+    assert not (tmp_path / "s").exists()

@@ -147,3 +147,55 @@ def test_bad_threshold():
 
     with pytest.raises(UsageError, match="--p-it must be in"):
         mine(np.eye(3), np.eye(3), thresholds=Thresholds(p_it=2))
+
+
+# --- the command, end to end with a tiny model --------------------------------------------------------
+
+def test_command_writes_positives_and_provenance(tmp_path):
+    import json
+
+    import datasets
+
+    from tests._eval_helpers import make_colors, make_model
+    from vltool.mine_positives import MinePositivesConfig, mine_positives
+
+    data = make_colors(tmp_path / "colors", per_class=4)
+    model = make_model(tmp_path / "run")
+    cfg = MinePositivesConfig(model=str(model), p_it=-1.0, p_ii=0.999, p_tt=0.999, p_it_tt=0.999, max_positives=3,
+                              group_column="label")
+    prov = mine_positives(data, tmp_path / "mined", cfg, where=["split=train"])
+    ds = datasets.load_from_disk(str(tmp_path / "mined"))
+    rows = ds.to_list()
+    assert len(rows) == prov["rows_out"] == 12
+    # p_it = -1: every other row is a positive of every image, capped at 3, never itself
+    assert all(len(r["positives"]) == 3 and r["id"] not in r["positives"] for r in rows)
+    assert all(len(s) == 3 for r in rows for s in r["positive_scores"])
+    ids = {r["id"] for r in rows}
+    assert all(set(r["positives"]) <= ids for r in rows)
+    saved = json.loads((tmp_path / "mined" / "vltool.json").read_text())
+    assert saved["command"] == "mine-positives" and saved["stats"]["rows_capped"] == 12
+    assert saved["options"]["p_it"] == -1.0 and saved["model"]["fingerprint"]
+    assert 0 <= saved["stats"]["groups"]["precision"] <= 1
+    # the second run hits the embedding cache
+    prov2 = mine_positives(data, tmp_path / "mined2", cfg, where=["split=train"])
+    assert prov2["stats"]["encoding"]["images"]["hit"] and prov2["stats"]["encoding"]["texts"]["hit"]
+
+
+def test_command_errors(tmp_path, cli):
+    from tests._eval_helpers import make_colors, make_model
+
+    data = make_colors(tmp_path / "colors", per_class=2)
+    model = make_model(tmp_path / "run")
+    r = cli("mine-positives", data, "--model", model)
+    assert r.exit_code == 2 and "--out is required" in r.stderr
+    r = cli("mine-positives", data, "--model", model, "--out", tmp_path / "o", "--p-it", "3")
+    assert r.exit_code == 2 and "--p-it must be in [-1, 1]" in r.stderr
+    r = cli("mine-positives", data, "--model", model, "--out", tmp_path / "o", "--text-column", "title")
+    assert r.exit_code == 2 and "no column 'title'" in r.stderr
+    r = cli("mine-positives", data, "--model", model, "--calibrate", "--dry-run", "--json")
+    assert r.exit_code == 0, r.stderr
+    import json
+
+    s = json.loads(r.stdout)
+    assert len(s["grid"]) == 9 and "suggested" in s["calibration"]
+    assert not (tmp_path / "o").exists()

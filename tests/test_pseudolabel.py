@@ -63,3 +63,59 @@ def test_unknown_strategy(aligned):
 
     with pytest.raises(UsageError, match="--strategy must be one of"):
         rank_words([0], aligned, "best")
+
+
+# --- the command, end to end with a tiny model --------------------------------------------------------
+
+def _colors(tmp_path, bad_rows=()):
+    from tests._eval_helpers import make_colors, make_model
+
+    data = make_colors(tmp_path / "colors", per_class=3, bad_rows=bad_rows)
+    return data, make_model(tmp_path / "run")
+
+
+def test_command_writes_pseudo_captions_from_aligned_words(tmp_path):
+    import json
+
+    import datasets
+
+    from vltool.pseudolabel import PseudolabelConfig, pseudolabel
+
+    data, model = _colors(tmp_path)
+    cfg = PseudolabelConfig(model=str(model), crops=3, neighbors=4, words=3, top_t=2)
+    prov = pseudolabel(data, data, tmp_path / "p", cfg, where=["split=test"], aligned_where=["split=train"])
+    ds = datasets.load_from_disk(str(tmp_path / "p"))
+    aligned = datasets.load_from_disk(data).select_columns(["caption", "split"]).filter(lambda r: r["split"] == "train")
+    aligned_words = {w for c in aligned["caption"] for w in c.split()}
+    assert "captions" not in ds.column_names  # an unaligned image's own texts are withheld
+    rows = ds.to_list()
+    assert len(rows) == prov["rows_out"] == 6  # the 6 test rows
+    for r in rows:
+        words = r["caption"].split()
+        assert 1 <= len(words) <= 3 and set(words) <= aligned_words and r["is_pseudo"]
+        scores = [p["score"] for p in r["pseudo_words"]]
+        assert [p["word"] for p in r["pseudo_words"]] == words and scores == sorted(scores, reverse=True)
+    saved = json.loads((tmp_path / "p" / "vltool.json").read_text())
+    assert saved["command"] == "pseudolabel" and len(saved["inputs"]) == 2
+    # seeded crops: the same output again (served from the embedding cache)
+    pseudolabel(data, data, tmp_path / "p2", cfg, where=["split=test"], aligned_where=["split=train"])
+    assert datasets.load_from_disk(str(tmp_path / "p2"))["caption"] == ds["caption"]
+
+
+def test_bad_images_dropped_and_counted(tmp_path):
+    from vltool.pseudolabel import PseudolabelConfig, pseudolabel
+
+    data, model = _colors(tmp_path, bad_rows=(2,))  # r002 is a test row
+    cfg = PseudolabelConfig(model=str(model), crops=2, neighbors=2, words=2)
+    prov = pseudolabel(data, data, tmp_path / "p", cfg, where=["split=test"], aligned_where=["split=train"])
+    assert prov["stats"]["bad_images"] == 1 and prov["rows_out"] == prov["rows_in"] - 1
+
+
+def test_errors(tmp_path, cli):
+    data, model = _colors(tmp_path)
+    r = cli("pseudolabel", data, "--aligned", data, "--model", model, "--out", tmp_path / "o")
+    assert r.exit_code == 2 and "ids are in both" in r.stderr
+    r = cli("pseudolabel", data, "--aligned", data, "--model", model, "--out", tmp_path / "o",
+            "--where", "split=test", "--aligned-where", "split=train", "--strategy", "best")
+    assert r.exit_code == 2 and "--strategy must be one of" in r.stderr
+    assert not (tmp_path / "o").exists()

@@ -7,9 +7,21 @@ from typing import Annotated, Optional
 import typer
 
 from vltool import __version__
-from vltool.commands import deform, export, import_, info
-from vltool.commands import pretrain
-from vltool.commands import filter as filter_, recaption
+from vltool.commands import (
+    debias,
+    deform,
+    export,
+    import_,
+    info,
+    mine_positives,
+    pretrain,
+    probe,
+    pseudolabel,
+    recaption,
+    retrieve,
+    zeroshot,
+)
+from vltool.commands import filter as filter_
 
 app = typer.Typer(
     name="vltool",
@@ -45,6 +57,12 @@ info.register(app)
 pretrain.register(app)
 recaption.register(app)
 filter_.register(app)
+zeroshot.register(app)
+retrieve.register(app)
+probe.register(app)
+mine_positives.register(app)
+pseudolabel.register(app)
+debias.register(app)
 
 
 def main() -> None:

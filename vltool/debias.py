@@ -116,3 +116,195 @@ def own_other_gap(cells: dict) -> float:
             others = [v for g, v in row.items() if g != g_q]
             gaps.append(row[g_q] - float(np.mean(others)))
     return float(np.mean(gaps)) if gaps else float("nan")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Saving and loading a subspace; the command's two modes
+# ----------------------------------------------------------------------------------------------------
+
+SUBSPACE_FILE = "subspace.npy"
+
+
+def save_subspace(sub: Subspace, out: Path, prov: dict, overwrite: bool) -> Path:
+    from vltool.io import atomic_output, write_json_atomic
+
+    with atomic_output(out, overwrite) as tmp:
+        np.save(tmp / SUBSPACE_FILE, sub.components)
+        write_json_atomic(tmp / "vltool.json", prov)
+    return Path(out)
+
+
+def load_subspace(path: Path | str, model_fingerprint: str | None = None) -> np.ndarray:
+    """V (k, D) from a subspace directory; refuses a subspace made with another model."""
+    import json
+
+    path = Path(path)
+    f = path / SUBSPACE_FILE
+    meta = path / "vltool.json"
+    if not f.is_file() or not meta.is_file():
+        raise UsageError(f"--debias {path}: not a subspace directory written by `vltool debias --out` (no {SUBSPACE_FILE})")
+    info = json.loads(meta.read_text())
+    fp = info.get("stats", {}).get("model_fingerprint")
+    if model_fingerprint is not None and fp != model_fingerprint:
+        raise UsageError(
+            f"--debias {path} was computed with another model (fingerprint {fp}, this model {model_fingerprint}); "
+            "run `vltool debias` with this model"
+        )
+    return np.load(f, allow_pickle=False)
+
+
+@dataclass
+class DebiasConfig:
+    """Options of `vltool debias`."""
+
+    model: str = ""
+    pretrained: str | None = None
+    pairs: str | None = None  # concept pairs file (default: vltool's 20 gender pairs)
+    templates: str | None = None  # sentence templates file (default: vltool's)
+    components: int = 1  # k principal components (CLIP-Lite's code removes one)
+    subspace: str | None = None  # report mode: the subspace directory to measure
+    eval_data: str | None = None  # report mode: the images
+    group_column: str = "gender"  # report mode: the image groups (rows with an empty value are left out)
+    queries: str | None = None  # report mode: "group<TAB>query" lines (default: pairs x templates)
+    top: int = 10  # report mode: images per (query, image group)
+    debias_text: bool = False  # also edit the query (text) embeddings
+    zeroshot_label: str | None = "label"  # report mode: zero-shot accuracy before/after on this ClassLabel column
+    batch_size: int = 64
+    cache_dir: str | None = None
+    seed: int = 0
+
+    def validate(self) -> None:
+        problems = []
+        if not str(self.model or "").strip():
+            problems.append("--model is required")
+        if self.components < 1:
+            problems.append("--components must be >= 1")
+        if self.top < 1:
+            problems.append("--top must be >= 1")
+        if (self.subspace is None) != (self.eval_data is None):
+            problems.append("the report needs both --subspace and --eval (without them, debias computes a subspace)")
+        if problems:
+            raise UsageError("; ".join(problems))
+
+
+def _check_tokenized_pairs(m, pairs: list[tuple[str, str]], template: str) -> None:
+    """Every concept word must survive tokenisation, and the two words of a pair must differ once tokenised."""
+    import torch
+
+    def toks(texts):
+        t = m.tokenize(texts)
+        return torch.as_tensor(t["input_ids"] if isinstance(t, dict) else t)
+
+    words = sorted({w for p in pairs for w in p})
+    filled = toks([template.format(w) for w in words])
+    empty = toks([template.format("")])[0]
+    for w, t in zip(words, filled):
+        if torch.equal(t, empty):
+            raise UsageError(f"the concept word {w!r} reduces to nothing once tokenised; fix the --pairs file")
+    ta = toks([template.format(a) for a, _ in pairs])
+    tb = toks([template.format(b) for _, b in pairs])
+    for (a, b), x, y in zip(pairs, ta, tb):
+        if torch.equal(x, y):
+            raise UsageError(f"the pair {a!r} / {b!r} is the same once tokenised; a pair needs two different words")
+
+
+def compute_subspace(config: DebiasConfig, out, *, overwrite: bool = False) -> dict:
+    """Mode 1: the concept subspace of a model, saved to `out`."""
+    from vltool import provenance
+    from vltool.cache import EmbeddingCache
+    from vltool.encode import encode_prompts
+    from vltool.evaluation import load_eval_model, model_record
+    from vltool.io import check_output
+
+    timer = provenance.Timer()
+    config.validate()
+    out = check_output(out, overwrite)
+    pairs = read_pairs(config.pairs or DEFAULT_PAIRS)
+    templates = read_templates(config.templates or DEFAULT_TEMPLATES)
+    a, b = contextualise(pairs, templates)
+    m = load_eval_model(config.model, config.pretrained, config.cache_dir)
+    _check_tokenized_pairs(m, pairs, templates[0])
+    cache = EmbeddingCache(config.cache_dir)
+    ea = encode_prompts(m, a, cache=cache, progress=False).embeddings
+    eb = encode_prompts(m, b, cache=cache, progress=False).embeddings
+    sub = concept_subspace(ea, eb, config.components)
+    stats = {
+        "model_fingerprint": m.fingerprint,
+        "components": config.components,
+        "dim": int(sub.components.shape[1]),
+        "explained_variance_ratio": [round(float(v), 5) for v in sub.explained_variance_ratio],
+        "pairs": [list(p) for p in pairs],
+        "templates": templates,
+        "sentence_pairs": len(a),
+    }
+    prov = provenance.make("debias", config, [], stats=stats, timer=timer)
+    prov["model"] = model_record(m, config.model, config.pretrained)
+    save_subspace(sub, out, prov, overwrite)
+    return prov
+
+
+def measure(config: DebiasConfig, out=None, *, where=(), split=None, overwrite: bool = False) -> dict:
+    """Mode 2: Table 6's alignment cells before and after the edit, the gap, and zero-shot before/after."""
+    from vltool import provenance
+    from vltool.cache import EmbeddingCache
+    from vltool.encode import encode_images, encode_prompts
+    from vltool.evaluation import check_out, finish, load_eval_model, model_record
+    from vltool.io import load_dataset
+
+    timer = provenance.Timer()
+    config.validate()
+    src = load_dataset(config.eval_data, split=split, where=where, required=["image", config.group_column])
+    out_path = check_out(out, overwrite, [src.path])
+    m = load_eval_model(config.model, config.pretrained, config.cache_dir)
+    v = load_subspace(config.subspace, m.fingerprint)
+    cache = EmbeddingCache(config.cache_dir)
+
+    pairs = read_pairs(config.pairs or DEFAULT_PAIRS)
+    templates = read_templates(config.templates or DEFAULT_TEMPLATES)
+    group_a, group_b = pairs[0]
+    if config.queries:
+        lines = [ln.split("\t") for ln in Path(config.queries).read_text().splitlines() if ln.strip()]
+        if any(len(x) != 2 for x in lines):
+            raise UsageError(f"--queries {config.queries}: every line is GROUP<TAB>QUERY")
+        qg, qs = [x[0].strip() for x in lines], [x[1].strip() for x in lines]
+    else:
+        a, b = contextualise(pairs, templates)
+        qg, qs = [group_a] * len(a) + [group_b] * len(b), a + b
+    groups = [str(g) for g in src.dataset[config.group_column]]
+    keep = np.array([g in set(qg) for g in groups])
+    if keep.sum() == 0:
+        raise UsageError(f"no row of {config.eval_data!r} has a {config.group_column!r} among the query groups {sorted(set(qg))}")
+    img = encode_images(m, src, cache=cache, batch_size=config.batch_size, progress=False)
+    keep &= ~img.bad
+    x = img.embeddings[keep]
+    ig = [g for g, k in zip(groups, keep.tolist()) if k]
+    q = encode_prompts(m, qs, cache=cache, progress=False).embeddings
+    before = alignment_table(q, qg, x, ig, config.top)
+    after = alignment_table(project_out(q, v) if config.debias_text else q, qg, project_out(x, v), ig, config.top)
+    gap_b, gap_a = own_other_gap(before), own_other_gap(after)
+    cells = {
+        gq: {gi: {"before": round(before[gq][gi], 5), "after": round(after[gq][gi], 5), "delta": round(after[gq][gi] - before[gq][gi], 5)}
+             for gi in before[gq]}
+        for gq in before
+    }
+    stats = {
+        "group_column": config.group_column,
+        "images_per_group": {g: ig.count(g) for g in sorted(set(ig))},
+        "queries_per_group": {g: qg.count(g) for g in sorted(set(qg))},
+        "top": config.top,
+        "cells": cells,
+        "gap_before": round(gap_b, 5),
+        "gap_after": round(gap_a, 5),
+        "gap_reduction": round(1 - gap_a / gap_b, 4) if gap_b else None,
+    }
+    if config.zeroshot_label and config.zeroshot_label in src.dataset.column_names:
+        from vltool.zeroshot import ZeroshotConfig, zeroshot
+
+        zc = dict(model=config.model, pretrained=config.pretrained, label_column=config.zeroshot_label, cache_dir=config.cache_dir,
+                  batch_size=config.batch_size, seed=config.seed, progress=False)
+        zb = zeroshot(config.eval_data, ZeroshotConfig(**zc), where=where, split=split)
+        za = zeroshot(config.eval_data, ZeroshotConfig(**zc, debias=config.subspace, debias_text=config.debias_text), where=where, split=split)
+        stats["zeroshot"] = {"label": config.zeroshot_label, "before": zb["metrics"]["top1"], "after": za["metrics"]["top1"]}
+    record = provenance.make("debias", config, [src], rows_in=src.rows, stats=stats, timer=timer)
+    record["model"] = model_record(m, config.model, config.pretrained)
+    return finish(record, out_path, overwrite)

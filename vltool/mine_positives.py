@@ -107,11 +107,13 @@ def mine(
     index: str = "flat",
     nprobe: int = 32,
     chunk: int = 2048,
+    query_rows: np.ndarray | None = None,
 ) -> Mined:
     """All positives of M over the whole set.
 
     img: (N, D) image embeddings; txt: (N, D) text embeddings, or (N_txt, D) with owner (N_txt,) giving
-    each caption's row. Embeddings are L2-normalised here.
+    each caption's row. Embeddings are L2-normalised here. `query_rows` limits the images whose
+    positives are returned (all rows by default); candidates are still every row.
     """
     th = thresholds or Thresholds()
     th.validate()
@@ -127,8 +129,10 @@ def mine(
 
     positives, scores, terms = [], [], []
     capped = 0
-    for lo in range(0, n, chunk):
-        q_img = img[lo : lo + chunk]  # (B, D)
+    qrows = np.arange(n) if query_rows is None else np.asarray(query_rows, dtype=np.int64)
+    for lo in range(0, len(qrows), chunk):
+        q_idx = qrows[lo : lo + chunk]  # (B,) global image index of each query
+        q_img = img[q_idx]  # (B, D)
         qi, cap, s = _range(txt_index, q_img, r_it)  # image -> caption hits
         rows_j = owner_idx[cap]
         qi2, rj2, _ = _range(img_index, q_img, th.p_ii)  # image -> image hits
@@ -136,7 +140,7 @@ def mine(
         ja = np.concatenate([rows_j, rj2])
         pair = np.unique(qa * n + ja)  # candidate (query, row) pairs, unique
         pq, pj = pair // n, pair % n
-        gi = pq + lo  # global image index
+        gi = q_idx[pq]  # global image index
         keep = pj != gi  # a row is never its own positive
         pq, pj, gi = pq[keep], pj[keep], gi[keep]
         # the three scores of every candidate pair
@@ -246,3 +250,185 @@ def calibrate(true_pair_scores: np.ndarray) -> dict:
         "quantiles": {k: round(float(v), 4) for k, v in zip(["5%", "25%", "50%", "75%", "95%"], q)},
         "suggested": {"p_it": round(mean - 0.02, 4), "p_it_tt": round(mean - 0.05, 4), "p_ii": P_II, "p_tt": P_TT},
     }
+
+
+# ----------------------------------------------------------------------------------------------------
+# The command: encode (through the embedding cache), mine, write `positives`
+# ----------------------------------------------------------------------------------------------------
+
+POSITIVE_SCORES = "positive_scores"  # per positive: [S_it, S_ii, S_tt]
+
+
+@dataclass
+class MinePositivesConfig:
+    """Options of `vltool mine-positives`."""
+
+    model: str = ""  # vltool RUN_DIR (or RUN_DIR/model), open_clip:ARCH (+ pretrained), local-dir:PATH
+    pretrained: str | None = None  # local open_clip weights for open_clip:ARCH
+    p_it: float = P_IT  # p1
+    p_ii: float = P_II  # p2
+    p_tt: float = P_TT  # p3
+    p_it_tt: float = P_IT_TT  # p1'
+    text_column: str = "caption"  # `captions` mines with several captions per row (section 4.3)
+    max_positives: int = 256  # cap per row; rows hitting it are counted
+    index: str = "flat"  # flat (exact) or ivf (approximate, for tens of millions of rows)
+    nprobe: int = 32  # ivf: cells visited per query
+    recall_sample: int = 2000  # ivf: rows whose exact positives measure the recall
+    group_column: str | None = None  # e.g. base_id: report how many mined pairs share the group
+    calibrate: bool = False  # print S_it of the true pairs and the thresholds FFF's recipe gives
+    dry_run: bool = False  # statistics for a grid of thresholds, nothing written
+    batch_size: int = 64
+    num_proc: int = 1  # threads decoding images ahead of the model
+    cache_dir: str | None = None
+    seed: int = 0
+
+    @property
+    def thresholds(self) -> Thresholds:
+        return Thresholds(self.p_it, self.p_ii, self.p_tt, self.p_it_tt)
+
+    def validate(self) -> None:
+        problems = []
+        if not str(self.model or "").strip():
+            problems.append("--model is required (a vltool RUN_DIR, open_clip:ARCH with --pretrained FILE, or local-dir:PATH)")
+        try:
+            self.thresholds.validate()
+        except UsageError as e:
+            problems.append(str(e))
+        if self.max_positives < 1:
+            problems.append("--max-positives must be >= 1")
+        if self.index not in ("flat", "ivf"):
+            problems.append(f"--index must be flat or ivf, got {self.index!r}")
+        if problems:
+            raise UsageError("; ".join(problems))
+
+
+def group_agreement(mined: Mined, groups: list, seed: int = 0) -> dict:
+    """How mined pairs relate to a known grouping (e.g. emoji `base_id`: skin tones and gender forms).
+
+    precision: share of mined pairs whose two rows share a group; recall: share of all same-group pairs
+    (i != j) that were mined; random_pair_rate: the share of same-group pairs among all pairs, which is
+    the precision of pairs drawn at random.
+    """
+    g = np.asarray([str(x) for x in groups])
+    _, inv, counts = np.unique(g, return_inverse=True, return_counts=True)
+    n = len(g)
+    same_total = int((counts * (counts - 1)).sum())
+    mined_pairs = sum(len(p) for p in mined.positives)
+    same_mined = sum(int((inv[p] == inv[i]).sum()) for i, p in enumerate(mined.positives))
+    return {
+        "mined_pairs": mined_pairs,
+        "same_group_mined": same_mined,
+        "precision": round(same_mined / mined_pairs, 4) if mined_pairs else None,
+        "recall": round(same_mined / same_total, 4) if same_total else None,
+        "same_group_pairs": same_total,
+        "random_pair_rate": round(same_total / (n * (n - 1)), 6) if n > 1 else None,
+    }
+
+
+def threshold_grid(base: Thresholds) -> list[Thresholds]:
+    """The grid of `--dry-run`: p1 (and p1' with it) and p2 each moved by -0.02, 0, +0.02 (cf. FFF Table 12)."""
+    out = []
+    for d1 in (-0.02, 0.0, 0.02):
+        for d2 in (-0.02, 0.0, 0.02):
+            out.append(Thresholds(round(base.p_it + d1, 4), round(min(1.0, base.p_ii + d2), 4), base.p_tt, round(base.p_it_tt + d1, 4)))
+    return out
+
+
+def mine_positives(data: str, out, config: MinePositivesConfig, *, where=(), split=None, overwrite: bool = False) -> dict:
+    """Encode `data` with the model, mine FFF's positives, write `positives` and `positive_scores` to `out`."""
+    import datasets
+
+    from vltool import columns as C
+    from vltool import provenance
+    from vltool.cache import EmbeddingCache
+    from vltool.encode import encode_images, encode_texts
+    from vltool.evaluation import load_eval_model, model_record
+    from vltool.io import check_output, load_dataset, save_dataset
+
+    timer = provenance.Timer()
+    config.validate()
+    required = [C.ID, C.IMAGE, config.text_column] + ([config.group_column] if config.group_column else [])
+    src = load_dataset(data, split=split, where=where, required=required)
+    if not config.dry_run:
+        if out is None:
+            raise UsageError("--out is required (or pass --dry-run)")
+        out = check_output(out, overwrite, inputs=[src.path])
+    ds = src.dataset
+    n = len(ds)
+    if n < 2:
+        raise UsageError(f"mining needs at least 2 rows; {data!r} has {n} after the row filter")
+    m = load_eval_model(config.model, config.pretrained, config.cache_dir)
+    cache = EmbeddingCache(config.cache_dir)
+    img = encode_images(m, src, cache=cache, batch_size=config.batch_size, workers=config.num_proc)
+    txt = encode_texts(m, src, column=config.text_column, cache=cache)
+    multi = not isinstance(ds.features[config.text_column], datasets.Value)
+
+    # rows usable for mining: a decodable image and at least one text
+    has_text = np.zeros(n, dtype=bool)
+    has_text[txt.owner] = True
+    good = ~img.bad & has_text
+    rows = np.flatnonzero(good)  # (G,) dataset row of each mined row
+    remap = -np.ones(n, dtype=np.int64)
+    remap[rows] = np.arange(len(rows))
+    keep_txt = good[txt.owner]
+    t_emb, t_owner = txt.embeddings[keep_txt], remap[txt.owner[keep_txt]]
+    i_emb = img.embeddings[rows]
+    owner_arg = t_owner if multi else None
+
+    stats: dict = {"rows": n, "rows_mined": int(len(rows)), "rows_skipped": int(n - len(rows)),
+                   "text_column": config.text_column, "several_captions": multi,
+                   "encoding": {"images": img.summary(), "texts": txt.summary()}}
+    # true pairs: each row's image with its own text(s) (the best one, as S_it is defined)
+    tn = _normalise(t_emb)
+    s_true = np.full(len(rows), -np.inf, dtype=np.float32)
+    np.maximum.at(s_true, t_owner, np.einsum("nd,nd->n", _normalise(i_emb)[t_owner], tn))
+    calib = calibrate(s_true)
+    stats["calibration"] = calib
+    groups = [ds[config.group_column][int(r)] for r in rows] if config.group_column else None
+
+    if config.dry_run:
+        grid = []
+        for th in threshold_grid(config.thresholds):
+            mined = mine(i_emb, t_emb, owner_arg, th, max_positives=config.max_positives, index=config.index, nprobe=config.nprobe)
+            row = {"thresholds": vars(th), **{k: v for k, v in summarise(mined, len(rows)).items() if k != "histogram"}}
+            if groups is not None:
+                row["groups"] = group_agreement(mined, groups)
+            grid.append(row)
+        stats["grid"] = grid
+        return provenance.make("mine-positives", config, [src], rows_in=n, rows_out=None, stats=stats, timer=timer) | {
+            "model": model_record(m, config.model, config.pretrained)}
+
+    mined = mine(i_emb, t_emb, owner_arg, config.thresholds, max_positives=config.max_positives,
+                 index=config.index, nprobe=config.nprobe)
+    stats.update(summarise(mined, len(rows)))
+    if groups is not None:
+        stats["groups"] = {"column": config.group_column, **group_agreement(mined, groups)}
+    if config.index == "ivf":
+        stats["ivf_recall"] = _ivf_recall(i_emb, t_emb, owner_arg, config, mined)
+
+    ids = ds[C.ID]
+    row_ids = [ids[int(r)] for r in rows]
+    positives: list[list[str]] = [[] for _ in range(n)]
+    scores: list[list[list[float]]] = [[] for _ in range(n)]
+    for k, r in enumerate(rows.tolist()):
+        positives[r] = [row_ids[j] for j in mined.positives[k].tolist()]
+        scores[r] = np.round(mined.scores[k], 5).tolist()
+    drop = [c for c in (C.POSITIVES, POSITIVE_SCORES) if c in ds.column_names]
+    if drop:
+        ds = ds.remove_columns(drop)
+    ds = ds.add_column(C.POSITIVES, positives, feature=datasets.Sequence(datasets.Value("string")))
+    ds = ds.add_column(POSITIVE_SCORES, scores, feature=datasets.Sequence(datasets.Sequence(datasets.Value("float32"), length=3)))
+    prov = provenance.make("mine-positives", config, [src], rows_in=n, rows_out=n, stats=stats, timer=timer)
+    prov["model"] = model_record(m, config.model, config.pretrained)
+    save_dataset(ds, out, prov, overwrite=overwrite)
+    return prov
+
+
+def _ivf_recall(i_emb, t_emb, owner, config: MinePositivesConfig, approx: Mined) -> dict:
+    """Recall of the IVF result against exact search, on a seeded sample of rows."""
+    rng = np.random.default_rng(config.seed)
+    sample = np.sort(rng.choice(len(i_emb), size=min(config.recall_sample, len(i_emb)), replace=False))
+    exact = mine(i_emb, t_emb, owner, config.thresholds, max_positives=config.max_positives, index="flat", query_rows=sample)
+    e = sum(len(p) for p in exact.positives)
+    hit = sum(len(np.intersect1d(p, approx.positives[i])) for p, i in zip(exact.positives, sample.tolist()))
+    return {"sample_rows": int(len(sample)), "exact_pairs": int(e), "recall": round(hit / e, 4) if e else None}

@@ -21,6 +21,8 @@ from __future__ import annotations
 import random
 from collections import Counter
 from dataclasses import dataclass
+
+import numpy as np
 from typing import Sequence
 
 from vltool.errors import UsageError
@@ -79,3 +81,221 @@ def rank_words(
         scored = [(w, float(c), c) for w, c in count.items()]
     scored.sort(key=lambda x: (-x[1], -x[2], x[0]))
     return [(w, s) for w, s, _ in scored]
+
+
+# ----------------------------------------------------------------------------------------------------
+# The command: crops -> nearest aligned captions -> ranked words -> pseudo captions
+# ----------------------------------------------------------------------------------------------------
+
+PSEUDO_WORDS = "pseudo_words"  # list of {word, score}, best first
+IS_PSEUDO = "is_pseudo"
+CROP_SCALE = (0.25, 1.0)  # vltool's choice: the paper does not give its crop parameters
+CROP_RATIO = (3 / 4, 4 / 3)
+
+
+@dataclass
+class PseudolabelConfig:
+    """Options of `vltool pseudolabel`."""
+
+    model: str = ""  # vltool RUN_DIR (or RUN_DIR/model), open_clip:ARCH (+ pretrained), local-dir:PATH
+    pretrained: str | None = None
+    crops: int = 5  # augmented views per unaligned image (vltool's choice)
+    neighbors: int = 10  # nearest aligned captions per view
+    strategy: str = "weighted-count"  # maxcount, rmtop-maxcount, rmtop-rand, weighted-count (the paper's best)
+    top_t: int = 1000  # rmtop-*: the most frequent aligned words removed
+    words: int = 4  # words per pseudo caption
+    batch_size: int = 32  # unaligned images per encoding batch (each gives `crops` views)
+    cache_dir: str | None = None
+    seed: int = 0
+
+    def validate(self) -> None:
+        problems = []
+        if not str(self.model or "").strip():
+            problems.append("--model is required (a vltool RUN_DIR, open_clip:ARCH with --pretrained FILE, or local-dir:PATH)")
+        if self.strategy not in STRATEGIES:
+            problems.append(f"--strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
+        for name in ("crops", "neighbors", "words", "batch_size"):
+            if getattr(self, name) < 1:
+                problems.append(f"--{name.replace('_', '-')} must be >= 1")
+        if self.top_t < 0:
+            problems.append("--top-t must be >= 0")
+        if problems:
+            raise UsageError("; ".join(problems))
+
+
+def crop_box(width: int, height: int, rng) -> tuple[int, int, int, int]:
+    """A random resized crop's box (left, top, right, bottom), as torchvision's RandomResizedCrop draws it."""
+    import math
+
+    area = width * height
+    for _ in range(10):
+        target = area * rng.uniform(*CROP_SCALE)
+        log_r = (math.log(CROP_RATIO[0]), math.log(CROP_RATIO[1]))
+        ratio = math.exp(rng.uniform(*log_r))
+        w = int(round(math.sqrt(target * ratio)))
+        h = int(round(math.sqrt(target / ratio)))
+        if 0 < w <= width and 0 < h <= height:
+            left = int(rng.integers(0, width - w + 1))
+            top = int(rng.integers(0, height - h + 1))
+            return left, top, left + w, top + h
+    return 0, 0, width, height  # fallback: the whole image
+
+
+def view_seed(seed: int, row_id: str) -> int:
+    from vltool.deform import row_seed
+
+    return row_seed(seed, f"pseudolabel:{row_id}")
+
+
+def encode_views(m, src, config: PseudolabelConfig, cache) -> tuple[np.ndarray, np.ndarray]:
+    """(N, crops, D) embeddings of seeded random crops of every image, and the (N,) mask of bad images."""
+    import datasets
+    import numpy as np
+    import torch
+
+    from vltool import columns as C
+    from vltool.cache import CacheKey, ids_digest, row_filter
+    from vltool.encode import decode_image, image_preprocessing, run_batches
+
+    ds = src.dataset
+    raw = ds.select_columns([C.IMAGE])
+    if isinstance(raw.features[C.IMAGE], datasets.Image):
+        raw = raw.cast_column(C.IMAGE, datasets.Image(decode=False))
+    ids = ds[C.ID]
+    n, c = len(ds), config.crops
+    prep = image_preprocessing(m) | {"crops": c, "crop_scale": CROP_SCALE, "crop_ratio": CROP_RATIO, "seed": config.seed}
+    key = CacheKey(model=m.fingerprint, dataset=src.fingerprint, rows=row_filter(src.split, src.where), column=C.IMAGE, preprocessing=prep)
+    digest = ids_digest(ids)
+    if cache is not None:
+        hit = cache.get(key, rows=n, ids=digest)
+        if hit is not None:
+            d = hit.shape[1] // c
+            emb = hit.reshape(n, c, d)
+            return emb, np.isnan(emb).any(axis=(1, 2))
+    size = int(m.config.get("preprocess", {}).get("size", 224))
+
+    def prepare(a: int, b: int):
+        xs = []
+        for j, v in enumerate(raw[a:b][C.IMAGE]):
+            im = decode_image(v) if isinstance(v, dict) or v is None else v.convert("RGB")
+            if im is None:
+                xs.extend([torch.full((3, size, size), float("nan"))] * c)
+                continue
+            rng = np.random.default_rng(view_seed(config.seed, ids[a + j]))
+            for _ in range(c):
+                xs.append(m.preprocess(im.crop(crop_box(im.width, im.height, rng))))
+        return torch.stack(xs)  # (B*c, 3, H, W)
+
+    def forward(x):
+        bad = torch.isnan(x).flatten(1).any(1)  # (B*c,)
+        out = m.encode_image(torch.nan_to_num(x)).float().cpu()  # (B*c, D)
+        out[bad] = float("nan")
+        return out.reshape(-1, c * out.shape[1])  # (B, c*D)
+
+    with torch.inference_mode():
+        flat = run_batches(n, config.batch_size, prepare, forward, label=f"encoding {n:,} images x {c} crops")
+    if cache is not None:
+        cache.put(key, flat, ids=digest, extra={"spec": src.spec})
+    emb = flat.reshape(n, c, -1)
+    return emb, np.isnan(emb).any(axis=(1, 2))
+
+
+def pseudolabel(
+    unaligned: str,
+    aligned: str,
+    out,
+    config: PseudolabelConfig,
+    *,
+    where=(),
+    split=None,
+    aligned_where=(),
+    aligned_split=None,
+    overwrite: bool = False,
+) -> dict:
+    """Pseudo bag-of-words captions for the images of `unaligned` from the captions of `aligned`."""
+    import datasets
+    import faiss
+    import numpy as np
+
+    from vltool import columns as C
+    from vltool import provenance
+    from vltool.cache import EmbeddingCache
+    from vltool.encode import encode_texts
+    from vltool.evaluation import load_eval_model, model_record
+    from vltool.io import check_output, load_dataset, save_dataset
+
+    timer = provenance.Timer()
+    config.validate()
+    usrc = load_dataset(unaligned, split=split, where=where, required=[C.ID, C.IMAGE])
+    asrc = load_dataset(aligned, split=aligned_split, where=aligned_where, required=[C.ID])
+    text_col = C.CAPTION_ORIGINAL if C.CAPTION_ORIGINAL in asrc.dataset.column_names else C.CAPTION
+    if text_col not in asrc.dataset.column_names:
+        raise UsageError(f"the aligned data {aligned!r} has no caption column (it has: {', '.join(asrc.dataset.column_names)})")
+    overlap = set(usrc.dataset[C.ID]) & set(asrc.dataset[C.ID])
+    if overlap:
+        raise UsageError(f"{len(overlap)} ids are in both the unaligned and the aligned data (e.g. {sorted(overlap)[0]!r}); "
+                         "an image cannot be both")
+    out = check_output(out, overwrite, inputs=[usrc.path, asrc.path])
+    if len(asrc.dataset) == 0 or len(usrc.dataset) == 0:
+        raise UsageError("the unaligned and the aligned data both need rows after their filters")
+
+    m = load_eval_model(config.model, config.pretrained, config.cache_dir)
+    cache = EmbeddingCache(config.cache_dir)
+    captions = asrc.dataset[text_col]
+    txt = encode_texts(m, asrc, column=text_col, cache=cache)
+    views, bad = encode_views(m, usrc, config, cache)  # (N, c, D)
+    n, c, d = views.shape
+
+    # nearest aligned captions of every view, over the whole aligned set
+    index = faiss.IndexFlatIP(d)
+    t = txt.embeddings.astype(np.float32)
+    index.add(t / np.maximum(np.linalg.norm(t, axis=1, keepdims=True), 1e-12))
+    q = np.nan_to_num(views.reshape(n * c, d)).astype(np.float32)
+    q /= np.maximum(np.linalg.norm(q, axis=1, keepdims=True), 1e-12)
+    k = min(config.neighbors, len(t))
+    _, nn = index.search(q, k)  # (N*c, k) caption indices (text rows map to aligned rows via owner)
+    nn_rows = txt.owner[nn].reshape(n, c * k)  # (N, c*k) aligned row of each retrieved caption
+
+    words_fit = AlignedWords.fit(captions, config.top_t)
+    ids = usrc.dataset[C.ID]
+    pseudo, scored, keep, empty_ids = [], [], [], []
+    for i in range(n):
+        if bad[i]:
+            continue
+        rng = random.Random(view_seed(config.seed, ids[i])) if config.strategy == "rmtop-rand" else None
+        ranked = rank_words(nn_rows[i].tolist(), words_fit, config.strategy, rng)[: config.words]
+        if not ranked:
+            empty_ids.append(ids[i])
+            continue
+        keep.append(i)
+        pseudo.append(" ".join(w for w, _ in ranked))
+        scored.append([{"word": w, "score": float(s)} for w, s in ranked])
+
+    ds = usrc.dataset.select(keep)
+    withheld = [col for col in (C.CAPTION, C.CAPTIONS, C.CAPTION_ORIGINAL, C.IS_BASE, PSEUDO_WORDS, IS_PSEUDO) if col in ds.column_names]
+    ds = ds.remove_columns(withheld)  # an unaligned image's own texts never reach the output
+    ds = ds.add_column(C.CAPTION, pseudo, feature=datasets.Value("string"))
+    ds = ds.add_column(PSEUDO_WORDS, scored, feature=datasets.List({"word": datasets.Value("string"), "score": datasets.Value("float32")}))
+    ds = ds.add_column(IS_PSEUDO, [True] * len(keep), feature=datasets.Value("bool"))
+
+    lengths = [len(p.split()) for p in pseudo]
+    freq = Counter(w for p in pseudo for w in p.split())
+    stats = {
+        "rows_in": n,
+        "rows_out": len(keep),
+        "bad_images": int(bad.sum()),
+        "dropped_no_words": len(empty_ids),
+        "dropped_ids": empty_ids[:50],
+        "aligned_rows": len(captions),
+        "aligned_text_column": text_col,
+        "words_per_caption": round(sum(lengths) / len(lengths), 3) if lengths else 0.0,
+        "top_pseudo_words": [[w, c_] for w, c_ in freq.most_common(20)],
+        "examples": [{"id": ids[i], "caption": p} for i, p in zip(keep[:8], pseudo[:8])],
+        "removed_top_words": len(words_fit.top) if config.strategy.startswith("rmtop") else 0,
+        "crop": {"scale": CROP_SCALE, "ratio": CROP_RATIO},
+        "stopwords": english_stopwords()[1],
+    }
+    prov = provenance.make("pseudolabel", config, [usrc, asrc], rows_in=n, rows_out=len(keep), stats=stats, timer=timer)
+    prov["model"] = model_record(m, config.model, config.pretrained)
+    save_dataset(ds, out, prov, overwrite=overwrite)
+    return prov

@@ -1,0 +1,176 @@
+"""The embedding cache: one encoding per key, reused; any change of a key part is a new encoding."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tests._eval_helpers import make_colors, make_model
+from vltool.cache import CacheKey, EmbeddingCache, row_filter
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_model(tmp_path_factory.mktemp("model") / "run", seed=0)
+
+
+@pytest.fixture(scope="module")
+def other_model_dir(tmp_path_factory):
+    return make_model(tmp_path_factory.mktemp("model2") / "run", seed=1)
+
+
+@pytest.fixture(scope="module")
+def colors(tmp_path_factory):
+    return make_colors(tmp_path_factory.mktemp("data") / "colors")
+
+
+@pytest.fixture(scope="module")
+def loaded_model(model_dir):
+    from vltool.model import load_model
+
+    return load_model(str(model_dir))
+
+
+def key(**kw):
+    parts = dict(model="m", dataset="d", rows=row_filter(None, ["a=1", "b=2"]), column="image", preprocessing={"size": 32})
+    parts.update(kw)
+    return CacheKey(**parts)
+
+
+def test_every_key_part_changes_the_key_and_where_order_does_not():
+    base = key().digest
+    assert key(rows=row_filter(None, ["b=2", "a=1"])).digest == base
+    changed = [
+        key(model="m2"), key(dataset="d2"), key(rows=row_filter("train", ["a=1", "b=2"])),
+        key(rows=row_filter(None, ["a=1"])), key(column="caption"), key(preprocessing={"size": 64}),
+    ]
+    assert len({k.digest for k in changed} | {base}) == len(changed) + 1
+
+
+def test_put_get_roundtrip_atomic_and_checked(tmp_path):
+    cache = EmbeddingCache(tmp_path)
+    k = key()
+    arr = np.arange(12, dtype=np.float32).reshape(4, 3)
+    assert cache.get(k) is None
+    npy, meta = cache.put(k, arr, ids="abc"), cache.paths(k)[1]
+    assert sorted(p.name for p in cache.dir.iterdir()) == sorted([npy.name, meta.name])  # no temporary files left
+    np.testing.assert_array_equal(cache.get(k, rows=4, ids="abc"), arr)
+    assert json.loads(meta.read_text())["key"]["column"] == "image"
+    assert cache.get(k, rows=5) is None  # not the rows expected
+    assert cache.get(k, ids="other") is None  # not the same rows
+    npy.write_bytes(b"garbage")
+    assert cache.get(k) is None  # unreadable: a miss, never an error
+    cache.put(k, arr)
+    meta.unlink()
+    assert cache.get(k) is None  # an entry without its description is incomplete
+
+
+def test_encoding_is_reused_and_invalidated_by_each_key_part(loaded_model, other_model_dir, colors, tmp_path, monkeypatch):
+    import datasets
+
+    import vltool.encode as enc
+    from vltool.io import load_dataset
+    from vltool.model import load_model
+
+    cache = EmbeddingCache(tmp_path / "cache")
+    m = loaded_model
+    data = load_dataset(colors, where=["split=test"])
+    first = enc.encode_images(m, data, cache=cache, progress=False)
+    assert not first.hit and first.embeddings.shape == (12, 32)
+
+    calls = []
+    real = enc.run_batches
+    monkeypatch.setattr(enc, "run_batches", lambda *a, **k: calls.append(1) or real(*a, **k))
+    again = enc.encode_images(m, load_dataset(colors, where=["split=test"]), cache=cache, batch_size=5, progress=False)
+    assert again.hit and not calls  # nothing encoded: read from the cache
+    np.testing.assert_array_equal(again.embeddings, first.embeddings)
+
+    def misses(encoded):
+        return not encoded.hit
+
+    assert misses(enc.encode_images(m, load_dataset(colors, where=["split=train"]), cache=cache, progress=False))  # row filter
+    assert misses(enc.encode_images(m, data, features="pre", cache=cache, progress=False))  # preprocessing / features
+    assert misses(enc.encode_images(load_model(str(other_model_dir)), data, cache=cache, progress=False))  # weights
+    ds = datasets.load_from_disk(colors).map(lambda r: {"caption": r["caption"].upper()})
+    ds.save_to_disk(str(tmp_path / "changed"))
+    changed = load_dataset(str(tmp_path / "changed"), where=["split=test"])
+    assert changed.fingerprint != data.fingerprint
+    assert misses(enc.encode_images(m, changed, cache=cache, progress=False))  # dataset fingerprint
+    cap = enc.encode_texts(m, data, column="caption", cache=cache, progress=False)
+    caps = enc.encode_texts(m, data, column="captions", cache=cache, progress=False)
+    assert cap.key != caps.key and not caps.hit  # column
+    assert enc.encode_texts(m, data, column="captions", cache=cache, progress=False).hit
+    # the first image encoding, the 4 image misses, and 2 text columns: 7 entries, each an .npy and a .json
+    assert len(list(cache.dir.glob("*.npy"))) == 7 and len(list(cache.dir.glob("*.json"))) == 7
+
+
+def test_text_owner_and_batching_do_not_change_embeddings(loaded_model, colors):
+    from vltool.encode import encode_images, encode_texts
+    from vltool.io import load_dataset
+
+    data = load_dataset(colors, where=["split=test"])
+    caps = encode_texts(loaded_model, data, column="captions", cache=None, progress=False)
+    np.testing.assert_array_equal(caps.owner, np.repeat(np.arange(12), 2))
+    single = encode_texts(loaded_model, data, column="caption", cache=None, progress=False)
+    np.testing.assert_allclose(caps.embeddings[::2], single.embeddings, atol=1e-6)  # the first caption is `caption`
+    a = encode_images(loaded_model, data, cache=None, batch_size=1, progress=False).embeddings
+    b = encode_images(loaded_model, data, cache=None, batch_size=64, workers=2, progress=False).embeddings
+    np.testing.assert_allclose(a, b, atol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(b, axis=1), 1, atol=1e-5)
+
+
+def test_undecodable_images_are_nan_rows(loaded_model, tmp_path):
+    from vltool.encode import encode_images
+    from vltool.io import load_dataset
+
+    path = make_colors(tmp_path / "bad", per_class=2, bad_rows=(1, 4))
+    enc = encode_images(loaded_model, load_dataset(path), cache=EmbeddingCache(tmp_path / "c"), progress=False)
+    assert enc.bad.tolist() == [i in (1, 4) for i in range(12)]
+    assert np.isnan(enc.embeddings[[1, 4]]).all() and np.isfinite(enc.embeddings[~enc.bad]).all()
+    assert encode_images(loaded_model, load_dataset(path), cache=EmbeddingCache(tmp_path / "c"), progress=False).bad.sum() == 2
+
+
+def test_pre_projection_features(loaded_model, colors):
+    from vltool.encode import encode_images
+    from vltool.io import load_dataset
+
+    data = load_dataset(colors, where=["split=test"])
+    pre = encode_images(loaded_model, data, features="pre", cache=None, progress=False).embeddings
+    post = encode_images(loaded_model, data, features="post", cache=None, progress=False).embeddings
+    v = loaded_model.model.visual
+    assert pre.shape[1] == v.proj.shape[0]  # the ViT's width, before visual.proj
+    proj = pre @ v.proj.detach().numpy()
+    np.testing.assert_allclose(proj / np.linalg.norm(proj, axis=1, keepdims=True), post, atol=1e-5)
+    assert v.proj is not None  # restored
+
+
+@pytest.mark.slow
+def test_two_processes_encode_the_same_as_one(model_dir, colors, tmp_path):
+    """`accelerate launch --multi_gpu` with 2 CPU processes (gloo; `--cpu` would run one): each encodes every
+    other batch; the result is identical."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "enc.py"
+    script.write_text(
+        "import sys, numpy as np\n"
+        "from vltool.model import load_model\nfrom vltool.io import load_dataset\nfrom vltool.encode import encode_images, process_state\n"
+        "from vltool.cache import EmbeddingCache\n"
+        f"m = load_model({str(model_dir)!r})\n"
+        f"e = encode_images(m, load_dataset({colors!r}), cache=EmbeddingCache(sys.argv[2]), batch_size=4, progress=False)\n"
+        "st = process_state()\n"
+        "if st.is_main_process: np.save(sys.argv[1], e.embeddings); open(sys.argv[1] + '.world', 'w').write(str(st.num_processes))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    subprocess.run([sys.executable, str(script), str(tmp_path / "one.npy"), str(tmp_path / "c1")], check=True, env=env)
+    subprocess.run(
+        [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+         "--mixed_precision", "no", "--dynamo_backend", "no", str(script), str(tmp_path / "two.npy"), str(tmp_path / "c2")],
+        check=True, env=env,
+    )
+    assert (tmp_path / "two.npy.world").read_text() == "2"  # really two processes
+    np.testing.assert_array_equal(np.load(tmp_path / "one.npy"), np.load(tmp_path / "two.npy"))
+    assert len(list((tmp_path / "c2" / "embeddings").glob("*.npy"))) == 1

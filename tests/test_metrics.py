@@ -1,0 +1,343 @@
+"""vltool.metrics against hand-computed cases and plain reference implementations.
+
+Each fast metric has a slow, obvious twin here: sorting the full score matrix, enumerating every
+tie-breaking order, scikit-learn's functions, or resampling the data explicitly.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from vltool.metrics import (
+    AveragePrecision,
+    ClassificationItems,
+    bootstrap,
+    class_ranks,
+    expected_rank,
+    hit_probability,
+    mean_per_class_recall,
+    retrieval_chance,
+    retrieval_ranks,
+    weighted_median,
+    _stratified_draw,
+)
+
+# ----------------------------------------------------------------------------------------------------
+# reference implementations
+# ----------------------------------------------------------------------------------------------------
+
+
+def ref_tie_break(scores: np.ndarray, correct: np.ndarray, k: int) -> tuple[float, float]:
+    """(P(hit@k), E[rank of the first correct]) over every order of tied scores, by enumeration."""
+    hits, ranks, n = 0.0, 0.0, 0
+    groups = sorted(set(scores.tolist()), reverse=True)
+    blocks = [np.flatnonzero(scores == g) for g in groups]
+    for perms in itertools.product(*[list(itertools.permutations(b)) for b in blocks]):
+        order = np.concatenate([np.array(p, dtype=int) for p in perms])
+        first = int(np.flatnonzero(correct[order])[0])
+        hits += first < k
+        ranks += first + 1
+        n += 1
+    return hits / n, ranks / n
+
+
+def ref_retrieval(images, texts, owner, k):
+    """CLIP_benchmark-style: the full score matrix, sorted per query (no ties in the data)."""
+    s = images.astype(np.float64) @ texts.astype(np.float64).T  # (N_i, N_t)
+    pos = np.zeros_like(s, dtype=bool)
+    pos[owner, np.arange(len(owner))] = True
+    i2t_hit, i2t_rank = [], []
+    for i in range(len(images)):
+        order = np.argsort(-s[i])
+        first = int(np.flatnonzero(pos[i, order])[0])
+        i2t_hit.append(first < k)
+        i2t_rank.append(first + 1)
+    t2i_hit, t2i_rank = [], []
+    for t in range(len(texts)):
+        order = np.argsort(-s[:, t])
+        first = int(np.flatnonzero(pos[order, t])[0])
+        t2i_hit.append(first < k)
+        t2i_rank.append(first + 1)
+    return np.array(i2t_hit, float), np.array(i2t_rank, float), np.array(t2i_hit, float), np.array(t2i_rank, float)
+
+
+def unit(x):
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+# ----------------------------------------------------------------------------------------------------
+# ties
+# ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 5])
+def test_hit_probability_and_rank_equal_enumeration_of_tie_orders(k):
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        n = int(rng.integers(2, 7))
+        scores = rng.integers(0, 3, n).astype(float)  # many ties
+        correct = rng.random(n) < 0.35
+        correct[int(rng.integers(n))] = True
+        best = scores[correct].max()
+        g = int(((scores > best) & ~correct).sum())
+        t = int(((scores == best) & ~correct).sum())
+        p = int(((scores == best) & correct).sum())
+        ref_hit, ref_rank = ref_tie_break(scores, correct, k)
+        assert hit_probability(np.array([g]), np.array([t]), k, np.array([p]))[0] == pytest.approx(ref_hit)
+        assert expected_rank(np.array([g]), np.array([t]), np.array([p]))[0] == pytest.approx(ref_rank)
+
+
+def test_hand_cases_of_ties():
+    # true class tied with 3 others at the top: top-1 is 1/4, top-2 is 1/2, top-4 and beyond certain
+    assert hit_probability(np.array([0]), np.array([3]), 1)[0] == pytest.approx(0.25)
+    assert hit_probability(np.array([0]), np.array([3]), 2)[0] == pytest.approx(0.5)
+    assert hit_probability(np.array([0]), np.array([3]), 4)[0] == 1.0
+    # two wrong items above: top-2 misses whatever the ties
+    assert hit_probability(np.array([2]), np.array([5]), 2)[0] == 0.0
+    # two correct items tied with one wrong one at the top: P(miss at 1) = 1/3
+    assert hit_probability(np.array([0]), np.array([1]), 1, np.array([2]))[0] == pytest.approx(2 / 3)
+    assert expected_rank(np.array([4]), np.array([2]), 1)[0] == pytest.approx(6.0)
+
+
+# ----------------------------------------------------------------------------------------------------
+# classification
+# ----------------------------------------------------------------------------------------------------
+
+
+def test_topk_and_mean_per_class_recall_hand_case():
+    scores = np.array([
+        [0.9, 0.1, 0.0],  # true 0: rank 1
+        [0.5, 0.4, 0.3],  # true 1: rank 2
+        [0.2, 0.2, 0.1],  # true 0: tied with class 1 at the top -> 1/2 at top-1
+        [0.1, 0.2, 0.3],  # true 2: rank 1
+    ])
+    target = np.array([0, 1, 0, 2])
+    items = ClassificationItems.from_scores(scores, target)
+    assert items.top5 is None  # fewer than 5 classes: no top-5, as CLIP_benchmark
+    m = items.metrics()
+    assert m["top1"] == pytest.approx((1 + 0 + 0.5 + 1) / 4)
+    # class 0: (1 + 0.5) / 2, class 1: 0, class 2: 1
+    assert m["mean_per_class_recall"] == pytest.approx((0.75 + 0 + 1) / 3)
+    assert "top5" not in m
+    np.testing.assert_allclose(items.rank, [1, 2, 1.5, 1])
+
+
+def test_classification_equals_topk_and_balanced_accuracy_without_ties():
+    import torch
+    from sklearn.metrics import balanced_accuracy_score
+
+    rng = np.random.default_rng(1)
+    scores = rng.normal(size=(300, 12))
+    target = rng.integers(0, 12, 300)
+    target[:12] = np.arange(12)
+    m = ClassificationItems.from_scores(scores, target).metrics()
+    t = torch.from_numpy(scores)
+    top = t.topk(5, dim=1).indices.numpy()
+    assert m["top1"] == pytest.approx(np.mean(top[:, 0] == target))
+    assert m["top5"] == pytest.approx(np.mean((top == target[:, None]).any(axis=1)))
+    assert m["mean_per_class_recall"] == pytest.approx(balanced_accuracy_score(target, scores.argmax(1)))
+
+
+def test_nan_scores_never_win():
+    scores = np.array([[np.nan, np.nan, np.nan], [0.1, np.nan, 0.3]])
+    g, t = class_ranks(scores, np.array([0, 1]))
+    hits = hit_probability(g, t, 1)
+    assert hits[0] == pytest.approx(1 / 3)  # all NaN: a tie, chance level
+    assert hits[1] == 0.0
+
+
+def test_weighted_metrics_equal_metrics_on_resampled_data():
+    rng = np.random.default_rng(2)
+    scores = rng.normal(size=(50, 6))
+    target = rng.integers(0, 6, 50)
+    items = ClassificationItems.from_scores(scores, target)
+    idx = rng.integers(0, 50, 50)
+    w = np.bincount(idx, minlength=50).astype(float)
+    direct = ClassificationItems.from_scores(scores[idx], target[idx], 6).metrics()
+    assert items.metrics(w) == pytest.approx(direct)
+
+
+def test_mean_per_class_recall_ignores_absent_classes():
+    hit = np.array([1.0, 0.0, 1.0])
+    target = np.array([0, 0, 3])
+    assert mean_per_class_recall(hit, target, 5) == pytest.approx((0.5 + 1.0) / 2)
+
+
+# ----------------------------------------------------------------------------------------------------
+# average precision
+# ----------------------------------------------------------------------------------------------------
+
+
+def tnt_ap(scores, targets):
+    """CLIP_benchmark's average_precision_per_class (from torchnet), in numpy."""
+    ap = []
+    for k in range(scores.shape[1]):
+        order = np.argsort(-scores[:, k], kind="stable")
+        truth = targets[order, k]
+        tp = np.cumsum(truth)
+        prec = tp / np.arange(1, len(truth) + 1)
+        ap.append(prec[truth.astype(bool)].sum() / max(truth.sum(), 1))
+    return np.array(ap)
+
+
+def test_average_precision_equals_sklearn_with_ties_and_clip_benchmark_without():
+    from sklearn.metrics import average_precision_score
+
+    rng = np.random.default_rng(3)
+    targets = rng.random((80, 5)) < 0.3
+    targets[0] = True
+    tied = rng.integers(0, 4, (80, 5)).astype(float)  # heavy ties
+    ap = AveragePrecision(tied, targets).per_class()
+    for c in range(5):
+        assert ap[c] == pytest.approx(average_precision_score(targets[:, c], tied[:, c]))
+    smooth = rng.normal(size=(80, 5))
+    np.testing.assert_allclose(AveragePrecision(smooth, targets).per_class(), tnt_ap(smooth, targets.astype(float)))
+
+
+def test_average_precision_hand_case_and_classes_without_positives():
+    scores = np.array([[0.9, 0.1], [0.8, 0.2], [0.7, 0.3]])
+    targets = np.array([[1, 0], [0, 0], [1, 0]], dtype=bool)
+    ap = AveragePrecision(scores, targets)
+    assert ap.per_class()[0] == pytest.approx((1 / 1 + 2 / 3) / 2)
+    assert np.isnan(ap.per_class()[1])
+    assert ap.mean() == pytest.approx((1 + 2 / 3) / 2)  # the class without positives is left out
+
+
+def test_weighted_average_precision_equals_resampled_data():
+    from sklearn.metrics import average_precision_score
+
+    rng = np.random.default_rng(4)
+    scores = rng.normal(size=(40, 3))
+    targets = rng.random((40, 3)) < 0.4
+    targets[:3] = True
+    idx = rng.integers(0, 40, 40)
+    w = np.bincount(idx, minlength=40).astype(float)
+    got = AveragePrecision(scores, targets).per_class(w)
+    for c in range(3):
+        if targets[idx, c].any():
+            assert got[c] == pytest.approx(average_precision_score(targets[idx, c], scores[idx, c]))
+
+
+# ----------------------------------------------------------------------------------------------------
+# retrieval
+# ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("block_bytes", [8 * 7 * 5, 8 * 64 * 64, 2**26])
+def test_retrieval_ranks_equal_full_sort_with_several_captions(block_bytes):
+    rng = np.random.default_rng(5)
+    n_i = 37
+    images = unit(rng.normal(size=(n_i, 8)))
+    owner = np.concatenate([np.arange(n_i), rng.integers(0, n_i, 60)])  # 1 to several captions per image
+    texts = unit(images[owner] + rng.normal(scale=1.0, size=(len(owner), 8)))
+    i2t, t2i = retrieval_ranks(images, texts, owner, block_bytes=block_bytes)
+    for k in (1, 5, 10):
+        ih, ir, th, tr = ref_retrieval(images, texts, owner, k)
+        np.testing.assert_allclose(i2t.hits(k), ih)
+        np.testing.assert_allclose(t2i.hits(k), th)
+    np.testing.assert_allclose(i2t.rank(), ir)
+    np.testing.assert_allclose(t2i.rank(), tr)
+    assert (i2t.tied == 0).all() and (t2i.tied == 0).all()
+
+
+def test_retrieval_hand_case_any_caption_counts():
+    # 3 images on the axes; image 0 has two captions, one of which is closer to image 1
+    images = np.eye(3, dtype=np.float32)
+    texts = unit(np.array([[0.2, 1.0, 0.0], [1.0, 0.0, 0.1], [0.0, 1.0, 0.3], [0.0, 0.1, 1.0]]))
+    owner = np.array([0, 0, 1, 2])
+    i2t, t2i = retrieval_ranks(images, texts, owner)
+    # image 0: its caption 1 is its best text: rank 1 (caption 0 is not a "wrong" item for it)
+    # image 1: text 0 (of image 0) scores above its own text 2: rank 2
+    np.testing.assert_allclose(i2t.rank(), [1, 2, 1])
+    np.testing.assert_allclose(i2t.hits(1), [1, 0, 1])
+    # text 0 ranks image 1 first, its own image 0 second
+    np.testing.assert_allclose(t2i.rank(), [2, 1, 1, 1])
+
+
+def test_retrieval_duplicate_texts_are_ties_not_wins():
+    images = unit(np.array([[1.0, 0.0], [0.0, 1.0]]))
+    texts = unit(np.array([[1.0, 1.0], [1.0, 1.0]]))  # the same text for both images
+    i2t, t2i = retrieval_ranks(images, texts, np.array([0, 1]))
+    np.testing.assert_allclose(i2t.hits(1), [0.5, 0.5])  # its own text tied with the other image's
+    np.testing.assert_allclose(t2i.hits(1), [0.5, 0.5])  # both images score the same
+    np.testing.assert_allclose(t2i.rank(), [1.5, 1.5])
+
+
+def test_retrieval_chance_equals_enumeration():
+    n, k = 7, 3
+    for p in (1, 2, 4, 5):
+        hits = [any(i < p for i in order[:k]) for order in itertools.permutations(range(n))]
+        assert retrieval_chance(n, np.array([p]), k)[0] == pytest.approx(np.mean(hits))
+    assert retrieval_chance(100, np.array([1]), 10)[0] == pytest.approx(0.1)
+    assert retrieval_chance(5, np.array([1]), 10)[0] == 1.0
+
+
+# ----------------------------------------------------------------------------------------------------
+# medians and the bootstrap
+# ----------------------------------------------------------------------------------------------------
+
+
+def test_weighted_median_equals_median_of_repeated_data():
+    rng = np.random.default_rng(6)
+    for _ in range(50):
+        v = rng.integers(0, 20, int(rng.integers(1, 12))).astype(float)
+        w = rng.integers(0, 4, len(v)).astype(float)
+        if w.sum() == 0:
+            continue
+        assert weighted_median(v, w) == np.median(np.repeat(v, w.astype(int)))
+
+
+def test_bootstrap_is_seeded_and_covers_the_mean():
+    rng = np.random.default_rng(7)
+    x = rng.normal(loc=2.0, size=400)
+
+    def stat(w):
+        return {"mean": float(x.mean()) if w is None else float(w @ x / w.sum())}
+
+    a = bootstrap(len(x), stat, 500, seed=1)["mean"]
+    b = bootstrap(len(x), stat, 500, seed=1)["mean"]
+    assert (a.low, a.high) == (b.low, b.high)
+    se = x.std() / math.sqrt(len(x))
+    assert a.low < x.mean() < a.high
+    assert a.high - a.low == pytest.approx(2 * 1.96 * se, rel=0.2)
+    assert math.isnan(bootstrap(len(x), stat, 0)["mean"].low)
+
+
+def test_stratified_draw_keeps_every_class_and_its_support():
+    strata = np.array([0, 0, 0, 1, 2, 2, 5])
+    draw = _stratified_draw(strata, np.random.default_rng(0))
+    for _ in range(20):
+        idx = draw()
+        assert np.array_equal(np.bincount(strata[idx], minlength=6), np.bincount(strata, minlength=6))
+
+
+@pytest.mark.parametrize("kind", ["random", "quantised", "collapsed"])
+def test_float32_blocks_with_exact_refinement_equal_float64(kind):
+    """The fast path (float32 products, near-threshold scores redone in float64) equals all-float64 blocks,
+    with duplicates and near-ties (quantised embeddings), and when every score ties (collapsed model)."""
+    rng = np.random.default_rng(8)
+    n_i, d = 60, 16
+    images = rng.normal(size=(n_i, d))
+    if kind == "quantised":
+        images = np.round(images * 2) / 2
+    if kind == "collapsed":
+        images = np.ones((n_i, d))
+    images = unit(images)
+    owner = np.concatenate([np.arange(n_i), rng.integers(0, n_i, 90)])
+    texts = images[owner] + (0 if kind == "collapsed" else rng.normal(scale=0.7, size=(len(owner), d)))
+    texts = unit(np.round(texts * 4) / 4 if kind == "quantised" else texts)
+    texts[5] = texts[6]  # a duplicate text
+    for block in (8 * 16 * 16, 2**26):
+        fast = retrieval_ranks(images, texts, owner, block_bytes=block)
+        ref = retrieval_ranks(images, texts, owner, block_bytes=block, exact=True)
+        for f, r in zip(fast, ref):
+            np.testing.assert_array_equal(f.greater, r.greater)
+            np.testing.assert_array_equal(f.tied, r.tied)
+            np.testing.assert_array_equal(f.tied_pos, r.tied_pos)
+    if kind == "collapsed":  # every score equal: chance level, not 100%
+        i2t, t2i = fast
+        assert t2i.hits(1).mean() == pytest.approx(1 / n_i)

@@ -1,0 +1,99 @@
+"""`vltool retrieve`: the record, several captions per image, chance levels, bad rows, the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tests._eval_helpers import make_colors, make_model
+from vltool.errors import UsageError
+from vltool.retrieve import RetrieveConfig, parse_recall_k, retrieval_chance_levels, retrieve
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return str(make_model(tmp_path_factory.mktemp("model") / "run"))
+
+
+@pytest.fixture(scope="module")
+def colors(tmp_path_factory):
+    return make_colors(tmp_path_factory.mktemp("data") / "colors")
+
+
+def cfg(model_dir, **kw):
+    return RetrieveConfig(model=model_dir, progress=False, **{"bootstrap": 50, **kw})
+
+
+def test_record_and_reference(model_dir, colors, tmp_path):
+    """The metrics equal a plain full-matrix computation on the cached embeddings."""
+    from vltool.cache import EmbeddingCache
+    from vltool.encode import encode_images, encode_texts
+    from vltool.io import load_dataset
+    from vltool.model import load_model
+
+    r = retrieve(colors, cfg(model_dir, text_column="captions", cache_dir=str(tmp_path)), where=["split=test"], out=tmp_path / "r.json")
+    assert json.loads((tmp_path / "r.json").read_text())["metrics"] == r["metrics"]
+    assert r["data"]["images"] == 12 and r["data"]["texts"] == 24 and r["command"] == "retrieve"
+    m = load_model(model_dir)
+    data = load_dataset(colors, where=["split=test"])
+    img = encode_images(m, data, cache=EmbeddingCache(tmp_path), progress=False)
+    txt = encode_texts(m, data, column="captions", cache=EmbeddingCache(tmp_path), progress=False)
+    assert img.hit and txt.hit
+    s = img.embeddings.astype(np.float64) @ txt.embeddings.astype(np.float64).T  # (12, 24)
+    correct = txt.owner[None, :] == np.arange(12)[:, None]
+    i_rank = np.array([1 + (s[i, ~correct[i]] > s[i, correct[i]].max()).sum() for i in range(12)])
+    t_rank = np.array([1 + (s[np.arange(12) != txt.owner[t], t] > s[txt.owner[t], t]).sum() for t in range(24)])
+    for k in (1, 5, 10):
+        assert r["metrics"][f"image_to_text_R@{k}"]["value"] == pytest.approx(np.mean(i_rank <= k))
+        assert r["metrics"][f"text_to_image_R@{k}"]["value"] == pytest.approx(np.mean(t_rank <= k))
+    assert r["metrics"]["image_to_text_mean_rank"]["value"] == pytest.approx(i_rank.mean())
+    assert r["metrics"]["text_to_image_median_rank"]["value"] == pytest.approx(np.median(t_rank))
+    for e in r["metrics"].values():
+        assert e["ci_low"] <= e["value"] + 1e-12 and e["value"] <= e["ci_high"] + 1e-12
+
+
+def test_chance_levels():
+    c = retrieval_chance_levels([1, 5], n_images=10, n_texts=20, per_image=np.full(10, 2))
+    assert c["text_to_image_R@1"] == pytest.approx(0.1) and c["text_to_image_R@5"] == pytest.approx(0.5)
+    assert c["image_to_text_R@1"] == pytest.approx(2 / 20)
+    assert c["image_to_text_R@5"] == pytest.approx(1 - (18 * 17 * 16 * 15 * 14) / (20 * 19 * 18 * 17 * 16))
+    assert c["text_to_image_mean_rank"] == pytest.approx(5.5) and c["image_to_text_mean_rank"] == pytest.approx(21 / 3)
+
+
+def test_bad_images_and_empty_caption_lists_are_left_out(model_dir, tmp_path):
+    import datasets
+
+    path = make_colors(tmp_path / "bad", per_class=2, bad_rows=(0,))
+    ds = datasets.load_from_disk(path)
+    caps = list(ds["captions"])
+    caps[3] = []
+    ds = ds.remove_columns("captions").add_column("captions", caps, feature=datasets.List(datasets.Value("string")))
+    ds.save_to_disk(str(tmp_path / "bad2"))
+    r = retrieve(str(tmp_path / "bad2"), cfg(model_dir, text_column="captions", cache_dir=str(tmp_path / "c")))
+    assert r["stats"]["bad_images"] == 1 and r["stats"]["rows_without_text"] == 1
+    assert r["data"]["images"] == 10 and r["data"]["texts"] == 20
+
+
+def test_options_are_checked(model_dir, colors):
+    assert parse_recall_k("10,1,5,5") == [1, 5, 10]
+    with pytest.raises(UsageError) as e:
+        retrieve(colors, RetrieveConfig(model=model_dir, recall_k="1,x", block_mb=0))
+    assert "--recall-k" in str(e.value) and "--block-mb" in str(e.value)
+    with pytest.raises(UsageError, match="no text column 'nope'|no column 'nope'"):
+        retrieve(colors, cfg(model_dir, text_column="nope"))
+
+
+def test_cli(cli, model_dir, colors, tmp_path):
+    r = cli("retrieve", colors, "--model", model_dir, "--where", "split=test", "--recall-k", "1,2", "--bootstrap", "10",
+            "--json", "--no-progress", "--cache-dir", tmp_path)
+    assert r.exit_code == 0, r.output
+    rec = json.loads(r.stdout)
+    assert set(rec["metrics"]) == {
+        "image_to_text_R@1", "image_to_text_R@2", "image_to_text_mean_rank", "image_to_text_median_rank",
+        "text_to_image_R@1", "text_to_image_R@2", "text_to_image_mean_rank", "text_to_image_median_rank",
+    }
+    assert rec["options"]["cache_dir"] == str(tmp_path) and rec["stats"]["cache"]["images"]["hit"] is False
+    t = cli("retrieve", colors, "--model", model_dir, "--where", "split=test", "--bootstrap", "10", "--no-progress", "--cache-dir", tmp_path)
+    assert t.exit_code == 0 and "text_to_image_R@10" in t.stdout and "chance" in t.stdout

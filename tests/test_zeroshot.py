@@ -1,0 +1,177 @@
+"""`vltool zeroshot`: class embeddings, templates, the results record, multi-label, errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tests._eval_helpers import COLORS, make_colors, make_model
+from vltool.errors import UsageError
+from vltool.zeroshot import ZeroshotConfig, class_embeddings, zeroshot
+
+PROVENANCE_FIELDS = ("vltool_version", "command", "command_line", "options", "inputs", "rows_in", "rows_out", "created", "wall_time_s", "stats")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return str(make_model(tmp_path_factory.mktemp("model") / "run"))
+
+
+@pytest.fixture(scope="module")
+def colors(tmp_path_factory):
+    return make_colors(tmp_path_factory.mktemp("data") / "colors")
+
+
+def cfg(model_dir, **kw):
+    return ZeroshotConfig(model=model_dir, progress=False, **{"bootstrap": 50, **kw})
+
+
+def test_class_embedding_is_the_renormalised_mean_of_normalised_prompts():
+    rng = np.random.default_rng(0)
+    e = rng.normal(size=(5, 4)).astype(np.float32)
+    got = class_embeddings(e, [2, 3])
+    n = e / np.linalg.norm(e, axis=1, keepdims=True)
+    for c, rows in enumerate((slice(0, 2), slice(2, 5))):
+        m = n[rows].mean(0)
+        np.testing.assert_allclose(got[c], m / np.linalg.norm(m), atol=1e-6)
+
+
+def test_record_metrics_chance_and_provenance(model_dir, colors, tmp_path):
+    out = tmp_path / "zs.json"
+    r = zeroshot(colors, cfg(model_dir), where=["split=test"], out=out)
+    assert json.loads(out.read_text()) == json.loads(json.dumps(r, default=str))
+    for f in PROVENANCE_FIELDS:
+        assert f in r
+    assert r["command"] == "zeroshot" and r["inputs"][0]["where"] == ["split=test"]
+    assert r["classnames"] == list(COLORS)
+    assert r["protocol"]["template_list"] == ["a photo of a {}."]
+    assert set(r["metrics"]) == {"top1", "top5", "mean_per_class_recall"}
+    n_cls = len(COLORS)
+    for name, e in r["metrics"].items():
+        assert e["ci_low"] <= e["value"] <= e["ci_high"] or np.isclose(e["ci_low"], e["value"]) or np.isclose(e["ci_high"], e["value"])
+    assert r["metrics"]["top1"]["chance"] == pytest.approx(1 / n_cls)
+    assert r["metrics"]["top5"]["chance"] == pytest.approx(5 / n_cls)
+    assert r["chance"]["majority_class"] == pytest.approx(2 / 12)
+    assert r["model"]["fingerprint"] and r["data"]["rows_evaluated"] == 12
+    assert sum(p["support"] for p in r["per_class"]) == 12
+    with pytest.raises(UsageError, match="exists"):
+        zeroshot(colors, cfg(model_dir), where=["split=test"], out=out)
+    again = zeroshot(colors, cfg(model_dir), where=["split=test"], out=out, overwrite=True)
+    assert again["stats"]["cache"]["images"]["hit"] and again["metrics"] == r["metrics"]
+
+
+def test_fewer_than_five_classes_have_no_top5(model_dir, colors):
+    r = zeroshot(colors, cfg(model_dir), where=["label=red", "label=green", "label=blue"])
+    assert r["metrics"]["top5"]["value"] is not None  # the label column still has 6 classes
+    names = ["red", "green", "blue", "yellow"]
+    import datasets
+
+    ds = datasets.load_from_disk(colors).filter(lambda r: r["label"] < 4)
+    ds = ds.cast_column("label", datasets.ClassLabel(names=names))
+    path = colors + "_four"
+    ds.save_to_disk(path)
+    r4 = zeroshot(path, cfg(model_dir))
+    assert "top5" not in r4["metrics"] and r4["chance"]["top5"] is None
+
+
+def test_template_sets_files_and_class_prompts(model_dir, colors, tmp_path):
+    from vltool.templates import load_templates, template_names
+
+    assert {"photo", "openai-imagenet", "fff-cifar", "fff-food101", "fff-caltech101", "fff-cars", "fff-dtd", "fff-sun397", "fff-imagenet"} <= set(template_names())
+    assert len(load_templates("openai-imagenet")[1]) == 80 and load_templates("fff-imagenet")[1] == load_templates("openai-imagenet")[1]
+    f = tmp_path / "t.txt"
+    f.write_text("a {c} thing\n\n# a comment\nthe {label}.\n")
+    r = zeroshot(colors, cfg(model_dir, templates=str(f)), where=["split=test"])
+    assert r["protocol"]["template_list"] == ["a {} thing", "the {}."] and r["stats"]["prompts"] == 12
+    bad = tmp_path / "bad.txt"
+    bad.write_text("no placeholder\n")
+    with pytest.raises(UsageError, match="exactly one"):
+        zeroshot(colors, cfg(model_dir, templates=str(bad)))
+    prompts = tmp_path / "p.json"
+    prompts.write_text(json.dumps({"red": ["a red square", "crimson"], "blue": ["a blue square"]}))
+    r = zeroshot(colors, cfg(model_dir, class_prompts=str(prompts)), where=["split=test"])
+    assert r["stats"]["prompts"] == 3 + 4 and r["protocol"]["class_prompts"]["red"] == ["a red square", "crimson"]
+    prompts.write_text(json.dumps({"crimson": ["a red square"]}))
+    with pytest.raises(UsageError, match="not classes"):
+        zeroshot(colors, cfg(model_dir, class_prompts=str(prompts)))
+
+
+@pytest.mark.skipif(not __import__("importlib").util.find_spec("clip_benchmark"), reason="clip-benchmark not installed")
+def test_template_sets_equal_clip_benchmark():
+    import importlib.resources
+
+    from vltool.templates import load_templates
+
+    ref = json.loads((importlib.resources.files("clip_benchmark") / "datasets" / "en_zeroshot_classification_templates.json").read_text())
+    pairs = {"fff-cifar": "cifar10", "fff-food101": "food101", "fff-caltech101": "caltech101", "fff-cars": "cars",
+             "fff-dtd": "dtd", "fff-sun397": "sun397", "openai-imagenet": "imagenet1k"}
+    for ours, theirs in pairs.items():
+        assert load_templates(ours)[1] == [t.replace("{c}", "{}") for t in ref[theirs]], ours
+    assert ref["cifar100"] == ref["cifar10"]
+
+
+def test_classnames_file(model_dir, colors, tmp_path):
+    f = tmp_path / "names.txt"
+    f.write_text("\n".join(f"{c} colour" for c in COLORS) + "\n")
+    r = zeroshot(colors, cfg(model_dir, classnames=str(f)), where=["split=test"])
+    assert r["classnames"][0] == "red colour"
+    f.write_text("red\ngreen\n")
+    with pytest.raises(UsageError, match="6 classes"):
+        zeroshot(colors, cfg(model_dir, classnames=str(f)))
+
+
+def test_multilabel_gives_map(model_dir, tmp_path):
+    import datasets
+    path = make_colors(tmp_path / "ml", per_class=3, multilabel=True)
+    r = zeroshot(path, cfg(model_dir, label_column="labels"))
+    assert set(r["metrics"]) == {"mAP"} and r["task"] == "zeroshot-multilabel"
+    e = r["metrics"]["mAP"]
+    assert 0 <= e["value"] <= 1 and e["ci_low"] <= e["ci_high"]
+    y = np.zeros((18, 6), bool)
+    for i, labs in enumerate(datasets.load_from_disk(path)["labels"]):
+        y[i, labs] = True
+    assert e["chance"] == pytest.approx(y.mean(axis=0).mean())  # mean prevalence (every class has positives)
+    aps = [p["ap"] for p in r["per_class"]]
+    assert e["value"] == pytest.approx(np.mean(aps))
+    assert all(0 <= a <= 1 for a in aps)
+
+
+def test_validation_reports_every_problem(model_dir):
+    with pytest.raises(UsageError) as e:
+        zeroshot("emoji", ZeroshotConfig(model="", templates="nope", bootstrap=-1, classnames="/no/such"))
+    msg = str(e.value)
+    for part in ("--model is required", "--templates 'nope'", "--bootstrap", "--classnames /no/such"):
+        assert part in msg
+
+
+def test_cli_json_and_table(cli, model_dir, colors):
+    r = cli("zeroshot", colors, "--model", model_dir, "--where", "split=test", "--bootstrap", "20", "--json", "--no-progress")
+    assert r.exit_code == 0, r.output
+    rec = json.loads(r.stdout)
+    assert rec["command"] == "zeroshot" and "top1" in rec["metrics"]
+    t = cli("zeroshot", colors, "--model", model_dir, "--where", "split=test", "--bootstrap", "20", "--per-class", "--no-progress")
+    assert t.exit_code == 0 and "top1" in t.stdout and "95% CI" in t.stdout and "per class" in t.stdout
+    bad = cli("zeroshot", colors, "--model", model_dir + "_missing")
+    assert bad.exit_code == 2 and "error:" in bad.stderr
+
+
+@pytest.mark.slow
+def test_two_processes_under_accelerate_give_the_same_results(model_dir, colors, tmp_path):
+    """`accelerate launch -m vltool zeroshot` with 2 CPU processes: one table, the same numbers as 1 process."""
+    import os
+    import subprocess
+    import sys
+
+    args = ["zeroshot", colors, "--model", model_dir, "--bootstrap", "20", "--json", "--no-progress", "--batch-size", "4"]
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    one = subprocess.run([sys.executable, "-m", "vltool", *args, "--cache-dir", str(tmp_path / "c1")], capture_output=True, text=True, env=env, check=True)
+    two = subprocess.run(
+        [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+         "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "vltool", *args, "--cache-dir", str(tmp_path / "c2")],
+        capture_output=True, text=True, env=env, check=True,
+    )
+    a, b = json.loads(one.stdout), json.loads(two.stdout)  # only the main process prints
+    assert a["stats"]["processes"] == 1 and b["stats"]["processes"] == 2
+    assert a["metrics"] == b["metrics"] and a["stats"]["cache"]["images"]["key"] == b["stats"]["cache"]["images"]["key"]

@@ -1,0 +1,145 @@
+"""The embedding cache every encoding command shares (docs/conventions.md, "The embedding cache").
+
+    <cache-dir>/embeddings/<key>.npy    the embeddings, float32 (rows, dim), in the order of the rows
+    <cache-dir>/embeddings/<key>.json   what the key is made of, and what the array must look like
+
+The key is the SHA-256 of a canonical JSON of five parts: the model's weight fingerprint, the dataset
+fingerprint (of the dataset on disk, before --where), the row filter (--split and the --where clauses,
+sorted: their order does not change the rows), the column encoded, and the preprocessing (image size and
+normalisation, or the tokenizer; plus which features, e.g. before the projection). Any change of any part
+is a different key, so a stale entry is never read; an entry is never modified, only written whole.
+
+Writes go through a temporary file and a rename, the `.npy` first and the `.json` last: an entry is
+complete when its `.json` exists. A reader checks the array against the `.json` (shape, dtype, the
+digest of the row ids) and treats any mismatch or unreadable file as a miss. Deleting the whole
+directory, or any entry, is always safe.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from vltool import __version__
+
+SUBDIR = "embeddings"
+KEY_VERSION = 1  # bump when what an entry holds changes meaning
+
+
+def canonical(obj: Any) -> str:
+    """A canonical JSON text: sorted keys, no whitespace, tuples as lists."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str, ensure_ascii=False)
+
+
+def ids_digest(ids: Sequence[str]) -> str:
+    """SHA-256 of the row ids in order: what rows an array holds, and in which order."""
+    h = hashlib.sha256()
+    for i in ids:
+        h.update(str(i).encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def texts_digest(texts: Sequence[str]) -> str:
+    return ids_digest(texts)
+
+
+def row_filter(split: str | None, where: Sequence[str]) -> dict:
+    """The row filter part of a key: --split and the --where clauses, order-free."""
+    return {"split": split, "where": sorted(str(w) for w in where)}
+
+
+@dataclass(frozen=True)
+class CacheKey:
+    """The five parts of a key; `digest` is the file name."""
+
+    model: str  # the model's weight fingerprint
+    dataset: str  # dataset fingerprint (or the digest of a list of texts)
+    rows: dict  # row filter: {"split", "where"}
+    column: str  # the column encoded ("image", "caption", "captions", or "<prompts>")
+    preprocessing: dict  # image transform or tokenizer, and which features
+
+    def parts(self) -> dict:
+        return {
+            "key_version": KEY_VERSION,
+            "model": self.model,
+            "dataset": self.dataset,
+            "rows": self.rows,
+            "column": self.column,
+            "preprocessing": self.preprocessing,
+        }
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(canonical(self.parts()).encode()).hexdigest()
+
+
+class EmbeddingCache:
+    """`<cache_dir>/embeddings/`. `cache_dir=None` means `$VLTOOL_CACHE`, else `~/.cache/vltool`."""
+
+    def __init__(self, cache_dir: str | Path | None = None):
+        from vltool.io import default_cache_dir
+
+        self.root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+        self.dir = self.root / SUBDIR
+
+    def paths(self, key: CacheKey) -> tuple[Path, Path]:
+        d = key.digest
+        return self.dir / f"{d}.npy", self.dir / f"{d}.json"
+
+    def get(self, key: CacheKey, *, rows: int | None = None, ids: str | None = None) -> np.ndarray | None:
+        """The cached array, or None (missing, incomplete, or not matching `rows` / the ids digest)."""
+        npy, meta_path = self.paths(key)
+        if not meta_path.is_file() or not npy.is_file():
+            return None
+        try:
+            meta = json.loads(meta_path.read_text())
+            arr = np.load(npy, allow_pickle=False)
+        except (OSError, ValueError, json.JSONDecodeError):
+            return None
+        if list(arr.shape) != meta.get("shape") or str(arr.dtype) != meta.get("dtype"):
+            return None
+        if meta.get("key") != key.parts():
+            return None  # a hash collision or a hand-edited file: never trust it
+        if rows is not None and arr.shape[0] != rows:
+            return None
+        if ids is not None and meta.get("ids_sha256") not in (None, ids):
+            return None
+        return arr
+
+    def put(self, key: CacheKey, arr: np.ndarray, *, ids: str | None = None, extra: dict | None = None) -> Path:
+        """Write an entry atomically (the array, then the description that completes it)."""
+        arr = np.ascontiguousarray(arr)
+        npy, meta_path = self.paths(key)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tag = uuid.uuid4().hex[:8]
+        tmp_npy = self.dir / f".{npy.stem}.tmp-{tag}.npy"
+        tmp_meta = self.dir / f".{meta_path.stem}.tmp-{tag}.json"
+        meta = {
+            "key": key.parts(),
+            "digest": key.digest,
+            "shape": list(arr.shape),
+            "dtype": str(arr.dtype),
+            "ids_sha256": ids,
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "vltool_version": __version__,
+            **(extra or {}),
+        }
+        try:
+            with open(tmp_npy, "wb") as f:
+                np.save(f, arr, allow_pickle=False)
+            os.replace(tmp_npy, npy)
+            tmp_meta.write_text(json.dumps(meta, indent=2, default=str, ensure_ascii=False) + "\n")
+            os.replace(tmp_meta, meta_path)
+        finally:
+            tmp_npy.unlink(missing_ok=True)
+            tmp_meta.unlink(missing_ok=True)
+        return npy

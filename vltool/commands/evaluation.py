@@ -1,0 +1,51 @@
+"""Options shared by the evaluation commands (zeroshot, retrieve, probe), spelled once. Not a command."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+EVAL_PANEL = "Evaluation"
+
+EvalModelOpt = Annotated[
+    str,
+    typer.Option(
+        "--model",
+        help="The model: a vltool RUN_DIR (or RUN_DIR/model) from `vltool pretrain`, open_clip:ARCH with "
+        "--pretrained LOCAL_FILE, or local-dir:PATH (open_clip's local-dir layout). Nothing is downloaded.",
+        show_default=False,
+    ),
+]
+PretrainedOpt = Annotated[
+    Optional[str], typer.Option("--pretrained", help="Local open_clip weights file for --model open_clip:ARCH.")
+]
+BootstrapOpt = Annotated[
+    int, typer.Option("--bootstrap", min=0, help="Bootstrap resamples for the 95% intervals (0: none).", rich_help_panel=EVAL_PANEL)
+]
+ResultsOutOpt = Annotated[
+    Optional[Path], typer.Option("--out", "-o", help="Write the results JSON (metrics, intervals, chance, protocol, provenance) here.")
+]
+EncodeBatchOpt = Annotated[int, typer.Option("--batch-size", min=1, help="Images per encoding batch.")]
+DecodeProcOpt = Annotated[int, typer.Option("--num-proc", min=1, help="Threads decoding and preprocessing images ahead of the model.")]
+DebiasOpt = Annotated[
+    Optional[Path],
+    typer.Option("--debias", help="A concept subspace from `vltool debias --out`: remove it from the image embeddings.", rich_help_panel=EVAL_PANEL),
+]
+DebiasTextOpt = Annotated[bool, typer.Option("--debias-text", help="With --debias: edit the text embeddings too.", rich_help_panel=EVAL_PANEL)]
+NoProgressOpt = Annotated[bool, typer.Option("--no-progress", help="No progress bars on stderr.")]
+
+
+def emit(record: dict, title: str, as_json: bool) -> None:
+    """The results on stdout: JSON, or the table (on the main process only under accelerate)."""
+    from vltool.evaluation import is_main, print_table
+
+    if not is_main():
+        return
+    if as_json:
+        from vltool.console import print_json
+
+        print_json(record)
+        return
+    print_table(record, title)

@@ -1,0 +1,68 @@
+"""`vltool retrieve`: the Typer layer. The work is vltool.retrieve.retrieve."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from vltool.commands.common import CacheDirOpt, DataArg, JsonOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors
+from vltool.commands.evaluation import (
+    BootstrapOpt, DecodeProcOpt, EncodeBatchOpt, EvalModelOpt, DebiasOpt, DebiasTextOpt, NoProgressOpt, PretrainedOpt, ResultsOutOpt, emit,
+)
+
+HELP = """Image-to-text and text-to-image retrieval: Recall@K, mean and median rank.
+
+Each row is an image and its text(s) from --text-column: a string column, or a list column such as
+`captions`, where every text of an image is a correct match and image-to-text counts a hit when any of
+them is in the top K (CLIP_benchmark's rule; COCO and Flickr30k have 5 captions per image). Ranks are
+counted block by block, never from the full similarity matrix. Each metric comes with a 95% bootstrap
+interval (resampling images with all their texts) and the score of a random ranking (chance).
+
+Examples:
+
+  vltool retrieve emoji --where split=test --model runs/tiny
+
+  vltool retrieve emoji --where split=test --model runs/tiny --text-column captions --recall-k 1,5,10 --out r.json
+
+  vltool retrieve coco_5k --model local-dir:runs/tiny/open_clip --json
+"""
+
+
+def retrieve_command(
+    data: DataArg,
+    model: EvalModelOpt,
+    pretrained: PretrainedOpt = None,
+    text_column: Annotated[str, typer.Option("--text-column", help="Text column: a string, or a list of strings per image (e.g. captions).")] = "caption",
+    recall_k: Annotated[str, typer.Option("--recall-k", help="The K of Recall@K, comma-separated.")] = "1,5,10",
+    bootstrap: BootstrapOpt = 1000,
+    seed: SeedOpt = 0,
+    where: WhereOpt = None,
+    split: SplitOpt = None,
+    batch_size: EncodeBatchOpt = 64,
+    num_proc: DecodeProcOpt = 1,
+    block_mb: Annotated[int, typer.Option("--block-mb", min=1, help="Memory of one block of scores in the ranking pass (MiB).")] = 64,
+    cache_dir: CacheDirOpt = None,
+    out: ResultsOutOpt = None,
+    overwrite: OverwriteOpt = False,
+    as_json: JsonOpt = False,
+    debias: DebiasOpt = None,
+    debias_text: DebiasTextOpt = False,
+    no_progress: NoProgressOpt = False,
+) -> None:
+    from vltool.retrieve import RetrieveConfig, retrieve
+
+    config = RetrieveConfig(
+        model=model, pretrained=pretrained, text_column=text_column, recall_k=recall_k, bootstrap=bootstrap, seed=seed,
+        batch_size=batch_size, num_proc=num_proc, block_mb=block_mb, cache_dir=str(cache_dir) if cache_dir else None,
+        progress=not no_progress, debias=str(debias) if debias else None, debias_text=debias_text,
+    )
+    record = retrieve(data, config, where=where or [], split=split, out=out, overwrite=overwrite)
+    d = record["data"]
+    emit(record, f"retrieve {data} ({d['images']:,} images, {d['texts']:,} texts from {d['text_column']!r})", as_json)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("retrieve", help=HELP, short_help="Image-text retrieval: Recall@K and ranks.")(
+        handle_errors(retrieve_command)
+    )

@@ -1,0 +1,104 @@
+"""`vltool zeroshot`: the Typer layer. The work is vltool.zeroshot.zeroshot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from vltool.commands.common import CacheDirOpt, DataArg, JsonOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors
+from vltool.commands.evaluation import (
+    BootstrapOpt, DecodeProcOpt, EncodeBatchOpt, EvalModelOpt, DebiasOpt, DebiasTextOpt, NoProgressOpt, PretrainedOpt, ResultsOutOpt, emit,
+)
+
+HELP = """Zero-shot classification: each image goes to the class whose prompt embedding is closest.
+
+A class embedding is the renormalised mean of the L2-normalised embeddings of its prompts: --templates
+filled with the class name (the `label` ClassLabel names, or --classnames FILE), or its own prompts from
+--class-prompts FILE (JSON: class name -> list of prompts). Template sets: photo ("a photo of a {}."),
+openai-imagenet (CLIP's 80), fff-cifar, fff-food101, fff-caltech101, fff-cars, fff-dtd, fff-sun397,
+fff-imagenet (FFF's appendix); or a file with one template per line using {}.
+
+Metrics (CLIP_benchmark's): top-1, top-5 (with at least 5 classes), mean per-class recall; with a
+multi-label `labels` column, mean average precision. Each comes with a 95% bootstrap interval and its
+chance level. Image embeddings go through the embedding cache (--cache-dir).
+
+Examples:
+
+  vltool zeroshot emoji --where split=test --model runs/tiny
+
+  vltool zeroshot emoji --where split=test --model runs/tiny --templates openai-imagenet --out zs.json
+
+  vltool zeroshot my_data --model open_clip:RN50 --pretrained RN50.pt --class-prompts cupl.json --per-class
+"""
+
+
+def zeroshot_command(
+    data: DataArg,
+    model: EvalModelOpt,
+    pretrained: PretrainedOpt = None,
+    templates: Annotated[str, typer.Option("--templates", help="Template set name or file (one template per line, {} for the class name).")] = "photo",
+    classnames: Annotated[Optional[Path], typer.Option("--classnames", help="Class names, one per line in label order [default: the ClassLabel names].")] = None,
+    class_prompts: Annotated[Optional[Path], typer.Option("--class-prompts", help="JSON {class name: [prompts]}; classes it lacks use --templates.")] = None,
+    label_column: Annotated[Optional[str], typer.Option("--label-column", help="Label column [default: label, else labels (multi-label)].")] = None,
+    per_class: Annotated[bool, typer.Option("--per-class", help="Print the per-class table too.")] = False,
+    bootstrap: BootstrapOpt = 1000,
+    seed: SeedOpt = 0,
+    where: WhereOpt = None,
+    split: SplitOpt = None,
+    batch_size: EncodeBatchOpt = 64,
+    num_proc: DecodeProcOpt = 1,
+    cache_dir: CacheDirOpt = None,
+    out: ResultsOutOpt = None,
+    overwrite: OverwriteOpt = False,
+    as_json: JsonOpt = False,
+    debias: DebiasOpt = None,
+    debias_text: DebiasTextOpt = False,
+    no_progress: NoProgressOpt = False,
+) -> None:
+    from vltool.zeroshot import ZeroshotConfig, zeroshot
+
+    config = ZeroshotConfig(
+        model=model, pretrained=pretrained, templates=templates,
+        classnames=str(classnames) if classnames else None, class_prompts=str(class_prompts) if class_prompts else None,
+        label_column=label_column, per_class=per_class, bootstrap=bootstrap, seed=seed, batch_size=batch_size,
+        num_proc=num_proc, cache_dir=str(cache_dir) if cache_dir else None, progress=not no_progress, debias=str(debias) if debias else None, debias_text=debias_text,
+    )
+    record = zeroshot(data, config, where=where or [], split=split, out=out, overwrite=overwrite)
+    n_cls = len(record["classnames"])
+    p = record["protocol"]
+    prompts = f"class prompts {p['class_prompts_file']}" if p["class_prompts_file"] else f"templates {p['templates']}"
+    emit(record, f"zeroshot {data} ({record['data']['rows_evaluated']:,} images, {n_cls} classes, {prompts})", as_json)
+    if per_class and not as_json:
+        print_per_class(record)
+
+
+def print_per_class(record: dict) -> None:
+    from rich.table import Table
+
+    from vltool.console import out as stdout
+    from vltool.evaluation import is_main
+
+    if not is_main():
+        return
+    rows = record["per_class"]
+    multilabel = rows and "ap" in rows[0]
+    t = Table(title="per class", show_header=True)
+    t.add_column("class")
+    t.add_column("positives" if multilabel else "images", justify="right")
+    cols = ["ap"] if multilabel else [c for c in ("top1", "top5") if c in rows[0]]
+    for c in cols:
+        t.add_column(c, justify="right")
+    for r in rows:
+        n = r["positives"] if multilabel else r["support"]
+        if n == 0:
+            continue
+        t.add_row(r["class"], str(n), *["-" if r[c] is None else f"{100 * r[c]:.1f}%" for c in cols])
+    stdout.print(t)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("zeroshot", help=HELP, short_help="Zero-shot classification with prompt templates.")(
+        handle_errors(zeroshot_command)
+    )

@@ -1,0 +1,419 @@
+"""Encode a dataset's images or texts with a loaded model, through the embedding cache (vltool.cache).
+
+    from vltool.encode import encode_images, encode_texts, encode_prompts
+    img = encode_images(m, data, cache=EmbeddingCache(cache_dir))   # Encoded: (N, D) float32 + bad mask
+    txt = encode_texts(m, data, column="captions", cache=...)       # (T, D) + owner (T,) row of each text
+
+- Batches of `batch_size` rows; the next batches are decoded and preprocessed in background threads
+  while the model encodes the current one. A progress bar goes to stderr.
+- Under `accelerate launch` each process encodes every world-th batch (global batch b goes to process
+  b % world), the pieces are gathered and put back in row order. Every batch holds the same rows whatever
+  the number of processes, so the result is the same as with one process, bit for bit.
+- An image that cannot be decoded gives a NaN row and is flagged in `bad`; callers drop those rows.
+- The embeddings of `features="post"` are the model's L2-normalised embeddings; `"pre"` are the image
+  features before the projection (not normalised), see `image_forward`.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from vltool import columns as C
+from vltool.cache import CacheKey, EmbeddingCache, ids_digest, row_filter, texts_digest
+from vltool.errors import UsageError, VltoolError
+
+FEATURES = ("post", "pre")
+PROMPTS_COLUMN = "<prompts>"  # the column name in the key of a list of texts that is not a dataset column
+
+
+@dataclass
+class Encoded:
+    """Embeddings of one column, and how they were obtained."""
+
+    embeddings: np.ndarray  # (N, D) float32, in row order (texts: in row order, then list order)
+    key: str  # the cache key (file name under <cache-dir>/embeddings/)
+    hit: bool  # read from the cache
+    seconds: float  # time to encode (or to read the cache)
+    owner: np.ndarray | None = None  # texts: (T,) int64 row index of each text
+    bad: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # images: (N,) undecodable
+
+    def summary(self) -> dict:
+        out = {"key": self.key, "hit": self.hit, "rows": int(self.embeddings.shape[0]), "dim": int(self.embeddings.shape[1]), "seconds": round(self.seconds, 3)}
+        if self.bad.size:
+            out["bad_images"] = int(self.bad.sum())
+        return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# Processes
+# ----------------------------------------------------------------------------------------------------
+
+
+def process_state():
+    """accelerate's PartialState: one process unless started by `accelerate launch`.
+
+    Without a GPU it is asked for CPU processes (as `Accelerator(cpu=True)`), so that
+    `accelerate launch --multi_gpu --num_processes N` runs N CPU processes over gloo.
+    """
+    import torch
+    from accelerate import PartialState
+
+    return PartialState(cpu=not torch.cuda.is_available())
+
+
+def encode_device():
+    """The device this process encodes on (accelerate's choice: its GPU under a launch, else CPU)."""
+    return process_state().device
+
+
+# ----------------------------------------------------------------------------------------------------
+# What a key is made of
+# ----------------------------------------------------------------------------------------------------
+
+
+def _tokenizer_description(m) -> dict:
+    """The tokenizer entry of the model config (what `Tokenizer.describe()` returns), read without loading it."""
+    if "tokenizer" in m.config:
+        return dict(m.config["tokenizer"])
+    tok = getattr(m, "tokenizer", None)
+    return tok.describe() if tok is not None and hasattr(tok, "describe") else {}
+
+
+def image_preprocessing(m, features: str = "post") -> dict:
+    return {"kind": "image", "transform": m.config.get("preprocess"), "features": features}
+
+
+def text_preprocessing(m) -> dict:
+    return {"kind": "text", "tokenizer": _tokenizer_description(m)}
+
+
+def dataset_key(m, data, column: str, preprocessing: dict) -> CacheKey:
+    """The key of `column` of the loaded dataset `data` (vltool.io.LoadedDataset) encoded by model `m`."""
+    return CacheKey(
+        model=m.fingerprint,
+        dataset=data.fingerprint,
+        rows=row_filter(data.split, data.where),
+        column=column,
+        preprocessing=preprocessing,
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+# Forward functions
+# ----------------------------------------------------------------------------------------------------
+
+
+def image_forward(m, features: str = "post") -> Callable:
+    """images (B,3,H,W) -> (B, D) float32 on CPU.
+
+    post: `m.encode_image` (after the projection, L2-normalised).
+    pre:  before the projection, not normalised: a torchvision trunk's pooled features; an open_clip ViT's
+          pooled token without `visual.proj`; an open_clip ModifiedResNet's layer4 averaged over space
+          (its attention pool is the projection).
+    """
+    import torch
+
+    if features not in FEATURES:
+        raise UsageError(f"--features {features!r}: use pre or post")
+    if features == "post":
+        def post(x):
+            return m.encode_image(x).float().cpu()
+
+        return post
+    model, device = m.model, m.device
+    v = model.visual
+
+    @torch.no_grad()
+    def pre(x):
+        x = x.to(device)
+        if hasattr(v, "transformer") and hasattr(v, "proj"):  # open_clip VisionTransformer
+            proj = v.proj
+            v.proj = None
+            try:
+                f = v(x)
+            finally:
+                v.proj = proj
+        elif hasattr(v, "attnpool") and hasattr(v, "layer4"):  # open_clip ModifiedResNet
+            h = v.layer4(v.layer3(v.layer2(v.layer1(v.stem(x)))))  # (B, W, h, w)
+            f = h.mean(dim=(2, 3))
+        elif hasattr(model, "image_trunk"):
+            f = model.image_trunk(x)
+        else:
+            raise VltoolError("this model gives no features before its projection; use --features post")
+        if isinstance(f, tuple):
+            f = f[0]
+        return f.float().cpu()
+
+    return pre
+
+
+def decode_image(value) -> Any:
+    """datasets' undecoded image ({bytes, path}) -> RGB PIL image (as training reads it), or None."""
+    from PIL import Image
+
+    try:
+        if value is None:
+            return None
+        if value.get("bytes") is not None:
+            im = Image.open(io.BytesIO(value["bytes"]))
+        elif value.get("path"):
+            im = Image.open(value["path"])
+        else:
+            return None
+        im.load()
+        return im.convert("RGB")
+    except Exception:
+        return None
+
+
+# ----------------------------------------------------------------------------------------------------
+# The batched, multi-process loop
+# ----------------------------------------------------------------------------------------------------
+
+
+def run_batches(
+    n: int,
+    batch_size: int,
+    prepare: Callable[[int, int], Any],
+    forward: Callable[[Any], Any],
+    *,
+    label: str = "encoding",
+    progress: bool = True,
+    workers: int = 1,
+) -> np.ndarray:
+    """Rows [0, n) in batches of `batch_size`: forward(prepare(a, b)) -> (b - a, D); returns (n, D) float32.
+
+    `prepare` runs in `workers` background threads, a few batches ahead of `forward`. Under accelerate,
+    process r handles global batches r, r + world, ...; the result is gathered in row order on every process.
+    """
+    state = process_state()
+    world, rank = state.num_processes, state.process_index
+    n_batches = math.ceil(n / batch_size) if n else 0
+    mine = list(range(rank, n_batches, world))
+    bounds = [(b * batch_size, min(n, (b + 1) * batch_size)) for b in mine]
+    pieces: list[tuple[int, np.ndarray]] = []
+    bar = _progress(label, n, enabled=progress and state.is_main_process)
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+            ahead = max(2, workers + 1)
+            futures = [pool.submit(prepare, a, b) for a, b in bounds[:ahead]]
+            for i, (b_idx, (a, b)) in enumerate(zip(mine, bounds)):
+                batch = futures[i].result()
+                futures[i] = None  # free the prepared batch
+                if i + ahead < len(bounds):
+                    futures.append(pool.submit(prepare, *bounds[i + ahead]))
+                out = forward(batch)
+                out = out.numpy() if hasattr(out, "numpy") else np.asarray(out)
+                pieces.append((b_idx, np.asarray(out, dtype=np.float32)))
+                if bar is not None:
+                    bar[0].advance(bar[1], (b - a) * world)
+    finally:
+        if bar is not None:
+            bar[0].stop()
+    if world > 1:
+        from accelerate.utils import gather_object
+
+        pieces = gather_object(pieces)
+    pieces.sort(key=lambda p: p[0])
+    if not pieces:
+        return np.zeros((0, 0), np.float32)
+    out = np.concatenate([p for _, p in pieces])
+    if out.shape[0] != n:
+        raise VltoolError(f"internal error: encoded {out.shape[0]} rows, expected {n}")
+    return out
+
+
+def _progress(label: str, total: int, enabled: bool):
+    if not enabled or total == 0:
+        return None
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from vltool.console import err
+
+    prog = Progress(
+        TextColumn(f"[bold]{label}[/]"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+        console=err, transient=False,
+    )
+    task = prog.add_task(label, total=total)
+    prog.start()
+    return prog, task
+
+
+def _through_cache(cache: EmbeddingCache | None, key: CacheKey, ids: str, rows: int, compute: Callable[[], np.ndarray], extra: dict) -> tuple[np.ndarray, bool, float]:
+    t0 = time.perf_counter()
+    state = process_state()
+    arr = cache.get(key, rows=rows, ids=ids) if cache is not None else None
+    if state.num_processes > 1:  # every process encodes its share, or none does (another job may be writing)
+        from accelerate.utils import gather_object
+
+        if not all(gather_object([arr is not None])):
+            arr = None
+    if arr is not None:
+        return arr, True, time.perf_counter() - t0
+    arr = compute()
+    if cache is not None and state.is_main_process:
+        cache.put(key, arr, ids=ids, extra=extra)
+    if state.num_processes > 1:
+        state.wait_for_everyone()
+    return arr, False, time.perf_counter() - t0
+
+
+# ----------------------------------------------------------------------------------------------------
+# Public API
+# ----------------------------------------------------------------------------------------------------
+
+
+def encode_images(
+    m,
+    data,
+    *,
+    column: str = C.IMAGE,
+    features: str = "post",
+    cache: EmbeddingCache | None = None,
+    batch_size: int = 64,
+    workers: int = 1,
+    progress: bool = True,
+) -> Encoded:
+    """Embeddings of every image of `data` (a vltool.io.LoadedDataset), in row order."""
+    import datasets
+    import torch
+
+    ds = data.dataset
+    if column not in ds.column_names:
+        raise UsageError(f"{data.spec!r} has no column {column!r} (it has: {', '.join(ds.column_names)})")
+    n = len(ds)
+    key = dataset_key(m, data, column, image_preprocessing(m, features))
+    ids = ids_digest(ds[C.ID]) if C.ID in ds.column_names else None
+    raw = ds.select_columns([column])
+    if isinstance(raw.features[column], datasets.Image):
+        raw = raw.cast_column(column, datasets.Image(decode=False))
+    size = int(m.config.get("preprocess", {}).get("size", 224))
+    bad_rows: list[int] = []
+
+    def compute():
+        forward = image_forward(m, features)  # the model is needed (and built, if lazy) only here
+        preprocess = m.preprocess
+
+        def prepare(a: int, b: int):
+            values = raw[a:b][column]
+            xs = []
+            for j, v in enumerate(values):
+                im = decode_image(v) if isinstance(v, dict) or v is None else _as_rgb(v)
+                if im is None:
+                    bad_rows.append(a + j)
+                    xs.append(torch.zeros(3, size, size))
+                else:
+                    xs.append(preprocess(im))
+            return torch.stack(xs)
+
+        with torch.inference_mode():
+            emb = run_batches(n, batch_size, prepare, forward, label=f"encoding {n:,} images", progress=progress, workers=workers)
+        bad = _gather_rows(bad_rows)
+        if bad:
+            emb[np.asarray(sorted(bad))] = np.nan
+        return emb
+
+    emb, hit, secs = _through_cache(cache, key, ids, n, compute, {"spec": data.spec, "model_source": getattr(m, "source", "")})
+    bad = np.isnan(emb).any(axis=1) if emb.size else np.zeros(n, bool)
+    return Encoded(emb, key.digest, hit, secs, bad=bad)
+
+
+def _as_rgb(v):
+    try:
+        return v.convert("RGB")
+    except Exception:
+        return None
+
+
+def _gather_rows(rows: list[int]) -> list[int]:
+    state = process_state()
+    if state.num_processes == 1:
+        return list(rows)
+    from accelerate.utils import gather_object
+
+    return list(gather_object(list(rows)))
+
+
+def text_owner(values: Sequence) -> tuple[list[str], np.ndarray]:
+    """A text column's values (strings, or lists of strings) -> flat texts and the row of each."""
+    texts: list[str] = []
+    owner: list[int] = []
+    for i, v in enumerate(values):
+        if v is None:
+            continue
+        if isinstance(v, str):
+            texts.append(v)
+            owner.append(i)
+        else:
+            for t in v:
+                if t is None:
+                    continue
+                texts.append(str(t))
+                owner.append(i)
+    return texts, np.asarray(owner, dtype=np.int64)
+
+
+def _encode_text_list(m, texts: list[str], batch_size: int, label: str, progress: bool) -> np.ndarray:
+    import torch
+
+    def prepare(a: int, b: int):
+        return m.tokenize(texts[a:b])
+
+    def forward(tokens):
+        return m.encode_text(tokens).float().cpu()
+
+    with torch.inference_mode():
+        return run_batches(len(texts), batch_size, prepare, forward, label=label, progress=progress, workers=1)
+
+
+def encode_texts(
+    m,
+    data,
+    *,
+    column: str = C.CAPTION,
+    cache: EmbeddingCache | None = None,
+    batch_size: int = 256,
+    progress: bool = True,
+) -> Encoded:
+    """Embeddings of a text column (strings, or lists of strings such as `captions`); `owner` maps texts to rows."""
+    ds = data.dataset
+    if column not in ds.column_names:
+        raise UsageError(f"{data.spec!r} has no text column {column!r} (it has: {', '.join(ds.column_names)})")
+    texts, owner = text_owner(ds[column])
+    if not texts:
+        raise UsageError(f"column {column!r} of {data.spec!r} holds no text in the selected rows")
+    key = dataset_key(m, data, column, text_preprocessing(m))
+    ids = texts_digest(texts)
+    emb, hit, secs = _through_cache(
+        cache, key, ids, len(texts),
+        lambda: _encode_text_list(m, texts, batch_size, f"encoding {len(texts):,} texts", progress),
+        {"spec": data.spec, "model_source": getattr(m, "source", "")},
+    )
+    return Encoded(emb, key.digest, hit, secs, owner=owner)
+
+
+def encode_prompts(
+    m,
+    texts: Sequence[str],
+    *,
+    cache: EmbeddingCache | None = None,
+    batch_size: int = 256,
+    progress: bool = True,
+) -> Encoded:
+    """Embeddings of a list of texts that is not a dataset column (class prompts), keyed by their digest."""
+    texts = [str(t) for t in texts]
+    digest = texts_digest(texts)
+    key = CacheKey(model=m.fingerprint, dataset=digest, rows=row_filter(None, ()), column=PROMPTS_COLUMN, preprocessing=text_preprocessing(m))
+    emb, hit, secs = _through_cache(
+        cache, key, digest, len(texts),
+        lambda: _encode_text_list(m, texts, batch_size, f"encoding {len(texts):,} prompts", progress),
+        {"model_source": getattr(m, "source", "")},
+    )
+    return Encoded(emb, key.digest, hit, secs)

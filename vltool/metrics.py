@@ -1,0 +1,447 @@
+"""Evaluation metrics, their bootstrap intervals and their chance levels (docs/evaluation.md).
+
+Definitions follow CLIP_benchmark (`clip_benchmark.metrics`), the field's reference:
+- top-k accuracy: the true class is among the k highest scores;
+- mean per-class recall: scikit-learn's `balanced_accuracy_score` of the arg-max prediction (the mean, over
+  the classes present in the targets, of the fraction of their items predicted right);
+- mean average precision (multi-label): the mean over classes of the average precision, precision at each
+  positive's rank averaged over the positives;
+- retrieval Recall@K: a query is a hit when at least one of its correct items is among the K best
+  (CLIP_benchmark's `recall_at_k(...) > 0`); the metric is the fraction of queries that are hits.
+
+Ranks are found by counting, never by sorting: for each query, `greater` = how many wrong items score
+above its best correct item, `tied` = how many wrong items score the same. Ties are broken uniformly at
+random and a metric is its expectation over that draw, so a model whose scores are all equal sits at
+chance level instead of scoring 100% (with no ties this is exactly CLIP_benchmark's number). Scores are
+computed in float64 from the float32 embeddings, so the score of one pair is the same (to ~1e-15) in
+every product it takes part in; two scores within `TIE_TOL` are tied.
+
+Average precision is scikit-learn's `average_precision_score` definition (tied scores form one threshold);
+without ties it equals CLIP_benchmark's. Classes with no positive item are left out of the mean.
+
+Bootstrap: resample the evaluated units (images) with replacement, recompute every metric, report the
+2.5th and 97.5th percentiles (`bootstrap`). A replicate is a weight vector (how often each unit was drawn),
+so no metric needs the resampled data copied.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+TIE_TOL = 1e-10  # |a - b| <= TIE_TOL is a tie; float64 scores of unit vectors are accurate to ~1e-15
+DEFAULT_BLOCK_BYTES = 64 * 2**20  # size of one block of scores in the chunked retrieval loop
+
+
+# ----------------------------------------------------------------------------------------------------
+# Ties
+# ----------------------------------------------------------------------------------------------------
+
+_lgamma = np.vectorize(math.lgamma, otypes=[np.float64])  # (scipy.special.gammaln costs 0.6 s to import)
+
+
+def gammaln(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float64)
+    return _lgamma(x) if x.size else x
+
+
+def hit_probability(greater: np.ndarray, tied: np.ndarray, k: int, tied_pos: np.ndarray | int = 1) -> np.ndarray:
+    """P(a correct item is in the top k) when ties are broken uniformly at random.
+
+    greater: wrong items above the best correct item; tied: wrong items tied with it; tied_pos (>= 1):
+    correct items tied with it, itself included. With m = k - greater free places, the tie block of
+    tied + tied_pos items fills them in random order: P(miss) = C(tied, m) / C(tied + tied_pos, m).
+    """
+    g = np.asarray(greater, dtype=np.float64)
+    t = np.asarray(tied, dtype=np.float64)
+    p = np.broadcast_to(np.asarray(tied_pos, dtype=np.float64), g.shape)
+    m = k - g
+    out = np.zeros(g.shape, dtype=np.float64)
+    full = m > t  # more free places than wrong tied items: a correct one is always in
+    out[full] = 1.0
+    part = (m >= 1) & ~full
+    if part.any():
+        mm, tt, pp = m[part], t[part], p[part]
+        log_miss = gammaln(tt + 1) - gammaln(tt - mm + 1) - gammaln(tt + pp + 1) + gammaln(tt + pp - mm + 1)
+        out[part] = 1.0 - np.exp(log_miss)
+    return out
+
+
+def expected_rank(greater: np.ndarray, tied: np.ndarray, tied_pos: np.ndarray | int = 1) -> np.ndarray:
+    """Expected 1-based rank of the first correct item under random tie-breaking."""
+    g = np.asarray(greater, dtype=np.float64)
+    return g + 1.0 + np.asarray(tied, dtype=np.float64) / (np.asarray(tied_pos, dtype=np.float64) + 1.0)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Classification
+# ----------------------------------------------------------------------------------------------------
+
+
+def finite_scores(scores: np.ndarray) -> np.ndarray:
+    """float64 scores with NaN (a diverged classifier) as the lowest score: NaNs tie, they never win."""
+    s = np.asarray(scores, dtype=np.float64)
+    if not np.isfinite(s).all():
+        s = np.nan_to_num(s, nan=-1e300, posinf=1e300, neginf=-1e300)
+    return s
+
+
+def class_ranks(scores: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """scores (N, C), target (N,) -> greater (N,), tied (N,): classes above / tied with the true class."""
+    s = finite_scores(scores)
+    true = s[np.arange(len(s)), target][:, None]  # (N, 1)
+    greater = (s > true + TIE_TOL).sum(axis=1)
+    tied = (np.abs(s - true) <= TIE_TOL).sum(axis=1) - 1
+    return greater, tied
+
+
+@dataclass
+class ClassificationItems:
+    """Per-item values from which every single-label metric (and its bootstrap) is computed."""
+
+    target: np.ndarray  # (N,) int
+    top1: np.ndarray  # (N,) P(hit) at k=1
+    top5: np.ndarray | None  # (N,) P(hit) at k=5; None with fewer than 5 classes
+    rank: np.ndarray  # (N,) expected rank of the true class
+    num_classes: int
+
+    @classmethod
+    def from_scores(cls, scores: np.ndarray, target: np.ndarray, num_classes: int | None = None) -> "ClassificationItems":
+        scores = np.asarray(scores)
+        target = np.asarray(target, dtype=np.int64)
+        c = int(num_classes if num_classes is not None else scores.shape[1])
+        greater, tied = class_ranks(scores, target)
+        top5 = hit_probability(greater, tied, 5) if c >= 5 else None
+        return cls(target, hit_probability(greater, tied, 1), top5, expected_rank(greater, tied), c)
+
+    def metrics(self, w: np.ndarray | None = None) -> dict[str, float]:
+        """The metrics on the items weighted by `w` (counts of a bootstrap draw; None = each once)."""
+        w = np.ones(len(self.target)) if w is None else np.asarray(w, dtype=np.float64)
+        total = w.sum()
+        out = {"top1": float(w @ self.top1 / total)}
+        if self.top5 is not None:
+            out["top5"] = float(w @ self.top5 / total)
+        out["mean_per_class_recall"] = mean_per_class_recall(self.top1, self.target, self.num_classes, w)
+        return out
+
+
+def mean_per_class_recall(hit: np.ndarray, target: np.ndarray, num_classes: int, w: np.ndarray | None = None) -> float:
+    """Mean over the classes present (with weight) of the weighted mean hit of their items."""
+    w = np.ones(len(target)) if w is None else w
+    n_c = np.bincount(target, weights=w, minlength=num_classes)
+    h_c = np.bincount(target, weights=w * hit, minlength=num_classes)
+    present = n_c > 0
+    return float(np.mean(h_c[present] / n_c[present])) if present.any() else float("nan")
+
+
+def per_class_recall(hit: np.ndarray, target: np.ndarray, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
+    """(recall (C,) with NaN for absent classes, support (C,))."""
+    n_c = np.bincount(target, minlength=num_classes).astype(np.float64)
+    h_c = np.bincount(target, weights=hit, minlength=num_classes)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(n_c > 0, h_c / np.maximum(n_c, 1), np.nan), n_c.astype(np.int64)
+
+
+class AveragePrecision:
+    """Per-class average precision of scores (N, C) against binary targets (N, C), for any item weights.
+
+    scikit-learn's definition: AP = sum over thresholds of (recall increase) x precision, where tied scores
+    form one threshold. With weights w (bootstrap counts), an item drawn w times counts w times; its copies
+    are tied with each other, so they share one threshold, as they would in the resampled data.
+    """
+
+    def __init__(self, scores: np.ndarray, targets: np.ndarray):
+        s = finite_scores(scores)
+        y = np.asarray(targets).astype(bool)
+        self.n, self.c = s.shape
+        self.order = np.argsort(-s, axis=0, kind="stable")  # (N, C) item indices, best first
+        s_sorted = np.take_along_axis(s, self.order, axis=0)
+        self.y_sorted = np.take_along_axis(y, self.order, axis=0)
+        # end[i, c]: the last position of the tie group position i belongs to
+        new_group_next = np.ones_like(s_sorted, dtype=bool)
+        new_group_next[:-1] = (s_sorted[:-1] - s_sorted[1:]) > TIE_TOL
+        idx = np.where(new_group_next, np.arange(self.n)[:, None], self.n)
+        self.end = np.minimum.accumulate(idx[::-1], axis=0)[::-1]
+        self.has_pos = y.any(axis=0)
+
+    def per_class(self, w: np.ndarray | None = None) -> np.ndarray:
+        """(C,) AP; NaN for classes with no positive (weighted) item."""
+        if w is None:
+            ws = np.ones((self.n, self.c))
+        else:
+            ws = np.asarray(w, dtype=np.float64)[self.order]  # (N, C)
+        pos = ws * self.y_sorted
+        cum_w = np.take_along_axis(np.cumsum(ws, axis=0), self.end, axis=0)
+        cum_p = np.take_along_axis(np.cumsum(pos, axis=0), self.end, axis=0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            prec = np.where(cum_w > 0, cum_p / np.where(cum_w > 0, cum_w, 1), 0.0)
+            total = pos.sum(axis=0)
+            ap = (pos * prec).sum(axis=0) / total
+        return np.where(total > 0, ap, np.nan)
+
+    def mean(self, w: np.ndarray | None = None) -> float:
+        ap = self.per_class(w)
+        return float(np.nanmean(ap)) if np.isfinite(ap).any() else float("nan")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Retrieval
+# ----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class QueryRanks:
+    """Per query: wrong items above the best correct item, wrong items tied with it, correct items tied."""
+
+    greater: np.ndarray  # (Q,) int64
+    tied: np.ndarray  # (Q,) int64
+    tied_pos: np.ndarray  # (Q,) int64, >= 1
+    n_candidates: int
+    n_positives: np.ndarray  # (Q,) correct items of each query
+
+    def hits(self, k: int) -> np.ndarray:
+        return hit_probability(self.greater, self.tied, k, self.tied_pos)
+
+    def rank(self) -> np.ndarray:
+        return expected_rank(self.greater, self.tied, self.tied_pos)
+
+
+def _csr(owner: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray]:
+    """owner (T,) group of each item -> (indptr (G+1,), items (T,) sorted by group)."""
+    order = np.argsort(owner, kind="stable")
+    counts = np.bincount(owner, minlength=n_groups)
+    return np.concatenate([[0], np.cumsum(counts)]), order
+
+
+def retrieval_ranks(
+    images: np.ndarray,
+    texts: np.ndarray,
+    owner: np.ndarray,
+    *,
+    block_bytes: int = DEFAULT_BLOCK_BYTES,
+    progress: Callable[[int], None] | None = None,
+    exact: bool = False,
+) -> tuple[QueryRanks, QueryRanks]:
+    """Counting ranks for image->text and text->image retrieval in one pass over blocks of scores.
+
+    images (N_i, D), texts (N_t, D) float32, owner (N_t,) the image of each text: text t is the correct match
+    of image owner[t] and of no other. Scores are computed block by block (a block of images x a block of
+    texts, about `block_bytes`); the full (N_i, N_t) matrix never exists. Each block updates both directions:
+    - image i: texts of other images scoring above / tied with i's best caption;
+    - text t: images other than owner[t] scoring above / tied with its image.
+
+    Every comparison is decided on float64 scores. The block product runs in float32 (twice as fast); a
+    score within `delta` of the threshold it is compared with, where `delta` bounds the float32 rounding
+    error of a D-term dot product (2 D 2^-24 |a| |b|), is recomputed exactly in float64. `exact=True` (and
+    any block where more than 2% of the scores need it) computes the whole block in float64 instead.
+    """
+    images = np.ascontiguousarray(images, dtype=np.float32)
+    texts = np.ascontiguousarray(texts, dtype=np.float32)
+    owner = np.asarray(owner, dtype=np.int64)
+    n_i, n_t = len(images), len(texts)
+    if n_t and (owner.min() < 0 or owner.max() >= n_i):
+        raise ValueError("owner holds an image index out of range")
+    n_pos = np.bincount(owner, minlength=n_i)
+    if (n_pos == 0).any():
+        raise ValueError("every image needs at least one text")
+    # the score of each correct pair, and of each image's best caption (float64)
+    pos = np.concatenate([  # (N_t,), in chunks: no float64 copy of all the texts
+        np.einsum("td,td->t", texts[a : a + 8192].astype(np.float64), images[owner[a : a + 8192]].astype(np.float64))
+        for a in range(0, n_t, 8192)
+    ]) if n_t else np.zeros(0)
+    best = np.full(n_i, -np.inf)
+    np.maximum.at(best, owner, pos)
+    img_tied_pos = np.bincount(owner, weights=(np.abs(pos - best[owner]) <= TIE_TOL), minlength=n_i).astype(np.int64)
+
+    counts = _BlockCounts(n_i, n_t)
+    cells = max(1, block_bytes // 8)
+    bt = int(min(n_t, max(1024, math.isqrt(cells))))
+    bi = int(max(1, min(n_i, cells // max(bt, 1))))
+    d = images.shape[1]
+    norm = float(np.linalg.norm(images, axis=1).max(initial=0) * np.linalg.norm(texts, axis=1).max(initial=0))
+    delta = 2 * d * 2.0**-24 * norm + 1e-6
+    for a in range(0, n_t, bt):
+        b = min(n_t, a + bt)
+        for c in range(0, n_i, bi):
+            e = min(n_i, c + bi)
+            if exact or not _block_float32(images, texts, c, e, a, b, best, pos, delta, counts):
+                _block_float64(images, texts, c, e, a, b, best, pos, counts)
+        if progress is not None:
+            progress(b - a)
+    # an image's own captions score at most its best (none above, img_tied_pos tied);
+    # a text's own image scores pos (tied with itself).
+    i2t = QueryRanks(counts.i_gt, counts.i_eq - img_tied_pos, img_tied_pos, n_t, n_pos)
+    t2i = QueryRanks(counts.t_gt, counts.t_eq - 1, np.ones(n_t, np.int64), n_i, np.ones(n_t, np.int64))
+    return i2t, t2i
+
+
+class _BlockCounts:
+    """Per image / per text: wrong-or-own items above the threshold (gt) and within TIE_TOL of it (eq)."""
+
+    def __init__(self, n_i: int, n_t: int):
+        self.i_gt = np.zeros(n_i, np.int64)
+        self.i_eq = np.zeros(n_i, np.int64)
+        self.t_gt = np.zeros(n_t, np.int64)
+        self.t_eq = np.zeros(n_t, np.int64)
+
+
+def _block_float64(images, texts, c, e, a, b, best, pos, counts: _BlockCounts) -> None:
+    s = images[c:e].astype(np.float64) @ texts[a:b].astype(np.float64).T  # (bi, bt) image x text
+    bst = best[c:e, None]
+    counts.i_gt[c:e] += (s > bst + TIE_TOL).sum(axis=1)
+    counts.i_eq[c:e] += (np.abs(s - bst) <= TIE_TOL).sum(axis=1)
+    tp = pos[None, a:b]
+    counts.t_gt[a:b] += (s > tp + TIE_TOL).sum(axis=0)
+    counts.t_eq[a:b] += (np.abs(s - tp) <= TIE_TOL).sum(axis=0)
+
+
+def _block_float32(images, texts, c, e, a, b, best, pos, delta, counts: _BlockCounts) -> bool:
+    """float32 block, near-threshold scores redone in float64; False (nothing counted) when too many are near."""
+    s = images[c:e] @ texts[a:b].T  # (bi, bt) float32 scores, image x text
+    lo_i = (best[c:e] - delta).astype(np.float32)[:, None]
+    hi_i = (best[c:e] + delta).astype(np.float32)[:, None]
+    lo_t = (pos[a:b] - delta).astype(np.float32)[None, :]
+    hi_t = (pos[a:b] + delta).astype(np.float32)[None, :]
+    above_i, ge_i = s > hi_i, s >= lo_i
+    above_t, ge_t = s > hi_t, s >= lo_t
+    n_above_i, n_above_t = np.count_nonzero(above_i, axis=1), np.count_nonzero(above_t, axis=0)
+    n_near_i = int(np.count_nonzero(ge_i)) - int(n_above_i.sum())
+    n_near_t = int(np.count_nonzero(ge_t)) - int(n_above_t.sum())
+    if n_near_i + n_near_t > 0.02 * s.size + 2 * (b - a):
+        return False
+    counts.i_gt[c:e] += n_above_i
+    counts.t_gt[a:b] += n_above_t
+    near_i = ge_i & ~above_i if n_near_i else None
+    near_t = ge_t & ~above_t if n_near_t else None
+    for near, n_near, side in ((near_i, n_near_i, "i"), (near_t, n_near_t, "t")):
+        if not n_near:
+            continue
+        r, t = np.nonzero(near)
+        r, t = r + c, t + a
+        exact = np.einsum("kd,kd->k", images[r].astype(np.float64), texts[t].astype(np.float64))
+        if side == "i":
+            thr, idx, gt, eq = best[r], r, counts.i_gt, counts.i_eq
+        else:
+            thr, idx, gt, eq = pos[t], t, counts.t_gt, counts.t_eq
+        gt += np.bincount(idx[exact > thr + TIE_TOL], minlength=len(gt))
+        eq += np.bincount(idx[np.abs(exact - thr) <= TIE_TOL], minlength=len(eq))
+    return True
+
+
+def retrieval_chance(n_candidates: int, n_positives: np.ndarray, k: int) -> np.ndarray:
+    """Per query, P(a uniformly random ranking puts a correct item in the top k): 1 - C(N-p, k) / C(N, k)."""
+    n = float(n_candidates)
+    p = np.asarray(n_positives, dtype=np.float64)
+    if k >= n:
+        return np.ones_like(p)
+    out = np.ones_like(p)
+    some = n - p >= k  # fewer wrong items than k: a correct one is always in
+    q = p[some]
+    log_miss = gammaln(n - q + 1) - gammaln(n - q - k + 1) - gammaln(n + 1) + gammaln(n - k + 1)
+    out[some] = 1.0 - np.exp(log_miss)
+    return out
+
+
+def weighted_median(values: np.ndarray, w: np.ndarray | None = None, order: np.ndarray | None = None) -> float:
+    """np.median of the data in which values[i] appears w[i] times (w: integer counts; None = once each)."""
+    v = np.asarray(values, dtype=np.float64)
+    if w is None:
+        return float(np.median(v)) if v.size else float("nan")
+    order = np.argsort(v, kind="stable") if order is None else order
+    vs = v[order]
+    cum = np.cumsum(np.asarray(w, dtype=np.float64)[order])
+    total = int(round(cum[-1])) if cum.size else 0
+    if total == 0:
+        return float("nan")
+
+    def at(p: int) -> float:  # the value at 0-based position p of the expanded sorted data
+        return float(vs[np.searchsorted(cum, p, side="right")])
+
+    if total % 2:
+        return at((total - 1) // 2)
+    return (at(total // 2 - 1) + at(total // 2)) / 2
+
+
+# ----------------------------------------------------------------------------------------------------
+# Bootstrap
+# ----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Interval:
+    low: float
+    high: float
+
+
+def bootstrap(
+    n_units: int,
+    statistic: Callable[[np.ndarray | None], dict[str, float]],
+    n_boot: int = 1000,
+    seed: int = 0,
+    level: float = 0.95,
+    strata: np.ndarray | None = None,
+) -> dict[str, Interval]:
+    """Percentile intervals of every statistic over `n_boot` resamples of `n_units` units with replacement.
+
+    `statistic(w)` gets the weight of each unit in one resample (w[i] = times unit i was drawn) and returns
+    a dict of values. With `strata` (N,) (the class of each item) units are resampled within their stratum,
+    so every resample keeps each class and its support: per-class means (mean per-class recall, mAP of
+    single-label data) are then defined in every resample and not biased by classes that drop out.
+    Replicates where a value is NaN are left out of its interval. `n_boot=0` gives no intervals (NaN).
+    """
+    names = list(statistic(None).keys())
+    if n_boot <= 0 or n_units == 0:
+        return {k: Interval(float("nan"), float("nan")) for k in names}
+    rng = np.random.default_rng(seed)
+    draw = _stratified_draw(np.asarray(strata), rng) if strata is not None else (lambda: rng.integers(0, n_units, n_units))
+    reps = np.empty((n_boot, len(names)))
+    for b in range(n_boot):
+        w = np.bincount(draw(), minlength=n_units).astype(np.float64)
+        vals = statistic(w)
+        reps[b] = [vals[k] for k in names]
+    alpha = (1 - level) / 2 * 100
+    out = {}
+    for j, k in enumerate(names):
+        col = reps[:, j]
+        col = col[np.isfinite(col)]
+        if col.size == 0:
+            out[k] = Interval(float("nan"), float("nan"))
+        else:
+            lo, hi = np.percentile(col, [alpha, 100 - alpha])
+            out[k] = Interval(float(lo), float(hi))
+    return out
+
+
+def _stratified_draw(strata: np.ndarray, rng: np.random.Generator) -> Callable[[], np.ndarray]:
+    """A function drawing, for each stratum of n_s units, n_s of its units with replacement."""
+    order = np.argsort(strata, kind="stable")  # units grouped by stratum
+    _, start, count = np.unique(strata[order], return_index=True, return_counts=True)
+    first = np.repeat(start, count)  # (N,) where each position's stratum starts in `order`
+    size = np.repeat(count, count)  # (N,) the size of each position's stratum
+
+    def draw() -> np.ndarray:
+        pick = first + np.floor(rng.random(len(order)) * size).astype(np.int64)
+        return order[pick]
+
+    return draw
+
+
+def majority_rate(target: np.ndarray, num_classes: int) -> float:
+    """Accuracy of always predicting the most frequent class of the evaluated items."""
+    if len(target) == 0:
+        return float("nan")
+    return float(np.bincount(target, minlength=num_classes).max() / len(target))
+
+
+def topk_chance(num_classes: int, k: int) -> float:
+    return min(k, num_classes) / num_classes
+
+
+def retrieval_metric_names(ks: Sequence[int]) -> list[str]:
+    names = []
+    for d in ("image_to_text", "text_to_image"):
+        names += [f"{d}_R@{k}" for k in ks] + [f"{d}_mean_rank", f"{d}_median_rank"]
+    return names

@@ -1,0 +1,522 @@
+"""`vltool probe`: a linear classifier on frozen image features, with the papers' protocols as presets.
+
+Features come through the embedding cache (vltool.encode): `post` the projection (the model's L2-normalised
+embedding) or `pre` it (the image tower's pooled features). Protocols (docs/evaluation.md):
+
+- `clip-benchmark` CLIP_benchmark's `linear_probe.evaluate`: a linear layer trained with cross-entropy,
+                   AdamW (lr 0.1), cosine schedule, 10 epochs, batch 64, on normalised features; weight
+                   decay chosen on a validation split (`--val-frac`) by its coarse-to-fine search over
+                   97 log-spaced values in [1e-6, 1e2] (7 coarse points, then spans 8, 4, 2, 1 around the
+                   peak), refit on train+val (few-shot: on the few-shot rows only).
+- `santurkar`      Santurkar et al., appendix A.3: SGD, momentum 0.9, weight decay 1e-6, batch 256, 250
+                   epochs, loss reweighted for class imbalance, learning rate chosen on the validation split
+                   from {0.03, 0.1, 0.3, 1, 3, 10} by class-balanced accuracy, 3 seeds (intervals resample
+                   the test items and the seeds), features before the projection.
+- `fff`            FFF, appendix A.2: AdamW, lr 0.1, no weight decay, cosine schedule, 20 epochs (batch 64, as
+                   CLIP_benchmark, whose code FFF ran), on cached normalised features.
+- `voc07-svm`      CLIP-Lite / VirTex: one linear SVM per class (scikit-learn `LinearSVC`, squared hinge,
+                   positive class weight 2) on L2-normalised features before the projection, C in
+                   {0.01, 0.1, 1, 10} chosen by 3-fold cross-validation on average precision, refit on all
+                   training rows; mean average precision (single-label data: one-vs-rest).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from vltool import columns as C
+from vltool.errors import UsageError, check
+from vltool.evaluation import EvalCommon
+
+PROTOCOLS = ("clip-benchmark", "santurkar", "fff", "voc07-svm")
+
+
+@dataclass(frozen=True)
+class Preset:
+    optimizer: str  # adamw | sgd | svm
+    lr: float | None  # None: searched
+    epochs: int
+    batch_size: int
+    weight_decay: float | None  # None: searched
+    schedule: str  # cosine | constant
+    momentum: float = 0.0
+    reweight: bool = False  # cross-entropy weighted by inverse class frequency
+    seeds: int = 1
+    select_on: str = "top1"  # validation metric of the search
+    features: str = "post"
+    normalize: bool = True
+    lr_grid: tuple = ()
+    svm_costs: tuple = ()
+
+
+PRESETS = {
+    "clip-benchmark": Preset("adamw", 0.1, 10, 64, None, "cosine"),
+    "fff": Preset("adamw", 0.1, 20, 64, 0.0, "cosine"),
+    "santurkar": Preset(
+        "sgd", None, 250, 256, 1e-6, "constant", momentum=0.9, reweight=True, seeds=3,
+        select_on="mean_per_class_recall", features="pre", normalize=False, lr_grid=(0.03, 0.1, 0.3, 1.0, 3.0, 10.0),
+    ),
+    "voc07-svm": Preset("svm", None, 0, 0, None, "", features="pre", normalize=True, svm_costs=(0.01, 0.1, 1.0, 10.0)),
+}
+WD_GRID = np.logspace(-6, 2, num=97)  # CLIP_benchmark's weight decay grid
+WD_COARSE = [i for i, v in enumerate(WD_GRID.tolist()) if v in np.logspace(-6, 2, num=7).tolist()]  # its 7 coarse points (0, 16, ..., 96)
+
+
+@dataclass
+class ProbeConfig(EvalCommon):
+    """Options of `vltool probe` (and those of every evaluation command, from EvalCommon)."""
+
+    protocol: str = "clip-benchmark"  # clip-benchmark | santurkar | fff | voc07-svm
+    features: str | None = None  # pre | post the projection [default: the protocol's]
+    normalize: bool | None = None  # L2-normalise the features [default: the protocol's]
+    val_frac: float = 0.2  # share of the training rows held out to choose weight decay / learning rate
+    fewshot_k: int | None = None  # train on k rows per class (sampled with --seed)
+    label_column: str | None = None  # [default: `label`, else `labels` (multi-label, voc07-svm only)]
+    epochs: int | None = None  # override the protocol's epochs (for quick runs; recorded)
+    lr: float | None = None  # override the protocol's (or searched) learning rate (recorded)
+
+    def validate(self) -> Preset:
+        problems = self.common_problems()
+        preset = PRESETS.get(self.protocol)
+        if preset is None:
+            problems.append(f"--protocol {self.protocol!r}: use one of {', '.join(PROTOCOLS)}")
+        if self.features is not None and self.features not in ("pre", "post"):
+            problems.append(f"--features {self.features!r}: use pre or post")
+        if not 0 <= self.val_frac < 1:
+            problems.append(f"--val-frac must be in [0, 1), got {self.val_frac}")
+        if self.fewshot_k is not None and self.fewshot_k < 1:
+            problems.append(f"--fewshot-k must be >= 1, got {self.fewshot_k}")
+        if self.protocol == "voc07-svm" and self.fewshot_k is not None:
+            problems.append("--fewshot-k does not apply to --protocol voc07-svm")
+        if self.epochs is not None and self.epochs < 1:
+            problems.append(f"--epochs must be >= 1, got {self.epochs}")
+        if self.lr is not None and self.lr <= 0:
+            problems.append(f"--lr must be > 0, got {self.lr}")
+        if preset is not None and preset.optimizer != "svm":
+            searches = preset.weight_decay is None or (preset.lr is None and self.lr is None)
+            if searches and self.val_frac == 0:
+                problems.append(f"--protocol {self.protocol} chooses a hyper-parameter on a validation split; --val-frac must be > 0")
+        check(problems)
+        return preset
+
+
+# ----------------------------------------------------------------------------------------------------
+# Linear classifiers on features
+# ----------------------------------------------------------------------------------------------------
+
+
+def cosine_lr(base_lr: float, step: int, total: int) -> float:
+    """CLIP_benchmark's cosine schedule without warmup."""
+    return 0.5 * (1 + math.cos(math.pi * step / total)) * base_lr
+
+
+def train_linear(
+    x: np.ndarray,
+    y: np.ndarray,
+    num_classes: int,
+    *,
+    optimizer: str,
+    lr: float,
+    epochs: int,
+    batch_size: int,
+    weight_decay: float,
+    schedule: str,
+    momentum: float = 0.0,
+    class_weight: np.ndarray | None = None,
+    seed: int = 0,
+):
+    """A torch nn.Linear trained with cross-entropy on (x, y); shuffled mini-batches (the last one partial).
+
+    Runs on one intra-op thread: the matrices are tiny, and more threads only add synchronisation (5x
+    slower per step on a busy 2-core machine).
+    """
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _train_linear(x, y, num_classes, optimizer=optimizer, lr=lr, epochs=epochs, batch_size=batch_size,
+                             weight_decay=weight_decay, schedule=schedule, momentum=momentum, class_weight=class_weight, seed=seed)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train_linear(x, y, num_classes, *, optimizer, lr, epochs, batch_size, weight_decay, schedule, momentum, class_weight, seed):
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = torch.nn.Linear(x.shape[1], num_classes)
+        gen = torch.Generator().manual_seed(seed)
+    if optimizer == "adamw":
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    elif optimizer == "sgd":
+        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+    else:
+        raise ValueError(optimizer)
+    weight = torch.as_tensor(class_weight, dtype=torch.float32) if class_weight is not None else None
+    loss_fn = torch.nn.CrossEntropyLoss(weight=weight)
+    xt = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
+    yt = torch.from_numpy(np.asarray(y, dtype=np.int64))
+    n = len(xt)
+    per_epoch = math.ceil(n / batch_size)
+    total = epochs * per_epoch
+    step = 0
+    for _ in range(epochs):
+        perm = torch.randperm(n, generator=gen)
+        for a in range(0, n, batch_size):
+            idx = perm[a : a + batch_size]
+            if schedule == "cosine":
+                for g in opt.param_groups:
+                    g["lr"] = cosine_lr(lr, step, total)
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(model(xt[idx]), yt[idx])
+            loss.backward()
+            opt.step()
+            step += 1
+    return model
+
+
+def predict(model, x: np.ndarray) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        return model(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))).double().numpy()
+
+
+def balanced_class_weight(y: np.ndarray, num_classes: int) -> np.ndarray:
+    """n / (classes present x n_c) per class (scikit-learn's "balanced"); 0 for absent classes."""
+    counts = np.bincount(y, minlength=num_classes).astype(np.float64)
+    present = counts > 0
+    w = np.zeros(num_classes)
+    w[present] = len(y) / (present.sum() * counts[present])
+    return w
+
+
+# ----------------------------------------------------------------------------------------------------
+# Splits
+# ----------------------------------------------------------------------------------------------------
+
+
+def val_split(n: int, frac: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(train rows, val rows): a seeded random `frac` of the rows held out (at least one when frac > 0)."""
+    if frac <= 0:
+        return np.arange(n), np.arange(0)
+    perm = np.random.default_rng([seed, 1]).permutation(n)
+    n_val = max(1, int(round(frac * n)))
+    if n_val >= n:
+        raise UsageError(f"--val-frac {frac} leaves no training rows out of {n}")
+    return np.sort(perm[n_val:]), np.sort(perm[:n_val])
+
+
+def fewshot_rows(y: np.ndarray, k: int, seed: int, classnames: Sequence[str]) -> np.ndarray:
+    """k rows of each class present (seeded); a class with fewer than k rows is an error."""
+    rng = np.random.default_rng([seed, 2])
+    rows = []
+    short = []
+    for c in np.unique(y):
+        idx = np.flatnonzero(y == c)
+        if len(idx) < k:
+            short.append((classnames[c], len(idx)))
+            continue
+        rows.append(np.sort(rng.choice(idx, size=k, replace=False)))
+    if short:
+        raise UsageError(
+            f"--fewshot-k {k}: {len(short)} classes have fewer training rows, e.g. "
+            + ", ".join(f"{n!r} ({c})" for n, c in short[:3])
+            + "; choose a smaller k or select rows with --where"
+        )
+    return np.sort(np.concatenate(rows))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Protocols
+# ----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Fit:
+    scores: list[np.ndarray]  # per seed: eval scores (N_eval, C)
+    chosen: dict  # hyper-parameters chosen
+    search: list[dict] = field(default_factory=list)  # what the search tried, with the validation metric
+
+
+def _val_metric(scores: np.ndarray, y: np.ndarray, num_classes: int, name: str) -> float:
+    from vltool.metrics import ClassificationItems
+
+    return ClassificationItems.from_scores(scores, y, num_classes).metrics()[name]
+
+
+def fit_softmax(x_tr, y_tr, x_ev, classnames: Sequence[str], preset: Preset, config: ProbeConfig, log) -> Fit:
+    """The cross-entropy protocols: search on a validation split when the preset asks, refit, predict."""
+    num_classes = len(classnames)
+    epochs = config.epochs or preset.epochs
+    base = dict(optimizer=preset.optimizer, epochs=epochs, batch_size=preset.batch_size, schedule=preset.schedule, momentum=preset.momentum)
+    searched_wd = preset.weight_decay is None
+    searched_lr = preset.lr is None and config.lr is None
+    lr = config.lr if config.lr is not None else preset.lr
+    wd = preset.weight_decay
+    search: list[dict] = []
+
+    def cw(y):
+        return balanced_class_weight(y, num_classes) if preset.reweight else None
+
+    tr, va = val_split(len(y_tr), config.val_frac, config.seed) if (searched_wd or searched_lr) else (np.arange(len(y_tr)), np.arange(0))
+    if config.fewshot_k is not None:
+        tr = tr[fewshot_rows(y_tr[tr], config.fewshot_k, config.seed, classnames)]
+    if searched_wd or searched_lr:
+        seen: dict[tuple[float, float], float] = {}
+
+        def score(lr_, wd_):
+            key = (lr_, wd_)
+            if key not in seen:
+                model = train_linear(x_tr[tr], y_tr[tr], num_classes, lr=lr_, weight_decay=wd_, class_weight=cw(y_tr[tr]), seed=config.seed, **base)
+                seen[key] = _val_metric(predict(model, x_tr[va]), y_tr[va], num_classes, preset.select_on)
+                search.append({"lr": lr_, "weight_decay": wd_, f"val_{preset.select_on}": seen[key]})
+                log(f"probe: lr {lr_:g} weight decay {wd_:.3g}: validation {preset.select_on} {100 * seen[key]:.2f}%")
+            return seen[key]
+
+        if searched_wd:
+            # CLIP_benchmark's find_peak: the best of the points tried (the first one on a tie)
+            def peak(idxs):
+                vals = [score(lr, float(WD_GRID[i])) for i in idxs]
+                return idxs[int(np.argmax(vals))]
+
+            p = peak(WD_COARSE)
+            span = 8
+            while span > 0:
+                p = peak([max(p - span, 0), p, min(p + span, len(WD_GRID) - 1)])
+                span //= 2
+            wd = float(WD_GRID[p])
+        if searched_lr:
+            vals = [score(g, wd) for g in preset.lr_grid]
+            lr = float(preset.lr_grid[int(np.argmax(vals))])
+        # refit on train + val, except in few-shot (which would add rows beyond the k per class)
+        if config.fewshot_k is None:
+            tr = np.arange(len(y_tr))
+    scores = []
+    for s in range(preset.seeds):
+        model = train_linear(x_tr[tr], y_tr[tr], num_classes, lr=lr, weight_decay=wd, class_weight=cw(y_tr[tr]), seed=config.seed + s, **base)
+        scores.append(predict(model, x_ev))
+    chosen = {"lr": lr, "weight_decay": wd, "epochs": epochs, "batch_size": preset.batch_size, "optimizer": preset.optimizer,
+              "schedule": preset.schedule, "momentum": preset.momentum, "reweight": preset.reweight,
+              "seeds": [config.seed + s for s in range(preset.seeds)], "train_rows": int(len(tr))}
+    return Fit(scores, chosen, search)
+
+
+def fit_svm(x_tr, y_tr, x_ev, classnames: Sequence[str], preset: Preset, config: ProbeConfig, log) -> Fit:
+    """One LinearSVC per class (VirTex's VOC07 protocol); y_tr (N, C) bool. Classes without both a positive
+    and a negative training row get no classifier (their eval scores are NaN and they are left out)."""
+    import warnings
+
+    from joblib import Parallel, delayed
+
+    costs = preset.svm_costs
+    num_classes = len(classnames)
+
+    def one(c):
+        from sklearn.exceptions import ConvergenceWarning
+        from sklearn.model_selection import cross_val_score
+        from sklearn.svm import LinearSVC
+
+        y = y_tr[:, c].astype(int)
+        if y.sum() == 0 or y.sum() == len(y):
+            return c, None, None, []
+        tried = []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", category=ConvergenceWarning)
+            warnings.simplefilter("ignore", category=UserWarning)
+            warnings.simplefilter("ignore", category=RuntimeWarning)
+            for cost in costs:
+                clf = LinearSVC(C=cost, class_weight={1: 2, 0: 1}, intercept_scaling=1.0, penalty="l2", loss="squared_hinge", tol=1e-4, dual=True, max_iter=2000)
+                folds = cross_val_score(clf, x_tr, y, cv=3, scoring="average_precision", error_score=np.nan)
+                tried.append(float(np.nanmean(folds)) if np.isfinite(folds).any() else float("nan"))
+            finite = [(v, i) for i, v in enumerate(tried) if np.isfinite(v)]
+            best = costs[max(finite, key=lambda t: (t[0], -t[1]))[1]] if finite else 1.0
+            clf = LinearSVC(C=best, class_weight={1: 2, 0: 1}, intercept_scaling=1.0, penalty="l2", loss="squared_hinge", tol=1e-4, dual=True, max_iter=2000)
+            clf.fit(x_tr, y)
+        return c, best, clf.decision_function(x_ev), tried
+
+    results = Parallel(n_jobs=config.num_proc, prefer="threads")(delayed(one)(c) for c in range(num_classes))
+    scores = np.full((len(x_ev), num_classes), np.nan)
+    chosen_c, search = {}, []
+    for c, best, s, tried in results:
+        if s is None:
+            continue
+        scores[:, c] = s
+        chosen_c[classnames[c]] = best
+        search.append({"class": classnames[c], "cv_ap": dict(zip(map(str, costs), tried)), "C": best})
+    log(f"probe: {len(chosen_c)} of {num_classes} classes have an SVM")
+    return Fit([scores], {"C": chosen_c, "costs": list(costs), "class_weight": {"positive": 2, "negative": 1}, "cv_folds": 3, "train_rows": int(len(x_tr))}, search)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The command's function
+# ----------------------------------------------------------------------------------------------------
+
+
+def probe(
+    train_data: str,
+    eval_data: str,
+    config: ProbeConfig,
+    *,
+    where: Sequence[str] = (),
+    split: str | None = None,
+    eval_where: Sequence[str] = (),
+    eval_split: str | None = None,
+    out: str | Path | None = None,
+    overwrite: bool = False,
+    argv: Sequence[str] | None = None,
+) -> dict:
+    """Fit a linear probe on `train_data`'s image features and evaluate it on `eval_data`."""
+    from vltool import provenance
+    from vltool.cache import EmbeddingCache
+    from vltool.encode import process_state
+    from vltool.encode import encode_images
+    from vltool.evaluation import bootstrap_record, check_out, debias_edit, entry, finish, is_main, load_eval_model, model_record, warn
+    from vltool.io import load_dataset
+    from vltool.metrics import AveragePrecision, ClassificationItems, bootstrap, majority_rate, per_class_recall, topk_chance
+    from vltool.zeroshot import read_labels
+
+    timer = provenance.Timer()
+    preset = config.validate()
+    features = config.features or preset.features
+    normalize = preset.normalize if config.normalize is None else config.normalize
+    train = load_dataset(train_data, split=split, where=where, required=[C.IMAGE])
+    evald = load_dataset(eval_data, split=eval_split, where=eval_where, required=[C.IMAGE])
+    out_path = check_out(out, overwrite, [train.path, evald.path])
+    if train.rows == 0 or evald.rows == 0:
+        raise UsageError(f"no rows selected: {train.rows} training rows (--where {list(where)}), {evald.rows} eval rows (--eval-where {list(eval_where)})")
+    if C.ID in train.dataset.column_names and C.ID in evald.dataset.column_names:
+        shared = set(train.dataset[C.ID]) & set(evald.dataset[C.ID])
+        if shared:
+            raise UsageError(
+                f"{len(shared)} rows are in both the training and the eval data (e.g. id {sorted(shared)[0]!r}); "
+                "evaluation rows never reach training: select disjoint rows (e.g. --where split=train --eval-where split=test)"
+            )
+    lab_tr = read_labels(train.dataset, config.label_column, None, train_data)
+    lab_ev = read_labels(evald.dataset, lab_tr.column, None, eval_data)
+    if lab_tr.classnames != lab_ev.classnames or lab_tr.multilabel != lab_ev.multilabel:
+        raise UsageError(f"the label column {lab_tr.column!r} has different classes in the training and the eval data")
+    if lab_tr.multilabel and preset.optimizer != "svm":
+        raise UsageError(f"{lab_tr.column!r} is multi-label; use --protocol voc07-svm (mean average precision)")
+    classnames = lab_tr.classnames
+    n_cls = len(classnames)
+
+    m = load_eval_model(config.model, config.pretrained, config.cache_dir)
+    cache = EmbeddingCache(config.cache_dir)
+    enc_tr = encode_images(m, train, features=features, cache=cache, batch_size=config.batch_size, workers=config.num_proc, progress=config.progress)
+    enc_ev = encode_images(m, evald, features=features, cache=cache, batch_size=config.batch_size, workers=config.num_proc, progress=config.progress)
+    k_tr, k_ev = ~enc_tr.bad, ~enc_ev.bad
+    if (~k_tr).any() or (~k_ev).any():
+        warn(f"{int((~k_tr).sum())} training and {int((~k_ev).sum())} eval images could not be decoded and are left out")
+    x_tr, x_ev = enc_tr.embeddings[k_tr], enc_ev.embeddings[k_ev]
+    edit = debias_edit(m, config)
+    if edit is not None:
+        if features != "post":
+            raise UsageError("--debias edits the shared embedding space: use --features post with it")
+        x_tr, x_ev = edit[0](x_tr), edit[0](x_ev)
+    if normalize:
+        x_tr = x_tr / np.maximum(np.linalg.norm(x_tr, axis=1, keepdims=True), 1e-12)
+        x_ev = x_ev / np.maximum(np.linalg.norm(x_ev, axis=1, keepdims=True), 1e-12)
+    y_tr, y_ev = lab_tr.target[k_tr], lab_ev.target[k_ev]
+
+    def log(msg):
+        if config.progress and is_main():
+            from vltool.console import log as _log
+
+            _log(msg)
+
+    n = len(x_ev)
+    if preset.optimizer == "svm":
+        yt = y_tr if lab_tr.multilabel else np.eye(n_cls, dtype=bool)[y_tr]
+        ye = y_ev if lab_ev.multilabel else np.eye(n_cls, dtype=bool)[y_ev]
+        fit = fit_svm(x_tr, yt, x_ev, classnames, preset, config, log)
+        has_clf = np.isfinite(fit.scores[0]).all(axis=0)
+        ap = AveragePrecision(np.nan_to_num(fit.scores[0][:, has_clf], nan=0.0), ye[:, has_clf])
+        value = ap.mean()
+        iv = bootstrap(n, lambda w: {"mAP": ap.mean(w)}, config.bootstrap, config.seed, strata=None if lab_ev.multilabel else y_ev)
+        prevalence = ye[:, has_clf].mean(axis=0)
+        present = ye[:, has_clf].any(axis=0)
+        chance = {"mAP": float(prevalence[present].mean()) if present.any() else None}
+        metrics = {"mAP": entry(value, iv["mAP"], chance["mAP"])}
+        per_ap = np.full(n_cls, np.nan)
+        per_ap[has_clf] = ap.per_class()
+        per_class = [{"class": c, "positives": int(ye[:, j].sum()), "ap": None if np.isnan(per_ap[j]) else float(per_ap[j])} for j, c in enumerate(classnames)]
+        metric_note = "mean average precision over the classes with an SVM and an eval positive (scikit-learn's AP)"
+    else:
+        fit = fit_softmax(x_tr, y_tr, x_ev, classnames, preset, config, log)
+        items = [ClassificationItems.from_scores(s, y_ev, n_cls) for s in fit.scores]
+        names = list(items[0].metrics().keys())
+
+        def point(w=None):
+            vals = [it.metrics(w) for it in items]
+            return {k: float(np.mean([v[k] for v in vals])) for k in names}
+
+        seed_rng = np.random.default_rng([config.seed, 3])
+
+        def replicate(w):
+            if w is None:
+                return point()
+            if len(items) == 1:
+                return items[0].metrics(w)
+            return items[int(seed_rng.integers(len(items)))].metrics(w)  # resample the seeds too
+
+        value = point()
+        iv = bootstrap(n, replicate, config.bootstrap, config.seed, strata=y_ev)
+        chance = {
+            "top1": 1 / n_cls,
+            "top5": topk_chance(n_cls, 5) if n_cls >= 5 else None,
+            "mean_per_class_recall": 1 / n_cls,
+            "majority_class": majority_rate(y_ev, n_cls),
+        }
+        metrics = {k: entry(v, iv[k], chance[k]) for k, v in value.items()}
+        recall, support = per_class_recall(np.mean([it.top1 for it in items], axis=0), y_ev, n_cls)
+        per_class = [{"class": c, "support": int(support[j]), "top1": None if np.isnan(recall[j]) else float(recall[j])} for j, c in enumerate(classnames)]
+        metric_note = "top-1, top-5 (>= 5 classes), mean per-class recall (CLIP_benchmark's); the mean over seeds"
+
+    stats = {
+        "train_rows": int(len(x_tr)),
+        "eval_rows": int(n),
+        "classes": n_cls,
+        "bad_images": int((~k_tr).sum() + (~k_ev).sum()),
+        "feature_dim": int(x_tr.shape[1]),
+        "processes": process_state().num_processes,
+        "cache": {"train": enc_tr.summary(), "eval": enc_ev.summary()},
+    }
+    record = provenance.make("probe", config, [train, evald], rows_in=train.rows + evald.rows, rows_out=int(n), stats=stats, timer=timer, argv=argv)
+    record.update({
+        "task": "linear-probe",
+        "model": model_record(m, config.model, config.pretrained),
+        "data": {
+            "train": {"spec": train_data, "fingerprint": train.fingerprint, "split": train.split, "where": train.where, "rows": int(len(x_tr))},
+            "eval": {"spec": eval_data, "fingerprint": evald.fingerprint, "split": evald.split, "where": evald.where, "rows": int(n)},
+            "label_column": lab_tr.column,
+        },
+        "protocol": {
+            "name": config.protocol,
+            "debias": edit[2] if edit is not None else None,
+            "features": features,
+            "normalize": normalize,
+            "val_frac": config.val_frac,
+            "fewshot_k": config.fewshot_k,
+            "chosen": fit.chosen,
+            "search": fit.search,
+            "metrics": metric_note,
+            "bootstrap": bootstrap_record(
+                config.bootstrap, config.seed,
+                ("eval image" if lab_ev.multilabel else "eval image, within its class") + (", and seed" if len(fit.scores) > 1 else ""),
+            ),
+        },
+        "classnames": classnames,
+        "metrics": metrics,
+        "chance": chance,
+        "per_class": per_class,
+    })
+    record["wall_time_s"] = round(timer.seconds, 3)
+    return finish(record, out_path, overwrite)

@@ -1,0 +1,241 @@
+"""`vltool retrieve`: image-to-text and text-to-image retrieval (CLIP_benchmark's definitions).
+
+Every row is one image and its text(s) (`--text-column`: a string column, or a list column such as
+`captions`, where every text of an image is a correct match). Image-to-text: an image is a hit at K when
+any of its texts is among the K texts scoring highest with it; text-to-image: a text is a hit when its
+own image is among the K images scoring highest. Mean and median rank are those of the first correct
+item. Ranks are counted in blocks of scores (vltool.metrics.retrieval_ranks), never from the full
+similarity matrix. Intervals resample images (with all their texts); chance is what a uniformly random
+ranking scores (docs/evaluation.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from vltool import columns as C
+from vltool.errors import UsageError, check
+from vltool.evaluation import EvalCommon
+
+DIRECTIONS = ("image_to_text", "text_to_image")
+
+
+def parse_recall_k(text: str | Sequence[int]) -> list[int]:
+    if isinstance(text, str):
+        try:
+            ks = [int(t) for t in text.replace(" ", "").split(",") if t]
+        except ValueError:
+            raise UsageError(f"--recall-k {text!r}: expected integers separated by commas, e.g. 1,5,10") from None
+    else:
+        ks = [int(k) for k in text]
+    if not ks or min(ks) < 1:
+        raise UsageError(f"--recall-k {text!r}: give positive integers, e.g. 1,5,10")
+    return sorted(set(ks))
+
+
+@dataclass
+class RetrieveConfig(EvalCommon):
+    """Options of `vltool retrieve` (and those of every evaluation command, from EvalCommon)."""
+
+    text_column: str = C.CAPTION  # a string column, or a list column (`captions`): every text of a row matches its image
+    recall_k: str = "1,5,10"  # the K of Recall@K, comma-separated
+    text_batch_size: int = 256  # texts per encoding batch
+    block_mb: int = 64  # size of one block of float64 scores in the ranking pass
+
+    def validate(self) -> list[int]:
+        problems = self.common_problems()
+        ks: list[int] = []
+        try:
+            ks = parse_recall_k(self.recall_k)
+        except UsageError as e:
+            problems.append(str(e))
+        if self.block_mb < 1:
+            problems.append(f"--block-mb must be >= 1, got {self.block_mb}")
+        check(problems)
+        return ks
+
+
+@dataclass
+class RetrievalItems:
+    """Per-query values of both directions, from which the metrics and their bootstrap are computed."""
+
+    ks: list[int]
+    i2t_hits: dict[int, np.ndarray]  # k -> (N_i,)
+    t2i_hits: dict[int, np.ndarray]  # k -> (N_t,)
+    i2t_rank: np.ndarray  # (N_i,)
+    t2i_rank: np.ndarray  # (N_t,)
+    owner: np.ndarray  # (N_t,) image of each text
+    _i_order: np.ndarray = field(init=False, repr=False)
+    _t_order: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self):
+        self._i_order = np.argsort(self.i2t_rank, kind="stable")
+        self._t_order = np.argsort(self.t2i_rank, kind="stable")
+
+    def metrics(self, w: np.ndarray | None = None) -> dict[str, float]:
+        """Metrics with image weights `w` (a bootstrap draw; a text weighs what its image weighs)."""
+        from vltool.metrics import weighted_median
+
+        wi = np.ones(len(self.i2t_rank)) if w is None else w
+        wt = wi[self.owner]
+        si, st = wi.sum(), wt.sum()
+        out = {}
+        for k in self.ks:
+            out[f"image_to_text_R@{k}"] = float(wi @ self.i2t_hits[k] / si)
+        out["image_to_text_mean_rank"] = float(wi @ self.i2t_rank / si)
+        out["image_to_text_median_rank"] = weighted_median(self.i2t_rank, None if w is None else wi, self._i_order)
+        for k in self.ks:
+            out[f"text_to_image_R@{k}"] = float(wt @ self.t2i_hits[k] / st)
+        out["text_to_image_mean_rank"] = float(wt @ self.t2i_rank / st)
+        out["text_to_image_median_rank"] = weighted_median(self.t2i_rank, None if w is None else wt, self._t_order)
+        return out
+
+
+def retrieval_chance_levels(ks: Sequence[int], n_images: int, n_texts: int, per_image: np.ndarray) -> dict[str, float]:
+    """What a uniformly random ranking scores (per query, then averaged like the metric).
+
+    text->image: one correct image among n_images: R@K = K / n_images, rank (n_images + 1) / 2.
+    image->text: p correct texts among n_texts: R@K = 1 - C(n_texts - p, K) / C(n_texts, K), expected rank
+    of the first correct one (n_texts + 1) / (p + 1).
+    """
+    from vltool.metrics import retrieval_chance
+
+    out = {}
+    for k in ks:
+        out[f"image_to_text_R@{k}"] = float(np.mean(retrieval_chance(n_texts, per_image, k)))
+    i_rank = (n_texts + 1) / (per_image + 1.0)
+    out["image_to_text_mean_rank"] = float(np.mean(i_rank))
+    out["image_to_text_median_rank"] = float(np.median(i_rank))
+    for k in ks:
+        out[f"text_to_image_R@{k}"] = min(k, n_images) / n_images
+    out["text_to_image_mean_rank"] = (n_images + 1) / 2
+    out["text_to_image_median_rank"] = (n_images + 1) / 2
+    return out
+
+
+def retrieve(
+    data: str,
+    config: RetrieveConfig,
+    *,
+    where: Sequence[str] = (),
+    split: str | None = None,
+    out: str | Path | None = None,
+    overwrite: bool = False,
+    argv: Sequence[str] | None = None,
+) -> dict:
+    """Evaluate image-text retrieval of `config.model` on `data`; returns the results record."""
+    from vltool import provenance
+    from vltool.cache import EmbeddingCache
+    from vltool.encode import process_state
+    from vltool.encode import encode_images, encode_texts
+    from vltool.evaluation import bootstrap_record, check_out, debias_edit, entry, finish, load_eval_model, model_record, warn
+    from vltool.io import load_dataset
+    from vltool.metrics import bootstrap, retrieval_ranks
+
+    timer = provenance.Timer()
+    ks = config.validate()
+    loaded = load_dataset(data, split=split, where=where, required=[C.IMAGE, config.text_column])
+    out_path = check_out(out, overwrite, [loaded.path])
+    if loaded.rows == 0:
+        raise UsageError(f"no rows of {data!r} are selected (--where {list(where)})")
+
+    m = load_eval_model(config.model, config.pretrained, config.cache_dir)
+    cache = EmbeddingCache(config.cache_dir)
+    img = encode_images(m, loaded, cache=cache, batch_size=config.batch_size, workers=config.num_proc, progress=config.progress)
+    txt = encode_texts(m, loaded, column=config.text_column, cache=cache, batch_size=config.text_batch_size, progress=config.progress)
+
+    # images that cannot be decoded, or have no text, take part on neither side
+    n_rows = loaded.rows
+    per_row = np.bincount(txt.owner, minlength=n_rows)
+    keep = ~img.bad & (per_row > 0)
+    if (img.bad).any():
+        warn(f"{int(img.bad.sum())} images could not be decoded; they and their texts are left out")
+    if ((per_row == 0) & ~img.bad).any():
+        warn(f"{int(((per_row == 0) & ~img.bad).sum())} rows have no text in {config.text_column!r}; their images are left out")
+    new_index = np.cumsum(keep) - 1
+    t_keep = keep[txt.owner]
+    images = img.embeddings[keep]
+    texts = txt.embeddings[t_keep]
+    edit = debias_edit(m, config)
+    if edit is not None:
+        images, texts = edit[0](images), edit[1](texts)
+    owner = new_index[txt.owner[t_keep]]
+    n_i, n_t = len(images), len(texts)
+    if n_i < 2:
+        raise UsageError(f"retrieval needs at least 2 images with text; {n_i} are left")
+
+    bar = _bar(n_t, config.progress)
+    try:
+        i2t, t2i = retrieval_ranks(images, texts, owner, block_bytes=config.block_mb * 2**20, progress=(lambda k: bar[0].advance(bar[1], k)) if bar else None)
+    finally:
+        if bar:
+            bar[0].stop()
+    items = RetrievalItems(
+        ks,
+        {k: i2t.hits(k) for k in ks},
+        {k: t2i.hits(k) for k in ks},
+        i2t.rank(),
+        t2i.rank(),
+        owner,
+    )
+    point = items.metrics()
+    iv = bootstrap(n_i, items.metrics, config.bootstrap, config.seed)
+    per_image = np.bincount(owner, minlength=n_i)
+    chance = retrieval_chance_levels(ks, n_i, n_t, per_image)
+    metrics = {k: entry(v, iv[k], chance[k]) for k, v in point.items()}
+    ties = {"image_to_text_queries_with_ties": int((i2t.tied > 0).sum()), "text_to_image_queries_with_ties": int((t2i.tied > 0).sum())}
+
+    stats = {
+        "rows_evaluated": int(n_i),
+        "images": int(n_i),
+        "texts": int(n_t),
+        "texts_per_image": {"mean": float(per_image.mean()), "min": int(per_image.min()), "max": int(per_image.max())},
+        "bad_images": int(img.bad.sum()),
+        "rows_without_text": int(((per_row == 0) & ~img.bad).sum()),
+        "processes": process_state().num_processes,
+        **ties,
+        "cache": {"images": img.summary(), "texts": txt.summary()},
+    }
+    record = provenance.make("retrieve", config, [loaded], rows_in=loaded.rows, rows_out=int(n_i), stats=stats, timer=timer, argv=argv)
+    record.update({
+        "task": "retrieval",
+        "model": model_record(m, config.model, config.pretrained),
+        "data": {
+            "spec": data, "fingerprint": loaded.fingerprint, "split": loaded.split, "where": loaded.where,
+            "rows": loaded.rows, "images": int(n_i), "texts": int(n_t), "text_column": config.text_column,
+        },
+        "protocol": {
+            "recall_k": ks,
+            "debias": edit[2] if edit is not None else None,
+            "image_to_text": "hit when any correct text is in the top K (CLIP_benchmark)",
+            "text_to_image": "hit when the text's image is in the top K",
+            "rank": "1-based rank of the first correct item, counted: 1 + wrong items scoring above it",
+            "score": "cosine similarity of L2-normalised embeddings (float64)",
+            "ties": "broken uniformly at random; metrics are the expectation (exact when no ties)",
+            "chance": "a uniformly random ranking: K/N_images (text->image); mean over images of 1 - C(N_texts-p, K)/C(N_texts, K) for p correct texts (image->text)",
+            "bootstrap": bootstrap_record(config.bootstrap, config.seed, "image (with all its texts)"),
+        },
+        "metrics": metrics,
+        "chance": chance,
+    })
+    record["wall_time_s"] = round(timer.seconds, 3)
+    return finish(record, out_path, overwrite)
+
+
+def _bar(total: int, enabled: bool):
+    from vltool.evaluation import is_main
+
+    if not enabled or not is_main():
+        return None
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from vltool.console import err
+
+    prog = Progress(TextColumn("[bold]ranking[/]"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=err)
+    task = prog.add_task("ranking", total=total)
+    prog.start()
+    return prog, task

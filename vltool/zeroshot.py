@@ -1,0 +1,243 @@
+"""`vltool zeroshot`: zero-shot classification with class prompts (CLIP_benchmark's definitions).
+
+Each class embedding is the renormalised mean of the L2-normalised embeddings of its prompts (its
+templates filled with its name, or its `--class-prompts`); an image's scores are its cosine similarities
+with the class embeddings. Single-label data (`label`): top-1, top-5 (with at least 5 classes), mean
+per-class recall. Multi-label data (`labels`, lists of class indices): mean average precision. Every
+metric has a 95% bootstrap interval over the images and its chance level (docs/evaluation.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from vltool import columns as C
+from vltool.errors import UsageError, VltoolError, check
+from vltool.evaluation import EvalCommon
+
+
+@dataclass
+class ZeroshotConfig(EvalCommon):
+    """Options of `vltool zeroshot` (and those of every evaluation command, from EvalCommon)."""
+
+    templates: str = "photo"  # a template set name (vltool.templates) or a file, one template per line
+    classnames: str | None = None  # file of class names, one per line in label order [default: the ClassLabel names]
+    class_prompts: str | None = None  # JSON {class name: [prompts]}; other classes use the templates
+    label_column: str | None = None  # [default: `label` if present, else `labels` (multi-label)]
+    per_class: bool = False  # print the per-class table (it is always in the results JSON)
+
+    def validate(self) -> None:
+        problems = self.common_problems()
+        from vltool.templates import load_templates
+
+        try:
+            load_templates(self.templates)
+        except UsageError as e:
+            problems.append(str(e))
+        for opt, val in (("--classnames", self.classnames), ("--class-prompts", self.class_prompts)):
+            if val is not None and not Path(val).expanduser().is_file():
+                problems.append(f"{opt} {val}: no such file")
+        check(problems)
+
+
+@dataclass
+class LabelInfo:
+    column: str
+    multilabel: bool
+    classnames: list[str]
+    target: np.ndarray  # (N,) int, or (N, C) bool for multi-label
+
+
+def read_labels(ds, column: str | None, classnames_file: str | None, spec: str) -> LabelInfo:
+    """The label column, its class names and the targets of the rows."""
+    import datasets
+
+    if column is None:
+        column = C.LABEL if C.LABEL in ds.column_names else C.LABELS if C.LABELS in ds.column_names else None
+        if column is None:
+            raise UsageError(f"{spec!r} has no 'label' or 'labels' column (it has: {', '.join(ds.column_names)}); name one with --label-column")
+    elif column not in ds.column_names:
+        raise UsageError(f"{spec!r} has no column {column!r} (it has: {', '.join(ds.column_names)})")
+    feat = ds.features[column]
+    inner = getattr(feat, "feature", None)
+    multilabel = isinstance(feat, (datasets.Sequence, datasets.List)) or (inner is not None and not isinstance(feat, datasets.ClassLabel))
+    names: list[str] | None = None
+    if isinstance(feat, datasets.ClassLabel):
+        names = list(feat.names)
+    elif multilabel and isinstance(inner, datasets.ClassLabel):
+        names = list(inner.names)
+    values = list(ds[column])
+    if not multilabel and not isinstance(feat, datasets.ClassLabel):
+        if not (isinstance(feat, datasets.Value) and feat.dtype.startswith(("int", "uint"))):
+            raise UsageError(f"label column {column!r} must be a ClassLabel, integers or lists of integers (it is {feat})")
+    if classnames_file is not None:
+        from vltool.templates import load_classnames
+
+        names = load_classnames(classnames_file, len(names) if names is not None else None)
+    if names is None:
+        raise UsageError(f"label column {column!r} has no class names (not a ClassLabel); give them with --classnames FILE")
+    n_cls = len(names)
+    if multilabel:
+        target = np.zeros((len(values), n_cls), dtype=bool)
+        for i, labs in enumerate(values):
+            for lab in labs or []:
+                if not 0 <= int(lab) < n_cls:
+                    raise VltoolError(f"row {i}: class index {lab} of {column!r} is outside 0..{n_cls - 1}")
+                target[i, int(lab)] = True
+    else:
+        if any(v is None for v in values):
+            raise VltoolError(f"{spec!r}: some rows have no {column!r}; select labelled rows with --where")
+        target = np.asarray(values, dtype=np.int64)
+        if target.size and (target.min() < 0 or target.max() >= n_cls):
+            raise VltoolError(f"{column!r} holds class indices outside 0..{n_cls - 1}")
+    return LabelInfo(column, multilabel, names, target)
+
+
+def class_embeddings(prompt_emb: np.ndarray, counts: Sequence[int]) -> np.ndarray:
+    """(sum(counts), D) prompt embeddings -> (C, D): per class, the renormalised mean of the normalised prompts.
+
+    Float32 torch, in CLIP_benchmark's order of operations (F.normalize, mean, divide by the norm).
+    """
+    import torch
+    import torch.nn.functional as F
+
+    e = torch.from_numpy(np.ascontiguousarray(prompt_emb, dtype=np.float32))
+    out, a = [], 0
+    for n in counts:
+        c = F.normalize(e[a : a + n], dim=-1).mean(dim=0)
+        c = c / c.norm()
+        out.append(c)
+        a += n
+    return torch.stack(out).numpy()
+
+
+def zeroshot(
+    data: str,
+    config: ZeroshotConfig,
+    *,
+    where: Sequence[str] = (),
+    split: str | None = None,
+    out: str | Path | None = None,
+    overwrite: bool = False,
+    argv: Sequence[str] | None = None,
+) -> dict:
+    """Evaluate zero-shot classification of `config.model` on `data`; returns the results record."""
+    from vltool import provenance
+    from vltool.cache import EmbeddingCache
+    from vltool.encode import process_state
+    from vltool.encode import encode_images, encode_prompts
+    from vltool.evaluation import bootstrap_record, check_out, debias_edit, entry, finish, load_eval_model, model_record, warn
+    from vltool.io import load_dataset
+    from vltool.metrics import AveragePrecision, ClassificationItems, bootstrap, majority_rate, per_class_recall, topk_chance
+    from vltool.templates import class_prompts, load_class_prompts, load_templates
+
+    timer = provenance.Timer()
+    config.validate()
+    loaded = load_dataset(data, split=split, where=where, required=[C.IMAGE])
+    out_path = check_out(out, overwrite, [loaded.path])
+    labels = read_labels(loaded.dataset, config.label_column, config.classnames, data)
+    if loaded.rows == 0:
+        raise UsageError(f"no rows of {data!r} are selected (--where {list(where)})")
+    template_name, templates = load_templates(config.templates)
+    custom = load_class_prompts(config.class_prompts, labels.classnames) if config.class_prompts else None
+    prompts = class_prompts(labels.classnames, templates, custom)
+    if custom is not None and len(custom) < len(labels.classnames):
+        warn(f"--class-prompts covers {len(custom)} of {len(labels.classnames)} classes; the others use --templates {config.templates}")
+
+    m = load_eval_model(config.model, config.pretrained, config.cache_dir)
+    cache = EmbeddingCache(config.cache_dir)
+    img = encode_images(m, loaded, cache=cache, batch_size=config.batch_size, workers=config.num_proc, progress=config.progress)
+    flat = [p for ps in prompts for p in ps]
+    txt = encode_prompts(m, flat, cache=cache, batch_size=max(config.batch_size, 256), progress=config.progress)
+    cls = class_embeddings(txt.embeddings, [len(p) for p in prompts])  # (C, D)
+    edit = debias_edit(m, config)
+    if edit is not None:
+        cls = edit[1](cls)
+
+    keep = ~img.bad
+    if not keep.all():
+        warn(f"{int((~keep).sum())} images could not be decoded and are left out")
+    x = img.embeddings[keep]
+    if edit is not None:
+        x = edit[0](x)
+    x = x.astype(np.float64)
+    scores = x @ cls.astype(np.float64).T  # (N, C) cosine similarities
+    n_cls = len(labels.classnames)
+    target = labels.target[keep]
+    n = len(x)
+
+    if labels.multilabel:
+        ap = AveragePrecision(scores, target)
+        per_ap = ap.per_class()
+        value = ap.mean()
+        iv = bootstrap(n, lambda w: {"mAP": ap.mean(w)}, config.bootstrap, config.seed)
+        prevalence = target.mean(axis=0)
+        chance_map = float(np.mean(prevalence[target.any(axis=0)])) if target.any() else float("nan")
+        metrics = {"mAP": entry(value, iv["mAP"], chance_map)}
+        chance = {"mAP": chance_map}
+        per_class = [
+            {"class": c, "positives": int(target[:, j].sum()), "ap": None if np.isnan(per_ap[j]) else float(per_ap[j])}
+            for j, c in enumerate(labels.classnames)
+        ]
+    else:
+        items = ClassificationItems.from_scores(scores, target, n_cls)
+        point = items.metrics()
+        iv = bootstrap(n, items.metrics, config.bootstrap, config.seed, strata=target)
+        chance = {
+            "top1": 1 / n_cls,
+            "top5": topk_chance(n_cls, 5) if n_cls >= 5 else None,
+            "mean_per_class_recall": 1 / n_cls,
+            "majority_class": majority_rate(target, n_cls),
+        }
+        metrics = {k: entry(v, iv[k], chance[k]) for k, v in point.items()}
+        recall, support = per_class_recall(items.top1, target, n_cls)
+        top5c = per_class_recall(items.top5, target, n_cls)[0] if items.top5 is not None else None
+        per_class = [
+            {
+                "class": c,
+                "support": int(support[j]),
+                "top1": None if np.isnan(recall[j]) else float(recall[j]),
+                **({"top5": None if np.isnan(top5c[j]) else float(top5c[j])} if top5c is not None else {}),
+            }
+            for j, c in enumerate(labels.classnames)
+        ]
+
+    stats = {
+        "rows_evaluated": int(n),
+        "bad_images": int((~keep).sum()),
+        "classes": n_cls,
+        "classes_present": int((np.bincount(target, minlength=n_cls) > 0).sum()) if not labels.multilabel else int(target.any(axis=0).sum()),
+        "prompts": len(flat),
+        "processes": process_state().num_processes,
+        "cache": {"images": img.summary(), "prompts": txt.summary()},
+    }
+    record = provenance.make(
+        "zeroshot", config, [loaded], rows_in=loaded.rows, rows_out=int(n), stats=stats, timer=timer, argv=argv
+    )
+    record.update({
+        "task": "zeroshot-multilabel" if labels.multilabel else "zeroshot",
+        "model": model_record(m, config.model, config.pretrained),
+        "data": {"spec": data, "fingerprint": loaded.fingerprint, "split": loaded.split, "where": loaded.where, "rows": loaded.rows, "rows_evaluated": int(n), "label_column": labels.column},
+        "protocol": {
+            "templates": template_name,
+            "template_list": templates,
+            "class_prompts_file": str(config.class_prompts) if config.class_prompts else None,
+            "class_prompts": custom,
+            "class_embedding": "renormalised mean of the L2-normalised prompt embeddings",
+            "debias": edit[2] if edit is not None else None,
+            "score": "cosine similarity of L2-normalised embeddings (float64)",
+            "ties": "broken uniformly at random; metrics are the expectation (exact when no ties)",
+            "metrics": "CLIP_benchmark zeroshot_classification: acc1, acc5 (>= 5 classes), mean_per_class_recall; mAP for multi-label",
+            "bootstrap": bootstrap_record(config.bootstrap, config.seed, "image" if labels.multilabel else "image, within its class"),
+        },
+        "classnames": labels.classnames,
+        "metrics": metrics,
+        "chance": chance,
+        "per_class": per_class,
+    })
+    record["wall_time_s"] = round(timer.seconds, 3)
+    return finish(record, out_path, overwrite)

@@ -130,3 +130,256 @@ def gather_keep_grad(x: torch.Tensor) -> tuple[torch.Tensor, slice]:
     parts[rank] = x  # the local part, with its gradient
     start = sum(sizes[:rank])
     return torch.cat(parts), slice(start, start + sizes[rank])
+
+
+def positive_mask(
+    image_rows: torch.Tensor, text_rows: torch.Tensor, positives: "dict[int, list[int]] | None" = None
+) -> torch.Tensor:
+    """(N, M) bool: image i and text j are positives.
+
+    `image_rows[i]` is the dataset row of image i, `text_rows[j]` the row whose caption text j is (with
+    `--captions-per-image k` a row contributes k texts). Image i and text j are positive when they come
+    from the same row, or (mined positives, directional) when `text_rows[j]` is in `positives[image_rows[i]]`.
+    """
+    mask = image_rows[:, None] == text_rows[None, :]
+    if positives:
+        where: dict[int, list[int]] = {}
+        for j, r in enumerate(text_rows.tolist()):
+            where.setdefault(r, []).append(j)
+        ii, jj = [], []
+        for i, r in enumerate(image_rows.tolist()):
+            for p in positives.get(r, ()):
+                for j in where.get(p, ()):
+                    ii.append(i)
+                    jj.append(j)
+        if ii:
+            mask[torch.tensor(ii, device=mask.device), torch.tensor(jj, device=mask.device)] = True
+    return mask
+
+
+@register_loss("sigmoid")
+class SigmoidLoss(Loss):
+    """Sigmoid loss with many positives (FFF, 004_e63f5973002a6b55.txt, sections 4.1-4.4; SigLIP).
+
+    logits_ij = exp(t') * <img_i, txt_j> + b over every image-text pair of the global batch (N images,
+    M texts); loss = -(1/N) sum_i sum_j log sigmoid(m_ij * logits_ij), m_ij = +1 for a positive pair and
+    -1 otherwise. Positives come from `extra["positive_mask"]` (N, M) bool when given, else the diagonal
+    (M == N, one text per image). t' (the model's logit scale) starts at log 10, b (the model's logit
+    bias) at -10 unless `--bias-init` says otherwise. With the diagonal it is open_clip's `SigLipLoss`.
+    """
+
+    logit_scale_init = 10.0
+    logit_scale_learnable = True
+    logit_bias_init = -10.0  # a new model gets a learnable logit bias starting here
+    needs = ("positive_mask",)
+
+    def forward(self, batch: LossInput) -> dict[str, torch.Tensor]:
+        img, txt = batch.image_features.float(), batch.text_features.float()
+        logits = batch.logit_scale.float() * img @ txt.T  # (N, M)
+        if batch.logit_bias is not None:
+            logits = logits + batch.logit_bias.float()
+        mask = batch.extra.get("positive_mask")
+        if mask is None:
+            mask = torch.eye(img.shape[0], txt.shape[0], dtype=torch.bool, device=logits.device)
+        signs = mask.to(logits.dtype) * 2 - 1
+        loss = -F.logsigmoid(signs * logits).sum() / img.shape[0]
+        with torch.no_grad():
+            best = logits.argmax(1)
+            acc = mask[torch.arange(img.shape[0], device=mask.device), best].float().mean()
+        return {"loss": loss, "acc_i2t": acc}
+
+
+def search_logit_bias(losses_at, lo: float = -20.0, hi: float = 0.0, step: float = 0.1) -> float:
+    """FFF 4.4: the bias minimising the initial loss, by a grid of step 1 over [lo, hi] refined to `step`.
+
+    `losses_at(b)` returns the loss (summed over the search batches) with bias b.
+    """
+    grid = [lo + i for i in range(int(round(hi - lo)) + 1)]
+    vals = [losses_at(b) for b in grid]
+    best = grid[min(range(len(grid)), key=vals.__getitem__)]
+    n = int(round(1 / step))
+    fine = [round(best + k * step, 6) for k in range(-n, n + 1) if lo <= best + k * step <= hi]
+    vals = [losses_at(b) for b in fine]
+    return fine[min(range(len(fine)), key=vals.__getitem__)]
+
+
+@register_loss("unicl")
+class UniCLLoss(Loss):
+    """UniCL's bidirectional soft-target contrastive loss (001_a262f7fa0c00bc3c.txt, section 3.2, Algorithm 1).
+
+    `extra["label"]` (N,) long: the label of each row of the global batch (image-label rows their class,
+    image-text rows a label of their own). Targets t_ij = [y_i == y_j]; logits = s * img @ txt.T;
+    i2t = mean_i -(sum_j t_ij log softmax_j(logits_i.)) / sum_j t_ij, t2i the same over columns; the loss
+    is (i2t + t2i) / 2. The multiplier s is exp(tau), tau learnable and initialised at 1 (Algorithm 1;
+    equation 2 writes tau itself as the multiplier): a new model's logit scale starts at e. Without
+    labels (every label unique) it is exactly CLIP's loss.
+    """
+
+    logit_scale_init = math.e  # exp(tau), tau = 1 (Algorithm 1)
+    logit_scale_learnable = True
+    needs = ("label",)
+
+    def forward(self, batch: LossInput) -> dict[str, torch.Tensor]:
+        img, txt = batch.image_features.float(), batch.text_features.float()
+        logits = batch.logit_scale.float() * img @ txt.T  # (N, N)
+        if batch.logit_bias is not None:
+            logits = logits + batch.logit_bias.float()
+        y = batch.extra.get("label")
+        if y is None:
+            y = torch.arange(img.shape[0], device=logits.device)
+        target = (y[:, None] == y[None, :]).to(logits.dtype)  # (N, N), symmetric
+        i2t = (-(target * F.log_softmax(logits, dim=1)).sum(1) / target.sum(1)).mean()
+        t2i = (-(target * F.log_softmax(logits, dim=0)).sum(0) / target.sum(0)).mean()
+        with torch.no_grad():
+            best = logits.argmax(1)
+            acc = target[torch.arange(img.shape[0], device=logits.device), best].mean()
+        return {"loss": (i2t + t2i) / 2, "acc_i2t": acc}
+
+
+@register_loss("jsd")
+class JSDLoss(Loss):
+    """CLIP-Lite's Jensen-Shannon lower bound of the mutual information (003_1589a2ba138981a4.txt, 3.1, Figure 3).
+
+    One negative per positive: image i is paired with the text of row (i + 1) mod N of the global batch.
+    The critic T(img, txt) = exp(t) * <c_I(img), c_T(txt)> (c_I, c_T: the model's critic projections,
+    L2-normalised; exp(t) the model's logit scale, t learnable, initialised at log(1/0.07));
+    loss = mean_i softplus(-T(img_i, txt_i)) + mean_i softplus(T(img_i, txt_{i+1})). Cost linear in N.
+    """
+
+    logit_scale_init = 1 / 0.07
+    logit_scale_learnable = True
+    needs_critic = True  # the trainer adds the critic projections to a new model
+
+    def forward(self, batch: LossInput) -> dict[str, torch.Tensor]:
+        img, txt = batch.image_features.float(), batch.text_features.float()
+        s = batch.logit_scale.float()
+        pos = s * (img * txt).sum(-1)  # (N,)
+        neg = s * (img * txt.roll(-1, dims=0)).sum(-1)  # (N,): text of the next row
+        loss = F.softplus(-pos).mean() + F.softplus(neg).mean()
+        with torch.no_grad():
+            acc = (pos > neg).float().mean()
+        return {"loss": loss, "acc_i2t": acc}
+
+
+class MemoryBankLoss(Loss):
+    """`--loss clip --memory-bank K`: cross-modal InfoNCE against a queue of EMA keys (000_e1055e0826afe142.txt,
+    section 2.1, equations 1-3; MoCo's queue).
+
+    The EMA copy (f', g') of the model encodes keys of the batch (`encode_keys`); the trainer gathers them
+    into `extra["image_keys"]`, `extra["text_keys"]` (N, D) and the rows' ids `extra["ids"]` (N,). Image i
+    is contrasted with its own EMA text key (positive) and the K queued text keys (negatives), text i with
+    its EMA image key and the queued image keys; queued keys with the query's id are masked out. The queue
+    starts with random unit keys (MoCo's initialisation; an empty queue would give a zero loss). logits = s * cosine, s the model's logit scale (1/tau, fixed; tau = 0.02); the loss is
+    (1/2N) sum_i (L_i^image + L_i^text) (eq. 3). Without keys (evaluation) it is CLIP's in-batch loss.
+    After the loss the trainer calls `enqueue` with the global batch's keys, and `update_ema` after each
+    optimizer step. The EMA model and the queue are buffers/frozen parameters of this module, so they are
+    in the loss's state dict (the checkpoint).
+    """
+
+    name = "clip"
+    logit_scale_learnable = False
+
+    def __init__(self, size: int, dim: int, temperature: float = 0.02, momentum: float = 0.999):
+        super().__init__()
+        self.size, self.momentum = int(size), float(momentum)
+        self.logit_scale_init = 1 / temperature
+        # MoCo's start: random unit keys (their own generator, so the trainer's RNG streams are untouched)
+        g = torch.Generator().manual_seed(0)
+        self.register_buffer("image_queue", F.normalize(torch.randn(size, dim, generator=g), dim=-1))
+        self.register_buffer("text_queue", F.normalize(torch.randn(size, dim, generator=g), dim=-1))
+        self.register_buffer("queue_ids", torch.full((size,), -1, dtype=torch.long))  # -1: an initial random key
+        self.register_buffer("queue_ptr", torch.zeros((), dtype=torch.long))
+        self.ema = None
+
+    def init_ema(self, model: nn.Module) -> None:
+        import copy
+
+        self.ema = copy.deepcopy(model)
+        for p in self.ema.parameters():
+            p.requires_grad_(False)
+
+    @torch.no_grad()
+    def encode_keys(self, **model_inputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """EMA keys (normalised) of the local batch; the EMA model runs in eval mode (vltool's choice)."""
+        self.ema.eval()
+        return self.ema(**model_inputs)
+
+    @torch.no_grad()
+    def update_ema(self, model: nn.Module) -> None:
+        m = self.momentum
+        for pe, p in zip(self.ema.parameters(), model.parameters()):
+            pe.mul_(m).add_(p.detach(), alpha=1 - m)
+        for be, b in zip(self.ema.buffers(), model.buffers()):
+            be.copy_(b)
+
+    @torch.no_grad()
+    def enqueue(self, image_keys: torch.Tensor, text_keys: torch.Tensor, ids: torch.Tensor) -> None:
+        n = image_keys.shape[0]
+        idx = (self.queue_ptr + torch.arange(n, device=ids.device)) % self.size
+        self.image_queue[idx] = image_keys.to(self.image_queue.dtype)
+        self.text_queue[idx] = text_keys.to(self.text_queue.dtype)
+        self.queue_ids[idx] = ids
+        self.queue_ptr.fill_(int((self.queue_ptr + n) % self.size))
+
+    def forward(self, batch: LossInput) -> dict[str, torch.Tensor]:
+        img, txt = batch.image_features, batch.text_features
+        if img.dtype != torch.float64:
+            img, txt = img.float(), txt.float()
+        s = batch.logit_scale.to(img.dtype)
+        if "image_keys" not in batch.extra:
+            return ClipLoss()(LossInput(img, txt, s))
+        ik, tk, ids = batch.extra["image_keys"].to(img.dtype), batch.extra["text_keys"].to(img.dtype), batch.extra["ids"]
+        masked = self.queue_ids[None, :] == ids[:, None]  # (N, K): the query's own (stale) keys
+        iq, tq = self.image_queue.to(img.dtype), self.text_queue.to(img.dtype)
+        neg_inf = torch.finfo(img.dtype).min
+
+        def side(q, pos_key, queue):
+            logits = torch.cat([s * (q * pos_key).sum(-1, keepdim=True), (s * q @ queue.T).masked_fill(masked, neg_inf)], 1)
+            return F.cross_entropy(logits, torch.zeros(q.shape[0], dtype=torch.long, device=q.device), reduction="sum"), logits
+
+        l_img, logits = side(img, tk, tq)
+        l_txt, _ = side(txt, ik, iq)
+        with torch.no_grad():
+            acc = (logits.argmax(1) == 0).float().mean()
+        return {"loss": (l_img + l_txt) / (2 * img.shape[0]), "acc_i2t": acc}
+
+
+@register_loss("simclr")
+class SimCLRLoss(Loss):
+    """SimCLR's NT-Xent, the image-only baseline (002_986e33e07155d684.txt, section 2.1, appendix A.3).
+
+    `image_features` and `text_features` are the image tower's outputs (before normalisation) for the two
+    augmented views of the N images of the global batch. This loss owns the MLP projection head
+    (Linear -> ReLU -> Linear, width the embedding size; applied to the gathered global batch, so its
+    parameters see all of it). z = normalise(head(views)) (2N, D); logits = s * z z^T without the diagonal
+    (s the model's logit scale, 1/tau, tau = 0.1 fixed by default); each view's positive is the other view
+    of its image; the loss is the mean cross-entropy over the 2N views.
+    """
+
+    logit_scale_init = 10.0  # 1 / tau, tau = 0.1 (vltool's choice: SimCLR's reference implementation's value)
+    logit_scale_learnable = False
+    image_only = True
+
+    def __init__(self, dim: int | None = None):
+        super().__init__()
+        self.head = None
+        if dim is not None:
+            self.build_head(dim)
+
+    def build_head(self, dim: int) -> None:
+        self.head = nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, dim))
+
+    def forward(self, batch: LossInput) -> dict[str, torch.Tensor]:
+        v1, v2 = batch.image_features.float(), batch.text_features.float()
+        n = v1.shape[0]
+        z = torch.cat([v1, v2])
+        if self.head is not None:
+            z = self.head(z)
+        z = F.normalize(z, dim=-1)
+        logits = batch.logit_scale.float() * z @ z.T  # (2N, 2N)
+        logits = logits.masked_fill(torch.eye(2 * n, dtype=torch.bool, device=z.device), float("-inf"))
+        target = torch.cat([torch.arange(n, 2 * n), torch.arange(0, n)]).to(z.device)
+        loss = F.cross_entropy(logits, target)
+        with torch.no_grad():
+            acc = (logits.argmax(1) == target).float().mean()
+        return {"loss": loss, "acc_i2t": acc}

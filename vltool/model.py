@@ -181,6 +181,8 @@ def open_clip_model_cfg(config: dict) -> dict | None:
     }
     if config.get("logit_bias_init") is not None:
         cfg["init_logit_bias"] = config["logit_bias_init"]
+    if config.get("critic"):
+        return None  # open_clip has no critic projections
     return cfg
 
 
@@ -307,6 +309,25 @@ def _read_state_dict(path: str | Path) -> dict:
 # ----------------------------------------------------------------------------------------------------
 
 
+class CriticProjection(nn.Module):
+    """CLIP-Lite's critic projection of one modality (003_1589a2ba138981a4.txt, Figure 3; DIM's 1x1 block):
+    Linear (no bias) -> BatchNorm -> ReLU -> Linear, plus a linear shortcut (no bias) initialised near the
+    identity (U(-0.01, 0.01) off the diagonal, 1 on it), then LayerNorm. (B, d_in) -> (B, dim)."""
+
+    def __init__(self, d_in: int, dim: int):
+        super().__init__()
+        self.block = nn.Sequential(nn.Linear(d_in, dim, bias=False), nn.BatchNorm1d(dim), nn.ReLU(), nn.Linear(dim, dim))
+        self.shortcut = nn.Linear(d_in, dim, bias=False)
+        with torch.no_grad():
+            self.shortcut.weight.uniform_(-0.01, 0.01)
+            k = min(d_in, dim)
+            self.shortcut.weight[torch.arange(k), torch.arange(k)] = 1.0
+        self.norm = nn.LayerNorm(dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.block(x) + self.shortcut(x))
+
+
 class TwoTower(nn.Module):
     """Image tower -> projection, text tower -> projection, and a logit scale stored as log(multiplier).
 
@@ -346,6 +367,23 @@ class TwoTower(nn.Module):
         self.logit_scale = nn.Parameter(torch.tensor(math.log(ls["init"])), requires_grad=bool(ls["learnable"]))
         bias = config.get("logit_bias_init")
         self.logit_bias = nn.Parameter(torch.tensor(float(bias))) if bias is not None else None
+        self.add_critic(config.get("critic"))
+
+    def add_critic(self, critic: dict | None) -> None:
+        """CLIP-Lite's critic projections (config "critic": {"dim"}): the shared embedding space, applied
+        after the towers' projections by encode_image/encode_text/forward."""
+        self.image_critic = self.text_critic = None
+        if critic:
+            d = int(self.config["embed_dim"])
+            self.image_critic = CriticProjection(d, int(critic["dim"]))
+            self.text_critic = CriticProjection(d, int(critic["dim"]))
+            self.config["critic"] = dict(critic)
+
+    def apply_critic(self, img: torch.Tensor, txt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Projections -> normalised features of the shared space (the critic when there is one)."""
+        if self.image_critic is not None:
+            img, txt = self.image_critic(img), self.text_critic(txt)
+        return F.normalize(img, dim=-1), F.normalize(txt, dim=-1)
 
     # Features before the projection ("trunk") and after it; a frozen trunk's output can be cached.
     def image_trunk(self, images: torch.Tensor) -> torch.Tensor:
@@ -356,21 +394,26 @@ class TwoTower(nn.Module):
 
     def encode_image(self, images: torch.Tensor, normalize: bool = True) -> torch.Tensor:
         f = self.image_proj(self.visual(images))  # (B, D)
+        if self.image_critic is not None:
+            f = self.image_critic(f)
         return F.normalize(f, dim=-1) if normalize else f
 
     def encode_text(self, tokens, normalize: bool = True) -> torch.Tensor:
         f = self.text_proj(self.text(tokens))  # (B, D)
+        if self.text_critic is not None:
+            f = self.text_critic(f)
         return F.normalize(f, dim=-1) if normalize else f
 
-    def forward(self, images=None, tokens=None, image_trunk=None, text_trunk=None):
-        """Normalised features of both sides. A side may be given as cached trunk features instead."""
+    def forward(self, images=None, tokens=None, image_trunk=None, text_trunk=None, head: bool = True):
+        """Normalised features of both sides. A side may be given as cached trunk features instead.
+        head=False: the projections before the critic and normalisation (the trainer gathers them and
+        applies `apply_critic` to the global batch, so the critic's BatchNorm sees the whole batch)."""
         if image_trunk is None:
             image_trunk = self.visual(images)
         if text_trunk is None:
             text_trunk = self.text(tokens)
-        img = F.normalize(self.image_proj(image_trunk), dim=-1)  # (B, D)
-        txt = F.normalize(self.text_proj(text_trunk), dim=-1)  # (B, D)
-        return img, txt
+        img, txt = self.image_proj(image_trunk), self.text_proj(text_trunk)  # (B, D)
+        return self.apply_critic(img, txt) if head else (img, txt)
 
     def clamp_logit_scale(self) -> None:
         with torch.no_grad():

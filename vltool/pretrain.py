@@ -62,6 +62,21 @@ class PretrainConfig:
     unfreeze_text_last: int = 0  # with lock_text: train only the last N blocks of the text tower
     cache_frozen: bool = True  # compute a wholly frozen tower's features once when its input is fixed
     sync_bn: bool = False  # SyncBatchNorm across processes (GPUs only)
+    # Loss-specific options (docs/objectives.md).
+    bias_init: str | None = None  # sigmoid: a number (the logit bias's start) or "search" (FFF 4.4) [default: the loss's, -10]
+    bias_search_batches: int = 4  # sigmoid with bias_init=search: batches encoded to choose the bias
+    captions_per_image: int = 1  # batch text augmentation (FFF 4.2): k captions of each image in the batch, all positives
+    mined_positives: bool = False  # sigmoid: image i and text j are positives when j's id is in row i's `positives`
+    label_data: list[str] = field(default_factory=list)  # unicl: image-label inputs (text = class name in a random template)
+    text_data: list[str] = field(default_factory=list)  # unicl: image-text inputs (each row its own label); DATA args join these
+    label_column: str = C.LABEL  # unicl: the ClassLabel (or string) column of --label-data
+    templates: str = "openai-imagenet"  # unicl: prompt templates of --label-data rows (name or file), one drawn per sample
+    critic_dim: int | None = None  # jsd: output size of the critic projections [default: the embedding size]
+    memory_bank: int = 0  # clip: K > 0 contrasts against a queue of K keys of EMA towers (000_e1055e0826afe142.txt 2.1)
+    temperature: float = 0.02  # memory bank: the fixed temperature tau (the logit scale is 1/tau, not learned)
+    ema_momentum: float = 0.999  # memory bank: EMA momentum of the key towers (vltool's choice; the paper gives none)
+    export_ema: bool = False  # memory bank: RUN_DIR/model is the EMA model instead of the online one
+    balanced: bool = False  # unicl: every epoch, all image-label rows and as many image-text rows drawn anew (UniCL B.2)
     # The data.
     text_column: str = C.CAPTION  # the text column (ignored with caption_sampling, which reads captions)
     caption_sampling: str | None = None  # random | first: one caption of the `captions` list per step
@@ -128,6 +143,47 @@ class PretrainConfig:
                 problems.append(f"--init starts from a trained model, so {', '.join(given)} cannot change it")
         if self.loss not in LOSSES:
             problems.append(f"--loss {self.loss!r}: unknown; available: {', '.join(sorted(LOSSES))}")
+        if self.bias_init is not None:
+            if self.loss != "sigmoid":
+                problems.append("--bias-init is an option of --loss sigmoid")
+            elif self.bias_init != "search":
+                try:
+                    float(self.bias_init)
+                except ValueError:
+                    problems.append(f"--bias-init must be a number or 'search', got {self.bias_init!r}")
+        if self.bias_search_batches < 1:
+            problems.append(f"--bias-search-batches must be >= 1, got {self.bias_search_batches}")
+        if self.captions_per_image < 1:
+            problems.append(f"--captions-per-image must be >= 1, got {self.captions_per_image}")
+        elif self.captions_per_image > 1 and self.loss != "sigmoid":
+            problems.append("--captions-per-image > 1 needs a loss with several positives per image (--loss sigmoid)")
+        if self.critic_dim is not None and (self.loss != "jsd" or self.critic_dim < 1):
+            problems.append("--critic-dim is an option of --loss jsd and must be >= 1")
+        if self.memory_bank < 0 or (self.memory_bank and self.loss != "clip"):
+            problems.append("--memory-bank K needs --loss clip and K >= 1")
+        if not self.temperature > 0:
+            problems.append(f"--temperature must be > 0, got {self.temperature}")
+        if not 0 <= self.ema_momentum < 1:
+            problems.append(f"--ema-momentum must be in [0, 1), got {self.ema_momentum}")
+        if self.export_ema and not self.memory_bank:
+            problems.append("--export-ema needs --memory-bank")
+        if self.loss == "simclr" and self.augment != "simclr":
+            problems.append("--loss simclr contrasts two augmented views: use --augment simclr")
+        if self.mined_positives and self.loss != "sigmoid":
+            problems.append("--mined-positives needs --loss sigmoid")
+        if (self.label_data or self.text_data or self.balanced) and self.loss != "unicl":
+            problems.append("--label-data, --text-data and --balanced are options of --loss unicl")
+        if self.balanced and not self.label_data:
+            problems.append("--balanced needs --label-data (it draws as many image-text rows as image-label rows)")
+        if self.label_data:
+            from vltool.templates import load_templates
+
+            try:
+                load_templates(self.templates)
+            except UsageError as e:
+                problems.append(str(e))
+        if self.loss == "unicl" and (self.caption_sampling or self.captions_per_image > 1):
+            problems.append("--loss unicl reads --text-column of --text-data (not --caption-sampling / --captions-per-image)")
         if self.logit_scale_init is not None and not 0 < self.logit_scale_init <= 100:
             problems.append(f"--logit-scale-init must be in (0, 100], got {self.logit_scale_init}")
         for name in ("unfreeze_image_last", "unfreeze_text_last", "warmup_steps", "workers"):
@@ -188,6 +244,10 @@ class TrainData:
     inputs: list  # LoadedDataset of each input (provenance)
     rows_in: int  # rows after --where, before dropping empty texts
     empty_text_ids: list[str]
+    positives: dict | None = None  # --mined-positives: row -> rows of its `positives` ids in the training rows
+    labels: Any = None  # unicl: (rows,) int64 label of each row (classes first, then one per image-text row)
+    templated: Any = None  # unicl: (rows,) bool, the row's text is a class name to put in a random template
+    templates: list | None = None  # unicl: the templates
 
 
 def _texts_of(value, sampling: str | None) -> list[str]:
@@ -204,14 +264,17 @@ def load_train_data(
 
     from vltool.io import load_dataset
 
-    text_col = C.CAPTIONS if config.caption_sampling else config.text_column
+    lists = bool(config.caption_sampling) or config.captions_per_image > 1
+    text_col = C.CAPTIONS if lists else config.text_column
     needed = [C.ID, C.IMAGE, text_col]
+    if config.mined_positives and what == "input":
+        needed.append(C.POSITIVES)
     loaded = [load_dataset(spec, split=split, where=where, required=needed) for spec in data]
     for src in loaded:
         feat = src.dataset.features[text_col]
-        if config.caption_sampling:
+        if lists:
             if not (isinstance(feat, (datasets.Sequence, getattr(datasets, "List", datasets.Sequence))) or isinstance(feat, list)):
-                raise UsageError(f"--caption-sampling reads the list column {C.CAPTIONS!r}, but in {src.spec!r} it is {feat}")
+                raise UsageError(f"--caption-sampling and --captions-per-image read the list column {C.CAPTIONS!r}, but in {src.spec!r} it is {feat}")
         elif not (isinstance(feat, datasets.Value) and feat.dtype in ("string", "large_string")):
             raise UsageError(f"--text-column {text_col!r} of {src.spec!r} is not a text column (it is {feat})")
         if not isinstance(src.dataset.features[C.IMAGE], datasets.Image):
@@ -224,6 +287,9 @@ def load_train_data(
         if config.prefix_ids and len(loaded) > 1:
             ids = [f"{k}:{i}" for i in ids]
             ds = ds.remove_columns([C.ID]).add_column(C.ID, ids)
+            if C.POSITIVES in needed:
+                pos = [[f"{k}:{p}" for p in (ps or [])] for ps in ds[C.POSITIVES]]
+                ds = ds.remove_columns([C.POSITIVES]).add_column(C.POSITIVES, pos)
         if len(set(ids)) != len(ids):
             raise UsageError(f"{src.spec!r} has duplicate ids; ids must be unique")
         for i in ids:
@@ -237,7 +303,7 @@ def load_train_data(
     ds = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
     rows_in = len(ds)
     texts = ds[text_col]
-    keep = [i for i, t in enumerate(texts) if _texts_of(t, config.caption_sampling)]
+    keep = [i for i, t in enumerate(texts) if _texts_of(t, "first" if lists else None)]
     empty_ids = []
     if len(keep) != rows_in:
         all_ids = ds[C.ID]
@@ -246,7 +312,115 @@ def load_train_data(
         ds = ds.select(keep)
     if len(ds) == 0:
         raise UsageError(f"the {what} has no rows with text in {text_col!r}")
-    return TrainData(ds, text_col, loaded, rows_in, empty_ids)
+    positives = None
+    if C.POSITIVES in needed:
+        # row -> rows of its positives (ids outside the training rows are ignored)
+        row_of = {i: r for r, i in enumerate(ds[C.ID])}
+        positives = {}
+        for r, ps in enumerate(ds[C.POSITIVES]):
+            rows_ = [row_of[p] for p in (ps or []) if p in row_of and row_of[p] != r]
+            if rows_:
+                positives[r] = rows_
+    return TrainData(ds, text_col, loaded, rows_in, empty_ids, positives)
+
+
+UNICL_TEXT = "_unicl_text"  # unicl's internal text column: the caption, or the class name of a label row
+
+
+def load_unicl_data(config: PretrainConfig, where: Sequence[str] = (), split: str | None = None) -> TrainData:
+    """UniCL's two roles, concatenated (label inputs first): image-label rows get their class's label and
+    the class name as text (a template is drawn per sample); image-text rows get a label each."""
+    import datasets
+
+    from vltool.io import load_dataset
+    from vltool.templates import load_templates
+
+    specs = [(s, "label") for s in config.label_data] + [(s, "text") for s in config.text_data]
+    if not specs:
+        raise UsageError("--loss unicl needs --label-data and/or --text-data (or DATA, taken as --text-data)")
+    classes: dict[str, int] = {}  # class name -> class index; equal names in several label inputs are one class
+    parts, loaded, empty_ids, seen = [], [], [], {}
+    rows_in = 0
+    for k, (spec_, role) in enumerate(specs):
+        col = config.label_column if role == "label" else config.text_column
+        src = load_dataset(spec_, split=split, where=where, required=[C.ID, C.IMAGE, col])
+        loaded.append(src)
+        ds = src.dataset
+        rows_in += len(ds)
+        feat = ds.features[col]
+        if role == "label":
+            if isinstance(feat, datasets.ClassLabel):
+                names = [None if v is None or v < 0 else feat.names[v] for v in ds[col]]
+            elif isinstance(feat, datasets.Value) and feat.dtype in ("string", "large_string"):
+                names = ds[col]
+            else:
+                raise UsageError(f"--label-column {col!r} of {spec_!r} must be a ClassLabel or string column (it is {feat})")
+            texts = [n if isinstance(n, str) and n.strip() else None for n in names]
+            for n in texts:
+                if n is not None and n not in classes:
+                    classes[n] = len(classes)
+        else:
+            if not (isinstance(feat, datasets.Value) and feat.dtype in ("string", "large_string")):
+                raise UsageError(f"--text-column {col!r} of {spec_!r} is not a text column (it is {feat})")
+            texts = [t if isinstance(t, str) and t.strip() else None for t in ds[col]]
+        ids = ds[C.ID]
+        if config.prefix_ids and len(specs) > 1:
+            ids = [f"{k}:{i}" for i in ids]
+        for i in ids:
+            if i in seen:
+                raise UsageError(
+                    f"id {i!r} is in both {specs[seen[i]][0]!r} and {spec_!r}; "
+                    "pass --prefix-ids to make ids unique as '<input index>:<id>' (e.g. one dataset in both roles)"
+                )
+            seen[i] = k
+        keep = [j for j, t in enumerate(texts) if t is not None]
+        empty_ids += [ids[j] for j, t in enumerate(texts) if t is None]
+        sub = ds.select_columns([C.IMAGE]).cast_column(C.IMAGE, datasets.Image(decode=False)).select(keep)
+        sub = sub.add_column(C.ID, [ids[j] for j in keep]).add_column(UNICL_TEXT, [texts[j] for j in keep])
+        sub = sub.add_column("_role_label", [role == "label"] * len(keep))
+        parts.append(sub)
+    ds = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+    if len(ds) == 0:
+        raise UsageError("the unicl inputs have no rows with a label or text")
+    is_label = np.array(ds["_role_label"], dtype=bool)
+    txt = ds[UNICL_TEXT]
+    labels = np.where(is_label, [classes.get(t, -1) for t in txt], len(classes) + np.arange(len(ds)))
+    _, templates = load_templates(config.templates)
+    data = TrainData(ds, UNICL_TEXT, loaded, rows_in, empty_ids)
+    data.labels = labels.astype(np.int64)
+    data.templated = is_label
+    data.templates = templates
+    return data
+
+
+class BalancedEpochBatches:
+    """UniCL B.2: epoch e holds every image-label row and min(#label, #text) image-text rows drawn anew
+    (without replacement, seeded by (seed, e)), shuffled together; batching as EpochBatches."""
+
+    def __init__(self, label_rows, text_rows, batch: int, world: int, rank: int, seed: int, start: int, stop: int):
+        self.label_rows, self.text_rows = np.asarray(label_rows), np.asarray(text_rows)
+        self.n = len(self.label_rows) + min(len(self.label_rows), len(self.text_rows))
+        self.inner = EpochBatches(self.n, batch, world, rank, seed, start, stop)
+        self.inner.perm = self.perm
+        self.per_epoch = self.inner.per_epoch
+
+    def perm(self, epoch: int) -> np.ndarray:
+        rng = np.random.default_rng([self.inner.seed, 7919, epoch])
+        drawn = rng.choice(self.text_rows, size=self.n - len(self.label_rows), replace=False)
+        return rng.permutation(np.concatenate([self.label_rows, drawn]))
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __iter__(self):
+        return iter(self.inner)
+
+
+def make_sampler(train: TrainData, config: PretrainConfig, world: int, rank: int, start: int, stop: int):
+    if config.balanced and train.templated is not None:
+        rows = np.arange(len(train.dataset))
+        return BalancedEpochBatches(rows[train.templated], rows[~train.templated], config.batch_size, world, rank, config.seed, start, stop)
+    return EpochBatches(len(train.dataset), config.batch_size, world, rank, config.seed, start, stop)
 
 
 def row_seed(seed: int, epoch: int, row: int) -> int:
@@ -278,7 +452,11 @@ def decode_image(value):
 class PairDataset:
     """Item (epoch, row) -> {"row", "id", "image" tensor, "text"}; {"row", "id", "bad": True} for a bad image."""
 
-    def __init__(self, ds, text_column: str, sampling: str | None, transform, seed: int, load_images: bool = True):
+    def __init__(self, ds, text_column: str, sampling: str | None, transform, seed: int, load_images: bool = True,
+                 captions_per_image: int = 1, templated=None, templates=None, two_views: bool = False):
+        self.two_views = two_views  # simclr: a second augmented view "image2" from another seed
+        self.templated, self.templates = templated, templates  # unicl: rows whose text is a class name to template
+        self.captions_per_image = captions_per_image  # > 1: "texts", k captions (shuffled when sampling is random, cycled)
         self.ds = ds
         self.text_column = text_column
         self.sampling = sampling
@@ -296,8 +474,16 @@ class PairDataset:
         rec = self.ds[int(row)]
         out = {"row": int(row), "id": rec[C.ID]}
         s = row_seed(self.seed, epoch, row)
-        texts = _texts_of(rec[self.text_column], self.sampling)
-        out["text"] = random.Random(s).choice(texts) if self.sampling == "random" else texts[0]
+        k = self.captions_per_image
+        texts = _texts_of(rec[self.text_column], self.sampling or ("first" if k > 1 else None))
+        if k > 1:
+            if self.sampling == "random":
+                texts = random.Random(s).sample(texts, len(texts))
+            out["texts"] = [texts[i % len(texts)] for i in range(k)]
+        elif self.templated is not None and self.templated[int(row)]:
+            out["text"] = random.Random(s).choice(self.templates).format(texts[0])  # UniCL: a random template per sample
+        else:
+            out["text"] = random.Random(s).choice(texts) if self.sampling == "random" else texts[0]
         if self.load_images:
             im = decode_image(rec[C.IMAGE])
             if im is None:
@@ -307,6 +493,9 @@ class PairDataset:
             g.manual_seed(s)
             try:
                 out["image"] = self.transform(im)
+                if self.two_views:
+                    g.manual_seed(int(np.random.SeedSequence([self.seed, epoch, int(row), 2]).generate_state(1, dtype=np.uint64)[0] >> 1))
+                    out["image2"] = self.transform(im)
             finally:
                 g.set_state(saved)
         return out
@@ -328,7 +517,14 @@ class Collate:
         }
         if good and "image" in good[0]:
             batch["images"] = torch.stack([it["image"] for it in good])
-        if good and self.tokenize:
+        if good and "image2" in good[0]:
+            batch["images2"] = torch.stack([it["image2"] for it in good])
+        if good and "texts" in good[0]:  # k captions per image, image-major: texts of image i are i*k .. i*k+k-1
+            k = len(good[0]["texts"])
+            batch["text_rows"] = batch["rows"].repeat_interleave(k)
+            if self.tokenize:
+                batch["tokens"] = self.tokenizer([t for it in good for t in it["texts"]])
+        elif good and self.tokenize:
             batch["tokens"] = self.tokenizer([it["text"] for it in good])
         return batch
 
@@ -679,7 +875,7 @@ def pretrain(
             raise UsageError("--resume continues RUN_DIR in place; do not pass a different --out")
         config = PretrainConfig(**spec.config)
     else:
-        if not data:
+        if not data and not (config and (config.label_data or config.text_data)):
             raise UsageError("give at least one training dataset (or 'emoji')")
         if out is None:
             raise UsageError("--out RUN_DIR is required")
@@ -709,7 +905,12 @@ def pretrain(
         raise UsageError("--sync-bn needs GPUs: torch's SyncBatchNorm does not run on CPU (freeze BatchNorm with --lock-image instead)")
 
     # ---- data (checked before anything is written)
-    train = load_train_data(spec.data, config, spec.where, spec.split)
+    if config.loss == "unicl":
+        if spec.data:
+            config.text_data = list(config.text_data) + [d for d in spec.data if d not in config.text_data]
+        train = load_unicl_data(config, spec.where, spec.split)
+    else:
+        train = load_train_data(spec.data, config, spec.where, spec.split)
     evald = load_train_data(spec.eval_data, config, spec.eval_where, None, what="--eval-data") if spec.eval_data else None
     if evald is not None:
         overlap = set(train.dataset[C.ID]) & set(evald.dataset[C.ID])
@@ -723,10 +924,11 @@ def pretrain(
         check_output(run_dir, overwrite, inputs=inputs)
     n_rows = len(train.dataset)
     global_batch = config.batch_size * world
-    per_epoch_micro = n_rows // global_batch
+    epoch_rows = make_sampler(train, config, 1, 0, 0, 0).n  # rows an epoch draws (fewer with --balanced)
+    per_epoch_micro = epoch_rows // global_batch
     if per_epoch_micro < config.accum_steps:
         raise UsageError(
-            f"the training data has {n_rows} rows, fewer than one step needs "
+            f"the training data has {epoch_rows} rows per epoch, fewer than one step needs "
             f"({config.batch_size} per process x {world} process(es) x {config.accum_steps} accumulation steps)"
         )
     steps_per_epoch = per_epoch_micro // config.accum_steps
@@ -769,20 +971,45 @@ def pretrain(
             transformers.utils.logging.disable_progress_bar()
         except Exception:
             pass
+        scale0 = 1 / config.temperature if config.memory_bank else loss_fn.logit_scale_init
+        learn0 = False if config.memory_bank else loss_fn.logit_scale_learnable
         model, tokenizer = create_model(
             config.model_spec(),
-            logit_scale_init=config.logit_scale_init or loss_fn.logit_scale_init,
-            logit_scale_learnable=loss_fn.logit_scale_learnable if config.logit_scale_learnable is None else config.logit_scale_learnable,
+            logit_scale_init=config.logit_scale_init or scale0,
+            logit_scale_learnable=learn0 if config.logit_scale_learnable is None else config.logit_scale_learnable,
         )
+    bias_default = getattr(loss_fn, "logit_bias_init", None)
+    if bias_default is not None and model.logit_bias is None:
+        # a loss with a logit bias (sigmoid): a learnable bias on the model, saved in the model format
+        b0 = float(config.bias_init) if config.bias_init not in (None, "search") else float(bias_default)
+        model.logit_bias = torch.nn.Parameter(torch.tensor(b0))
+        model.config["logit_bias_init"] = b0
+    elif config.bias_init not in (None, "search") and model.logit_bias is not None and resume is None:
+        with torch.no_grad():
+            model.logit_bias.fill_(float(config.bias_init))
+    if getattr(loss_fn, "needs_critic", False) and model.image_critic is None:
+        model.add_critic({"dim": config.critic_dim or int(model.config["embed_dim"])})  # CLIP-Lite's critic, saved with the model
+    image_only = bool(getattr(loss_fn, "image_only", False))
+    if image_only:  # simclr: no text; the text tower is unused and frozen, the loss's head sees the image tower
+        _freeze([model.text])
+        loss_fn.build_head(int(model.config["embed_dim"]))
     frozen = apply_freezing(model, config)
     if config.sync_bn and world > 1:
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     model.to(device)
+    if config.memory_bank:
+        from vltool.losses import MemoryBankLoss
+
+        d = model.config["critic"]["dim"] if model.config.get("critic") else int(model.config["embed_dim"])
+        loss_fn = MemoryBankLoss(config.memory_bank, d, config.temperature, config.ema_momentum)
+        loss_fn.init_ema(model)
     loss_fn.to(device)
     # Parameters whose gradient each process holds only through its own rows (summed over processes),
     # and those that see the whole global batch (logit scale and bias, the loss's own).
+    # The critic projections run on the gathered global batch (so their BatchNorm sees it all): global too.
     global_names = {"logit_scale", "logit_bias"}
-    local_params = [p for n, p in model.named_parameters() if n not in global_names and p.requires_grad]
+    local_params = [p for n, p in model.named_parameters()
+                    if n not in global_names and not n.startswith(("image_critic.", "text_critic.")) and p.requires_grad]
     named = list(model.named_parameters()) + [(f"loss.{n}", p) for n, p in loss_fn.named_parameters()]
     groups = param_groups(named, config.weight_decay)
     if config.optimizer == "adamw":
@@ -794,10 +1021,13 @@ def pretrain(
 
     # ---- feature caches of wholly frozen towers with fixed inputs
     pp = model.config["preprocess"]
-    cache_image = config.cache_frozen and frozen["image"] and config.augment == "none"
-    cache_text = config.cache_frozen and frozen["text"] and config.caption_sampling != "random"
+    cache_image = config.cache_frozen and frozen["image"] and config.augment == "none" and not image_only
+    cache_text = (config.cache_frozen and frozen["text"] and config.caption_sampling != "random" and config.captions_per_image == 1
+                  and not (train.templated is not None and train.templated.any()) and not image_only)
     aug = train_transform(pp, config.augment)
-    dataset = PairDataset(train.dataset, train.text_column, config.caption_sampling, aug, config.seed, load_images=not cache_image)
+    dataset = PairDataset(train.dataset, train.text_column, config.caption_sampling, aug, config.seed, load_images=not cache_image,
+                          captions_per_image=config.captions_per_image, templated=train.templated, templates=train.templates,
+                          two_views=image_only)
     image_cache = text_cache = None
     bad_cached: set[int] = set()
     if cache_image or cache_text:
@@ -814,13 +1044,25 @@ def pretrain(
         _truncate_metrics(run_dir / METRICS_FILE, start_step)
     if start_step >= total_steps and resume is not None and ckpts:
         pass  # fall through to the end: write the model
+    searched_bias = None
+    if config.bias_init == "search" and resume is None and model.logit_bias is not None:
+        searched_bias = _search_bias(model, tokenizer, dataset, train, config, loss_fn, image_cache, text_cache, accelerator)
+        with torch.no_grad():
+            model.logit_bias.fill_(searched_bias)
+        model.config["logit_bias_init"] = searched_bias
+        if is_main:
+            with open(run_dir / METRICS_FILE, "a") as f:
+                f.write(json.dumps({"kind": "bias_search", "step": 0, "logit_bias": searched_bias,
+                                    "batches": config.bias_search_batches}) + "\n")
+    elif config.bias_init == "search" and resume is not None:
+        searched_bias = _searched_bias_of(run_dir)  # the weights come from the checkpoint; the config records it
+        if searched_bias is not None:
+            model.config["logit_bias_init"] = searched_bias
 
     # ---- data loader over the micro-batches still to do
     import torch.utils.data as tud
 
-    sampler = EpochBatches(
-        n_rows, config.batch_size, world, rank, config.seed, start_step * config.accum_steps, total_steps * config.accum_steps
-    )
+    sampler = make_sampler(train, config, world, rank, start_step * config.accum_steps, total_steps * config.accum_steps)
     loader = tud.DataLoader(
         dataset,
         batch_sampler=sampler,
@@ -899,6 +1141,21 @@ def pretrain(
                 for b in batch["bad_ids"]:
                     bad_ids.add(b)
                 rows = batch["rows"]
+                if image_only:
+                    with accelerator.autocast():
+                        x = torch.cat([batch["images"], batch["images2"]]).to(device) if "images" in batch else torch.zeros(0, 3, pp["size"], pp["size"], device=device)
+                        f = model.image_proj(model.visual(x))
+                        nb = f.shape[0] // 2
+                        img_g, local = gather_keep_grad(f[:nb])
+                        txt_g, _ = gather_keep_grad(f[nb:])
+                        out_ = loss_fn(LossInput(img_g, txt_g, model.logit_scale.exp(), None, local_slice=local))
+                    loss = out_["loss"]
+                    accelerator.backward(loss / config.accum_steps)
+                    for k, v in out_.items():
+                        stats[k] = stats.get(k, 0.0) + float(v.detach()) / config.accum_steps
+                    samples_seen += img_g.shape[0]
+                    n_window += img_g.shape[0]
+                    continue
                 with accelerator.autocast():
                     kw = {}
                     if image_cache is not None:
@@ -909,14 +1166,23 @@ def pretrain(
                         kw["text_trunk"] = text_cache[rows].to(device)
                     else:
                         kw["tokens"] = to_device(batch["tokens"], device) if "tokens" in batch else _empty_tokens(tokenizer, device)
-                    img, txt = model(**kw)
+                    img, txt = model(**kw, head=False)
                     img_g, local = gather_keep_grad(img)
                     txt_g, _ = gather_keep_grad(txt)
+                    img_g, txt_g = model.apply_critic(img_g, txt_g)
+                    extra = batch_extra(loss_fn, batch, train, device)
+                    if config.memory_bank:
+                        ik, tk = loss_fn.encode_keys(**kw)
+                        extra["image_keys"] = gather_keep_grad(ik)[0]
+                        extra["text_keys"] = gather_keep_grad(tk)[0]
+                        extra["ids"] = gather_keep_grad(rows.to(device))[0]
                     out_ = loss_fn(
-                        LossInput(img_g, txt_g, model.logit_scale.exp(), model.logit_bias, local_slice=local)
+                        LossInput(img_g, txt_g, model.logit_scale.exp(), model.logit_bias, extra=extra, local_slice=local)
                     )
                 loss = out_["loss"]
                 accelerator.backward(loss / config.accum_steps)
+                if config.memory_bank:  # the global batch's keys, after its loss
+                    loss_fn.enqueue(extra["image_keys"], extra["text_keys"], extra["ids"])
                 for k, v in out_.items():
                     stats[k] = stats.get(k, 0.0) + float(v.detach()) / config.accum_steps
                 samples_seen += img_g.shape[0]
@@ -934,6 +1200,8 @@ def pretrain(
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             model.clamp_logit_scale()
+            if config.memory_bank:
+                loss_fn.update_ema(model)
             step += 1
             last_loss = stats["loss"]
             if first_loss is None:
@@ -993,6 +1261,8 @@ def pretrain(
         plain = model.module if hasattr(model, "module") else model
         if config.sync_bn and world > 1:
             plain = _revert_sync_bn(plain)
+        if config.export_ema:
+            plain = loss_fn.ema  # --export-ema: the EMA towers are the model
         tmp = run_dir / f".{MODEL_DIR}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         save_model(plain, tokenizer, tmp)
@@ -1019,6 +1289,8 @@ def pretrain(
             "first_loss": first_loss,
             "final_loss": last_loss,
             "final_logit_scale": float(plain.logit_scale.detach().exp()),
+            "final_logit_bias": float(plain.logit_bias.detach()) if plain.logit_bias is not None else None,
+            "searched_logit_bias": searched_bias,
             "final_eval": final_eval,
             "bad_images": len(bad_all),
             "bad_image_ids": sorted(bad_all)[:100],
@@ -1047,6 +1319,77 @@ def pretrain(
         prov = {"status": "finished", "stats": {}}
     prov["status"] = "finished"
     return prov
+
+
+def batch_extra(loss_fn, batch: dict, train: TrainData, device) -> dict:
+    """The gathered per-row inputs a loss asks for (`loss_fn.needs`), over the global batch."""
+    import torch
+
+    from vltool.losses import gather_keep_grad, positive_mask
+
+    extra = {}
+    if "positive_mask" in getattr(loss_fn, "needs", ()):
+        rows = batch["rows"].to(device)
+        text_rows = batch.get("text_rows", batch["rows"]).to(device)
+        rows_g, _ = gather_keep_grad(rows)
+        text_rows_g, _ = gather_keep_grad(text_rows)
+        if train.positives or not torch.equal(rows_g, text_rows_g):
+            extra["positive_mask"] = positive_mask(rows_g, text_rows_g, train.positives)
+    if "label" in getattr(loss_fn, "needs", ()) and train.labels is not None:
+        extra["label"] = gather_keep_grad(torch.as_tensor(train.labels)[batch["rows"]].to(device))[0]
+    return extra
+
+
+def _search_bias(model, tokenizer, dataset, train: TrainData, config, loss_fn, image_cache, text_cache, accelerator) -> float:
+    """FFF 4.4: encode the first --bias-search-batches global batches of epoch 0 with the fresh model and
+    return the logit bias minimising their summed initial loss (grid over [-20, 0], refined to 0.1)."""
+    import torch
+
+    from vltool.losses import LossInput, gather_keep_grad, search_logit_bias
+    from vltool.model import to_device
+
+    world, rank, device = accelerator.num_processes, accelerator.process_index, accelerator.device
+    sampler = make_sampler(train, config, world, rank, 0, 0)
+    inner = getattr(sampler, "inner", sampler)
+    inner.stop = min(config.bias_search_batches, sampler.per_epoch)
+    collate = Collate(tokenizer, tokenize=text_cache is None)
+    encoded = []
+    was_training = model.training
+    model.eval()
+    with torch.no_grad(), accelerator.autocast():
+        for keys in sampler:
+            batch = collate([dataset[k] for k in keys])
+            rows = batch["rows"]
+            kw = {}
+            if image_cache is not None:
+                kw["image_trunk"] = image_cache[rows].to(device)
+            else:
+                kw["images"] = batch.get("images", torch.zeros(0, 3, transform_size(model), transform_size(model))).to(device)
+            if text_cache is not None:
+                kw["text_trunk"] = text_cache[rows].to(device)
+            else:
+                kw["tokens"] = to_device(batch["tokens"], device) if "tokens" in batch else _empty_tokens(tokenizer, device)
+            img, txt = model(**kw)
+            encoded.append((gather_keep_grad(img.float())[0], gather_keep_grad(txt.float())[0], batch_extra(loss_fn, batch, train, device)))
+    model.train(was_training)
+    scale = model.logit_scale.detach().exp().float()
+
+    def losses_at(b: float) -> float:
+        bias = torch.tensor(b, device=device)
+        with torch.no_grad():
+            return sum(float(loss_fn(LossInput(i, t, scale, bias, extra=e))["loss"]) for i, t, e in encoded)
+
+    return search_logit_bias(losses_at)
+
+
+def _searched_bias_of(run_dir: Path):
+    path = Path(run_dir) / METRICS_FILE
+    if path.is_file():
+        for l in path.read_text().splitlines():
+            m = json.loads(l)
+            if m.get("kind") == "bias_search":
+                return m["logit_bias"]
+    return None
 
 
 class _DropRows:

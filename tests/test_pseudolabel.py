@@ -119,3 +119,13 @@ def test_errors(tmp_path, cli):
             "--where", "split=test", "--aligned-where", "split=train", "--strategy", "best")
     assert r.exit_code == 2 and "--strategy must be one of" in r.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_agreement_with_withheld_captions_and_permutation_baseline():
+    from vltool.pseudolabel import agreement_with_withheld
+
+    pseudo = ["red car", "blue sky", "green tree", "dog"]
+    truth = [frozenset({"red", "bus"}), frozenset({"sky"}), frozenset({"tree", "big"}), frozenset({"cat"})]
+    c = agreement_with_withheld(pseudo, truth, seed=0, permutations=50)
+    assert c["share_with_a_true_word"] == 0.75 and c["rows"] == 4
+    assert 0 <= c["permutation_baseline"] < 0.75

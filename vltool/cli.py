@@ -19,6 +19,7 @@ from vltool.commands import (
     pseudolabel,
     recaption,
     retrieve,
+    split,
     zeroshot,
 )
 from vltool.commands import filter as filter_
@@ -63,6 +64,7 @@ probe.register(app)
 mine_positives.register(app)
 pseudolabel.register(app)
 debias.register(app)
+split.register(app)
 
 
 def main() -> None:

@@ -123,6 +123,22 @@ class PseudolabelConfig:
             raise UsageError("; ".join(problems))
 
 
+def agreement_with_withheld(pseudo: list[str], truth: list[frozenset[str]], seed: int, permutations: int = 100) -> dict:
+    """How often a pseudo caption shares a word with the image's own withheld caption, against the same
+    pseudo captions given to shuffled images (the permutation baseline, mean over seeded permutations)."""
+    words = [set(p.split()) for p in pseudo]
+    hit = np.array([bool(w & t) for w, t in zip(words, truth)], dtype=float)
+    rng = np.random.default_rng(seed)
+    base = [np.mean([bool(words[j] & t) for j, t in zip(rng.permutation(len(words)), truth)]) for _ in range(permutations)]
+    return {
+        "rows": len(words),
+        "share_with_a_true_word": round(float(hit.mean()), 4),
+        "permutation_baseline": round(float(np.mean(base)), 4),
+        "permutation_baseline_95th": round(float(np.quantile(base, 0.95)), 4),
+        "permutations": permutations,
+    }
+
+
 def crop_box(width: int, height: int, rng) -> tuple[int, int, int, int]:
     """A random resized crop's box (left, top, right, bottom), as torchvision's RandomResizedCrop draws it."""
     import math
@@ -271,6 +287,11 @@ def pseudolabel(
         pseudo.append(" ".join(w for w, _ in ranked))
         scored.append([{"word": w, "score": float(s)} for w, s in ranked])
 
+    check = None
+    if C.CAPTION in usrc.dataset.column_names and keep:
+        truth = [content_words(t, english_stopwords()[0]) for t in usrc.dataset.select(keep)[C.CAPTION]]
+        check = agreement_with_withheld(pseudo, truth, config.seed)
+
     ds = usrc.dataset.select(keep)
     withheld = [col for col in (C.CAPTION, C.CAPTIONS, C.CAPTION_ORIGINAL, C.IS_BASE, PSEUDO_WORDS, IS_PSEUDO) if col in ds.column_names]
     ds = ds.remove_columns(withheld)  # an unaligned image's own texts never reach the output
@@ -294,6 +315,7 @@ def pseudolabel(
         "removed_top_words": len(words_fit.top) if config.strategy.startswith("rmtop") else 0,
         "crop": {"scale": CROP_SCALE, "ratio": CROP_RATIO},
         "stopwords": english_stopwords()[1],
+        "withheld_caption_check": check,
     }
     prov = provenance.make("pseudolabel", config, [usrc, asrc], rows_in=n, rows_out=len(keep), stats=stats, timer=timer)
     prov["model"] = model_record(m, config.model, config.pretrained)

@@ -74,6 +74,10 @@ def pseudolabel_command(
     t.add_row("dropped (no words / bad image)", f"{s['dropped_no_words']:,} / {s['bad_images']:,}")
     t.add_row("words per pseudo caption", f"{s['words_per_caption']:.2f}")
     t.add_row("most frequent pseudo words", ", ".join(f"{w} ({c})" for w, c in s["top_pseudo_words"][:10]))
+    if s.get("withheld_caption_check"):
+        c = s["withheld_caption_check"]
+        t.add_row("shares a word with the withheld caption", f"{100 * c['share_with_a_true_word']:.1f}% "
+                  f"(shuffled images: {100 * c['permutation_baseline']:.1f}%)")
     for ex in s["examples"][:5]:
         t.add_row(f"example {ex['id']}", ex["caption"])
     stdout.print(t)

@@ -1,0 +1,59 @@
+"""`vltool split`: the Typer layer. The work is vltool.split.split."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from vltool.commands.common import DataArg, JsonOpt, OutOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors
+
+HELP = """Assign rows to named parts, whole groups at a time, in a new column (default `part`).
+
+Groups (--by, e.g. base_id) are shuffled with --seed and cut at the fractions of --parts, so rows of one
+group never straddle two parts. Select a part afterwards with --where part=NAME.
+
+Examples:
+
+  vltool split emoji --where split=train --by base_id --parts aligned=0.5,unaligned=0.5 --out emoji_halves
+
+  vltool pseudolabel emoji_halves --where part=unaligned --aligned emoji_halves --aligned-where part=aligned ...
+
+  vltool split emoji --where split=train --by base_id --parts aligned=0.5,unaligned=0.5 --separate --out halves
+  (then halves/aligned and halves/unaligned are datasets of their own)
+"""
+
+
+def split_command(
+    data: DataArg,
+    out: OutOpt,
+    parts: Annotated[str, typer.Option("--parts", help="NAME=FRACTION,... summing to 1.")] = "a=0.5,b=0.5",
+    by: Annotated[Optional[str], typer.Option("--by", help="Group column: its rows stay together.")] = None,
+    column: Annotated[str, typer.Option("--column", help="The column to write.")] = "part",
+    separate: Annotated[bool, typer.Option("--separate", help="Write each part as its own dataset, OUT/NAME.")] = False,
+    where: WhereOpt = None,
+    split_name: SplitOpt = None,
+    seed: SeedOpt = 0,
+    overwrite: OverwriteOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    from vltool.split import SplitConfig, split
+
+    prov = split(data, out, SplitConfig(parts=parts, by=by, column=column, seed=seed, separate=separate), where=where or [],
+                 split_name=split_name, overwrite=overwrite)
+    s = prov["stats"]
+    if as_json:
+        from vltool.console import print_json
+
+        print_json(s)
+        return
+    from vltool.console import out as stdout
+
+    rows = ", ".join(f"{k}: {v:,}" for k, v in s["rows"].items())
+    stdout.print(f"{s['groups']:,} groups{' of ' + s['by'] if s['by'] else ''} -> {rows} rows in column {s['column']!r} -> {out}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("split", help=HELP, short_help="Assign rows to named parts, by group (e.g. aligned/unaligned).")(
+        handle_errors(split_command)
+    )

@@ -282,12 +282,13 @@ def _fit_work(span: tuple[int, int]) -> tuple[set, Counter]:
     return vocab, df
 
 
-def _deform_work(span: tuple[int, int]) -> tuple[list[str], Counter, int]:
+def _deform_work(span: tuple[int, int]) -> tuple[list[str], Counter, int, int]:
     lo, hi = span
     w = _WORK
     texts = w["texts"][lo:hi]
     out, removed = deform_batch(texts, w["ids"][lo:hi], w["seed"], w["ops"], w["vocab"])
-    return out, removed, sum(len(t.split()) for t in texts if t)
+    # words in and out (outputs are tokens joined by single spaces)
+    return out, removed, sum(len(t.split()) for t in texts if t), sum(t.count(" ") + 1 for t in out if t)
 
 
 def _spans(n: int, num_proc: int) -> list[tuple[int, int]]:
@@ -329,23 +330,27 @@ def fit_vocabulary_parallel(base_captions: list[str], ops: Ops, stopwords: froze
 
 def deform_texts(
     texts: list[str], ids: list[str], is_base: np.ndarray, ops: Ops, vocab: Vocabulary, seed: int, num_proc: int = 1
-) -> tuple[list[str], Counter, int]:
-    """Deform the non-base rows of `texts` (base rows unchanged): (texts, removed words, words of the input)."""
+) -> tuple[list[str], Counter, int, int]:
+    """Deform the non-base rows of `texts` (base rows unchanged).
+
+    Returns (texts, removed words, words of the input, words of the output)."""
     idx = np.flatnonzero(~is_base).tolist()
     sub_texts = [texts[i] for i in idx]
     sub_ids = [ids[i] for i in idx]
     parts = _pool_map(_deform_work, len(sub_texts), num_proc, texts=sub_texts, ids=sub_ids, ops=ops, vocab=vocab, seed=seed)
     removed: Counter = Counter()
     result = list(texts)
-    words_in = sum(len(texts[i].split()) for i in np.flatnonzero(is_base).tolist() if texts[i])
+    base_words = sum(len(texts[i].split()) for i in np.flatnonzero(is_base).tolist() if texts[i])
+    words_in, words_out = base_words, base_words
     j = 0
-    for outs, r, w in parts:
+    for outs, r, w_in, w_out in parts:
         removed.update(r)
-        words_in += w
+        words_in += w_in
+        words_out += w_out
         for o in outs:
             result[idx[j]] = o
             j += 1
-    return result, removed, words_in
+    return result, removed, words_in, words_out
 
 
 def column_values(ds, name: str) -> list:
@@ -380,7 +385,7 @@ def deform_dataset(ds, config: DeformConfig) -> tuple[object, dict]:
     is_base = choose_base(n, config.base_frac, config.seed)
     base_texts = [texts[i] for i in np.flatnonzero(is_base).tolist()]
     vocab = fit_vocabulary_parallel(base_texts, ops, stopwords, config.num_proc)
-    new_texts, removed, words_in = deform_texts(texts, ids, is_base, ops, vocab, config.seed, config.num_proc)
+    new_texts, removed, words_in, words_out = deform_texts(texts, ids, is_base, ops, vocab, config.seed, config.num_proc)
     del texts
 
     # Build the output table with Arrow: keep the non-empty rows, swap the text column, add the new ones.
@@ -414,7 +419,6 @@ def deform_dataset(ds, config: DeformConfig) -> tuple[object, dict]:
             "(none, with basevocab); the paper's t=1000 is for millions of captions: choose a smaller t here"
         )
     rows_out = len(kept_texts)
-    words_out = sum(len(t.split()) for t in kept_texts if t)
     top_removed = [
         [w, c] for w, c in sorted(removed.items(), key=lambda kv: (-kv[1], kv[0])) if w.isalpha() and w not in stopwords
     ][:20]

@@ -28,6 +28,7 @@ import numpy as np
 from vltool import columns as C
 from vltool.cache import CacheKey, EmbeddingCache, ids_digest, row_filter, texts_digest
 from vltool.errors import UsageError, VltoolError
+from vltool.io import decode_image  # noqa: F401  (re-exported: callers import it from here)
 
 FEATURES = ("post", "pre")
 PROMPTS_COLUMN = "<prompts>"  # the column name in the key of a list of texts that is not a dataset column
@@ -152,25 +153,6 @@ def image_forward(m, features: str = "post") -> Callable:
         return f.float().cpu()
 
     return pre
-
-
-def decode_image(value) -> Any:
-    """datasets' undecoded image ({bytes, path}) -> RGB PIL image (as training reads it), or None."""
-    from PIL import Image
-
-    try:
-        if value is None:
-            return None
-        if value.get("bytes") is not None:
-            im = Image.open(io.BytesIO(value["bytes"]))
-        elif value.get("path"):
-            im = Image.open(value["path"])
-        else:
-            return None
-        im.load()
-        return im.convert("RGB")
-    except Exception:
-        return None
 
 
 # ----------------------------------------------------------------------------------------------------

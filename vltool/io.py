@@ -305,3 +305,28 @@ def default_cache_dir() -> Path:
     """`$VLTOOL_CACHE`, else `~/.cache/vltool`."""
     env = os.environ.get("VLTOOL_CACHE")
     return Path(env).expanduser() if env else Path.home() / ".cache" / "vltool"
+
+
+def decode_image(value):
+    """datasets' undecoded image ({bytes, path}) -> RGB PIL image, or None when it cannot be decoded.
+
+    Training, encoding and pseudo-labelling all read images through this, so they agree on what a bad
+    image is (skipped and counted)."""
+    import io
+
+    from PIL import Image
+
+    try:
+        if value is None:
+            return None
+        if value.get("bytes") is not None:
+            im = Image.open(io.BytesIO(value["bytes"]))
+        elif value.get("path"):
+            im = Image.open(value["path"])
+        else:
+            return None
+        im.load()
+        return im.convert("RGB")
+    except Exception:
+        return None
+

@@ -49,8 +49,8 @@ class Loss(nn.Module):
     needs: ClassVar[tuple[str, ...]] = ()  # extra columns to gather, e.g. ("label",)
 
     def forward(self, batch: LossInput) -> dict[str, torch.Tensor]:
-        """Returns {"loss": scalar, ...other scalar metrics to log}."""
-        raise NotImplementedError
+        """Returns {"loss": scalar, ...other scalar metrics to log}; every registered loss defines it."""
+        raise TypeError(f"{type(self).__name__} does not define forward()")
 
 
 LOSSES: dict[str, type[Loss]] = {}

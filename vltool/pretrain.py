@@ -28,6 +28,7 @@ import numpy as np
 
 from vltool import columns as C
 from vltool.errors import UsageError, VltoolError
+from vltool.io import decode_image
 
 RUN_FILE = "run.json"  # what the run was started with; --resume reads it
 METRICS_FILE = "metrics.jsonl"
@@ -426,27 +427,6 @@ def make_sampler(train: TrainData, config: PretrainConfig, world: int, rank: int
 def row_seed(seed: int, epoch: int, row: int) -> int:
     """The seed of one row's augmentation and caption draw."""
     return int(np.random.SeedSequence([seed, epoch, row]).generate_state(1, dtype=np.uint64)[0] >> 1)
-
-
-def decode_image(value):
-    """datasets' undecoded image ({bytes, path}) -> RGB PIL image, or None when it cannot be decoded."""
-    import io
-
-    from PIL import Image
-
-    try:
-        if value is None:
-            return None
-        if value.get("bytes") is not None:
-            im = Image.open(io.BytesIO(value["bytes"]))
-        elif value.get("path"):
-            im = Image.open(value["path"])
-        else:
-            return None
-        im.load()
-        return im.convert("RGB")
-    except Exception:
-        return None
 
 
 class PairDataset:

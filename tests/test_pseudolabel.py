@@ -129,3 +129,29 @@ def test_agreement_with_withheld_captions_and_permutation_baseline():
     c = agreement_with_withheld(pseudo, truth, seed=0, permutations=50)
     assert c["share_with_a_true_word"] == 0.75 and c["rows"] == 4
     assert 0 <= c["permutation_baseline"] < 0.75
+
+
+@pytest.mark.slow
+def test_emoji_halves_end_to_end_beats_permutation_baseline(tmp_path, cli):
+    """Aligned half trains the model; the unaligned half (captions withheld) gets pseudo captions that
+    share a word with the withheld caption far more often than shuffled images do; the union trains."""
+    import json
+
+    from tests.test_pretrain import MINILM, MOBILENET
+
+    if not (MINILM.is_dir() and MOBILENET.is_file()):
+        pytest.skip("needs the packaged MobileNetV2 and MiniLM (scripts/install.sh)")
+    h = tmp_path / "halves"
+    assert cli("split", "emoji", "--where", "split=train", "--by", "base_id", "--parts", "aligned=0.5,unaligned=0.5",
+               "--separate", "--out", h).exit_code == 0
+    towers = ["--image-tower", "torchvision:mobilenet_v2", "--image-weights", MOBILENET, "--text-tower", f"hf:{MINILM}",
+              "--lock-image", "--lock-text", "--augment", "none", "--batch-size", "64", "--lr", "1e-3", "--no-progress"]
+    r = cli("pretrain", h / "aligned", "--out", tmp_path / "aligned", *towers, "--epochs", "5")
+    assert r.exit_code == 0, r.stderr
+    r = cli("pseudolabel", h / "unaligned", "--aligned", h / "aligned", "--model", tmp_path / "aligned",
+            "--out", tmp_path / "pseudo", "--json")
+    assert r.exit_code == 0, r.stderr
+    c = json.loads(r.stdout)["withheld_caption_check"]
+    assert c["share_with_a_true_word"] > 3 * c["permutation_baseline_95th"]
+    r = cli("pretrain", h / "aligned", tmp_path / "pseudo", "--out", tmp_path / "union", *towers, "--steps", "3")
+    assert r.exit_code == 0, r.stderr

@@ -5,6 +5,7 @@
 # pins an ancient torch, so they are installed with --no-deps.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+export PIP_ROOT_USER_ACTION=ignore
 PIP="python -m pip"
 $PIP install --quiet --disable-pip-version-check "torch==2.14.1" "torchvision==0.29.1"
 $PIP install --quiet --disable-pip-version-check -e ".[test]"

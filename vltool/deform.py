@@ -26,6 +26,7 @@ import numpy as np
 
 from vltool import columns as C
 from vltool.errors import UsageError
+from vltool.io import column_values
 from vltool.text import english_stopwords, tokenize
 
 DEFAULT_OPS = "shuffle,rmstop,basevocab,rmtopfreq1000,keep4"
@@ -351,14 +352,6 @@ def deform_texts(
             result[idx[j]] = o
             j += 1
     return result, removed, words_in, words_out
-
-
-def column_values(ds, name: str) -> list:
-    """A column as a Python list, honouring a selection (indices mapping) without copying other columns."""
-    arr = ds.data.column(name)
-    if ds._indices is not None:
-        arr = arr.take(ds._indices.column(0))
-    return arr.to_pylist()
 
 
 def _fingerprint(parent: str, config: DeformConfig) -> str:

@@ -195,8 +195,7 @@ def export(
     import datasets
 
     from vltool import provenance
-    from vltool.deform import column_values
-    from vltool.io import atomic_output, check_output, load_dataset, write_json_atomic
+    from vltool.io import atomic_output, check_output, column_values, load_dataset, write_json_atomic
 
     timer = provenance.Timer()
     config.validate()

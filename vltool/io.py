@@ -151,6 +151,14 @@ def load_dataset(
     return LoadedDataset(spec, path, split, [str(w) for w in clauses], fingerprint, rows_on_disk, ds)
 
 
+def column_values(ds, name: str) -> list:
+    """A column as a Python list, honouring a selection (indices mapping) without reading other columns."""
+    arr = ds.data.column(name)
+    if ds._indices is not None:
+        arr = arr.take(ds._indices.column(0))
+    return arr.to_pylist()
+
+
 def require_columns(ds, names: Sequence[str], what: str = "the dataset") -> None:
     missing = [n for n in names if n not in ds.column_names]
     if missing:

@@ -354,10 +354,16 @@ def _read_json(path: Path) -> dict | None:
         return None
 
 
+# Of a Hugging Face tower's full config (dozens of keys), the ones that say what the tower is.
+HF_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "max_position_embeddings")
+
+
 def _config_summary(cfg: dict) -> dict:
     """Scalar settings, one level of nesting flattened (`vision_cfg.width`)."""
     out: dict = {}
     for k, v in cfg.items():
+        if k == "hf_config" and isinstance(v, dict):
+            v = {key: v[key] for key in HF_KEYS if key in v}
         if isinstance(v, (str, int, float, bool)) or v is None:
             out[k] = v
         elif isinstance(v, dict):

@@ -148,6 +148,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3, help="runs of each trainer, alternating")
     ap.add_argument("--skip", type=int, default=3, help="first steps of a run left out (warm-up)")
     ap.add_argument("--workers", type=int, default=0)
+    ap.add_argument("--warmup-runs", type=int, default=1, help="unmeasured runs of each trainer first (file cache, imports)")
     args = ap.parse_args()
     try:
         import braceexpand  # noqa: F401
@@ -160,7 +161,10 @@ def main() -> None:
     try:
         data, csv_path, oc_dir = prepare(work, args.arch, args.batch_size * args.steps)
         print(f"arch {args.arch}, batch {args.batch_size}, {args.steps} steps, bf16, {args.workers} workers, "
-              f"torch threads {torch.get_num_threads()}, {args.runs} alternating runs each", flush=True)
+              f"torch threads {torch.get_num_threads()}, {args.runs} alternating runs each after {args.warmup_runs} warm-up", flush=True)
+        for _ in range(args.warmup_runs):  # the first run of a trainer pays for cold caches: not measured
+            run_vltool(data, work / "vl_run", args)
+            run_open_clip(csv_path, oc_dir, work / "oc_logs", args)
         vl, oc = [], []
         for k in range(args.runs):
             vl.append(run_vltool(data, work / "vl_run", args))

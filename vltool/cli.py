@@ -14,6 +14,7 @@ from vltool.commands import (
     import_,
     info,
     mine_positives,
+    pick_caption,
     pretrain,
     probe,
     pseudolabel,
@@ -67,6 +68,7 @@ pseudolabel.register(app)
 debias.register(app)
 split.register(app)
 report.register(app)
+pick_caption.register(app)
 
 
 def main() -> None:

@@ -261,6 +261,8 @@ def _fmt(x: float | None, scale: float, digits: int = 1) -> str:
     if x is None:
         return "-"
     x = x * scale
+    if scale == 1.0 and float(x).is_integer():
+        return f"{x:,.0f}"
     if scale == 1.0 and abs(x) >= 1000:
         return f"{x:,.0f}"
     if scale == 1.0 and x != 0 and abs(x) < 0.1:
@@ -332,7 +334,7 @@ def render_markdown(report: dict) -> str:
     per_seed = [f"{k} {v / 60:.1f} min" for k, v in wall.items() if k.startswith("seed")]
     lines += ["", f"Machine: {mach.get('cpu_count')} CPU cores ({mach.get('processor')}), torch {mach.get('torch', '?')}, "
                   f"{'a GPU' if mach.get('cuda') else 'no GPU'}. Wall time (sum of the commands' own times): "
-                  + ", ".join(per_seed + ([f"shared {wall['shared'] / 60:.1f} min"] if "shared" in wall else []))
+                  + ", ".join(per_seed + ([f"shared {wall['shared'] / 60:.1f} min"] if wall.get("shared") else []))
                   + f"; {len(report['commands'])} commands, listed in the JSON."]
     if report["recipe"]:
         lines.append(f"Made by `{report['recipe']}` with vltool {report['vltool_version']} on {report['created'][:10]}.")

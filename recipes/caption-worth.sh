@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# "Is a Caption Worth a Thousand Images?" (papers/002_986e33e07155d684.txt) on the built-in emoji data:
+#   Table 1: SimCLR (images only) vs CLIP with one fixed caption (the emoji name) vs CLIPS, which samples one
+#     of each image's k captions (name and keywords) at every step, all with SimCLR's augmentations (the
+#     paper's control, section 2.1); the paper's metric is a linear probe (--protocol santurkar), reported
+#     with zero-shot and retrieval beside it.
+#   Table 2 (left): the caption filter. Each training image gets one keyword as its caption (noisy, like
+#     ALT-text); `vltool filter` scores them against the emoji names (the reference, training rows only) and
+#     keeps the most name-like KEEP_FRAC; CLIP trains on those vs a random subset of the same size.
+#   Table 2 (right), when CAPTIONER is a local captioning model: CLIPS on its captions (skipped otherwise).
+# Towers: pretrained MobileNetV2 with its last UNFREEZE blocks trained and MiniLM locked (docs/recipes.md).
+# Usage: bash recipes/caption-worth.sh      SEEDS="0 1 2" (default) | SMOKE=1 for a quick end-to-end check
+set -euo pipefail
+
+DATA=${DATA:-emoji}                   # caption (one text), captions (k texts), label, split, base_id columns
+OUT=${OUT:-runs/caption-worth}        # every run: OUT/<variant>/seed<N>/
+SEEDS=${SEEDS:-"0 1 2"}
+EPOCHS=${EPOCHS:-2}                   # passes over the training split (steps follow from the rows)
+STEPS=${STEPS:-}                      # if set: steps of every run instead of EPOCHS
+DEVICE=${DEVICE:-auto}                # auto | cpu
+UNFREEZE=${UNFREEZE:-1}               # last MobileNetV2 blocks trained (the rest stays ImageNet-pretrained)
+KEEP_FRAC=${KEEP_FRAC:-0.5}           # share of the keyword captions the filter keeps (and the random subset's)
+CAPTIONER=${CAPTIONER:-}              # a local image captioner directory (BLIP, ...) for Table 2 (right)
+SMOKE=${SMOKE:-0}
+
+source "$(dirname "$0")/common.sh"
+TRAINABLE=(--lock-image --unfreeze-image-last "$UNFREEZE" --lock-text)
+if [ "$SMOKE" = "1" ]; then STEPS=3; TRAINABLE=(); fi
+LENGTH=(--epochs "$EPOCHS"); if [ -n "$STEPS" ]; then LENGTH=(--steps "$STEPS"); fi
+
+train() {  # train RUN_DIR SEED [pretrain options and data...]
+    local run=$1 seed=$2
+    shift 2
+    vltool pretrain "$@" --out "$run" --seed "$seed" "${TOWERS[@]}" "${TRAINABLE[@]}" --augment simclr \
+        --batch-size "$BATCH" --lr 1e-3 "${LENGTH[@]}" "${DEVICE_OPTS[@]}" --no-progress --overwrite > /dev/null
+}
+evaluate_all() {  # evaluate_all DIR: probe (the paper's metric), zero-shot and retrieval
+    probe "$1/run" "$1" santurkar
+    if [ "${2:-}" != "probe-only" ]; then evaluate "$1/run" "$1"; fi
+}
+
+for SEED in $SEEDS; do
+    # ---- Table 1
+    say "seed $SEED: SimCLR"
+    train "$OUT/simclr/seed$SEED/run" "$SEED" "$DATA" --where split=train --loss simclr
+    evaluate_all "$OUT/simclr/seed$SEED" probe-only    # no text tower trained: no zero-shot or retrieval
+    say "seed $SEED: CLIP, one caption"
+    train "$OUT/clip/seed$SEED/run" "$SEED" "$DATA" --where split=train
+    evaluate_all "$OUT/clip/seed$SEED"
+    say "seed $SEED: CLIPS, a random one of k captions per step"
+    train "$OUT/clips/seed$SEED/run" "$SEED" "$DATA" --where split=train --caption-sampling random
+    evaluate_all "$OUT/clips/seed$SEED"
+
+    # ---- Table 2 (left): filter noisy one-keyword captions by how name-like they are
+    shared="$OUT/shared/seed$SEED"
+    vltool pick-caption "$DATA" --where split=train --exclude-caption --seed "$SEED" --out "$shared/keywords" --overwrite > /dev/null
+    vltool filter "$shared/keywords" --reference "$DATA" --reference-where split=train --reference-column caption \
+        --keep-frac "$KEEP_FRAC" --seed "$SEED" --out "$OUT/clip-keywords-filtered/seed$SEED/data" --overwrite > /dev/null
+    vltool split "$shared/keywords" --parts "kept=$KEEP_FRAC,rest=$(python -c "print(round(1 - $KEEP_FRAC, 6))")" --separate \
+        --seed "$SEED" --out "$shared/random" --overwrite > /dev/null
+    say "seed $SEED: CLIP on a random subset of the keyword captions, and on the filtered subset"
+    train "$OUT/clip-keywords-random/seed$SEED/run" "$SEED" "$shared/random/kept"
+    evaluate_all "$OUT/clip-keywords-random/seed$SEED"
+    train "$OUT/clip-keywords-filtered/seed$SEED/run" "$SEED" "$OUT/clip-keywords-filtered/seed$SEED/data"
+    evaluate_all "$OUT/clip-keywords-filtered/seed$SEED"
+
+    # ---- Table 2 (right): CLIPS on generated captions, with a local captioner only
+    if [ -n "$CAPTIONER" ]; then
+        say "seed $SEED: CLIPS on captions from $CAPTIONER"
+        vltool recaption "$DATA" --where split=train --model "$CAPTIONER" --num-captions 5 --replace --seed "$SEED" \
+            --out "$OUT/clips-recaptioned/seed$SEED/data" --overwrite > /dev/null
+        train "$OUT/clips-recaptioned/seed$SEED/run" "$SEED" "$OUT/clips-recaptioned/seed$SEED/data" --caption-sampling random
+        evaluate_all "$OUT/clips-recaptioned/seed$SEED"
+    elif [ "$SEED" = "$(echo $SEEDS | cut -d' ' -f1)" ]; then
+        say "skipping CLIPS on generated captions: set CAPTIONER to a local captioning model directory (docs/recaption-filter.md)"
+    fi
+done
+
+METRICS=(--metric "Probe top-1=probe:top1" --metric "ZS top-1=zeroshot:top1"
+         --metric "I→T R@1=retrieve:image_to_text_R@1" --metric "T→I R@1=retrieve:text_to_image_R@1")
+vltool report "$OUT" --out "$RESULTS/caption-worth" --recipe recipes/caption-worth.sh --baseline clip \
+    --title "Is a Caption Worth a Thousand Images?, Table 1 on emoji: SimCLR vs CLIP vs CLIPS (SimCLR augmentations)" \
+    --variant simclr=SimCLR --variant clip="CLIP (name)" --variant clips="CLIPS (name + keywords)" "${METRICS[@]}" \
+    --paper simclr="56.0 (µTx, COCO)" --paper clip="57.5" --paper clips="61.3 (+3.8)"
+FILTER_VARIANTS=(--variant clip-keywords-random="CLIP, random $KEEP_FRAC"
+                 --variant clip-keywords-filtered="CLIP, filtered $KEEP_FRAC")
+if [ -n "$CAPTIONER" ]; then FILTER_VARIANTS+=(--variant clips-recaptioned="CLIPS, generated captions"); fi
+vltool report "$OUT" --out "$RESULTS/caption-worth-filter" --recipe recipes/caption-worth.sh --baseline clip-keywords-random \
+    --title "Is a Caption Worth a Thousand Images?, Table 2 on emoji: filtering noisy captions" \
+    "${FILTER_VARIANTS[@]}" "${METRICS[@]}" --metric "Training rows=run/vltool.json:stats.rows_used" \
+    --paper clip-keywords-random="53.1 (CC 100K, µTx)" --paper clip-keywords-filtered="54.2 (+1.1)"

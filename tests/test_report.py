@@ -44,7 +44,7 @@ def test_means_sds_and_paired_differences(runs):
     assert r["wall_time_s"] == {"seed0": 24.0, "seed1": 24.0, "seed2": 24.0, "total": 72.0}
     assert len(r["commands"]) == 12
     md = render_markdown(r)
-    assert "| BoW | 14.3 ± 3.2<br>±2.0 | 4.0 ± 1.0 |" in md  # percent for evaluation entries, raw for plain values
+    assert "| BoW | 14.3 ± 3.2<br>±2.0 | 4 ± 1 |" in md  # percent for evaluation entries, raw for plain values
     assert "| BoW | +2.3 ± 2.1 (2/3) | +0.0 ± 0.0 (0/3) |" in md
     assert "| *chance* | 1.00 |" in md
 

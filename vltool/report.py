@@ -257,11 +257,11 @@ def _scale(kind: str, key: str) -> float:
     return 100.0 if kind == "eval" and "rank" not in key else 1.0
 
 
-def _fmt(x: float | None, scale: float, digits: int = 1) -> str:
+def _fmt(x: float | None, scale: float, digits: int = 1, plain: bool = False) -> str:
     if x is None:
         return "-"
     x = x * scale
-    if scale == 1.0 and float(x).is_integer():
+    if plain and float(x).is_integer():
         return f"{x:,.0f}"
     if scale == 1.0 and abs(x) >= 1000:
         return f"{x:,.0f}"
@@ -293,7 +293,8 @@ def render_markdown(report: dict) -> str:
                 cells.append("-")
                 continue
             sc = _scale(s["kind"], m["key"])
-            cell = _fmt(s["mean"], sc) + (f" ± {_fmt(s['sd'], sc)}" if s["sd"] is not None else "")
+            plain = s["kind"] == "value"
+            cell = _fmt(s["mean"], sc, plain=plain) + (f" ± {_fmt(s['sd'], sc, plain=plain)}" if s["sd"] is not None else "")
             if s["ci_halfwidth_mean"] is not None:
                 cell += f"<br>±{_fmt(s['ci_halfwidth_mean'], sc)}"
             cells.append(cell)

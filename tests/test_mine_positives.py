@@ -77,6 +77,34 @@ def test_matches_dense_equation_on_random_clusters():
     assert dense.sum() > 300 and (got == dense).all()
 
 
+@pytest.mark.parametrize("terms", ["it", "ii", "tt", "it,ii", "ii,tt"])
+def test_term_ablation_matches_the_dense_equation(terms):
+    """FFF Table 5: M with some of its three terms; the dense reference drops the same terms."""
+    rng = np.random.default_rng(0)
+    centers = rng.normal(size=(12, 32))
+    lab = rng.integers(0, 12, size=300)
+    img = centers[lab] + 0.6 * rng.normal(size=(300, 32))
+    txt = centers[lab] + 0.8 * rng.normal(size=(300, 32))
+    full = Thresholds(p_it=0.55, p_ii=0.75, p_tt=0.8, p_it_tt=0.45)
+    th = Thresholds(p_it=0.55, p_ii=0.75, p_tt=0.8, p_it_tt=0.45, terms=terms)
+    m = mine(img, txt, thresholds=th, chunk=64)
+    dense = dense_reference(img, txt, thresholds=th)
+    got = np.zeros_like(dense)
+    for i, p in enumerate(m.positives):
+        got[i, p] = True
+    assert (got == dense).all() and 0 < dense.sum() <= dense_reference(img, txt, thresholds=full).sum()
+    fired = np.concatenate([t for t in m.terms if len(t)])
+    for k, name in enumerate(["it", "ii", "tt"]):
+        assert fired[:, k].any() == (name in terms)
+
+
+def test_bad_terms_are_a_usage_error():
+    from vltool.errors import UsageError
+
+    with pytest.raises(UsageError, match="--terms"):
+        Thresholds(terms="it,xx").validate()
+
+
 def test_several_captions_per_row_aggregate_as_documented():
     rng = np.random.default_rng(1)
     centers = rng.normal(size=(6, 24))

@@ -18,6 +18,7 @@ Several captions per row (section 4.3), vltool's reading:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,6 +27,7 @@ from vltool.errors import UsageError
 
 # FFF's thresholds, chosen for its model (section 4.1); p1 starts from the true pairs' mean S_it, 0.29.
 P_IT, P_II, P_TT, P_IT_TT = 0.27, 0.92, 0.99, 0.24
+TERMS = ("it", "ii", "tt")
 
 
 @dataclass
@@ -34,11 +36,20 @@ class Thresholds:
     p_ii: float = P_II  # p2: image-image
     p_tt: float = P_TT  # p3: text-text, together with ...
     p_it_tt: float = P_IT_TT  # p1': ... a looser image-text threshold
+    terms: str = "it,ii,tt"  # the terms of M used (FFF Table 5 ablates them): it = S_it > p1, ii = S_ii > p2, tt = third
 
     def validate(self) -> None:
-        problems = [f"--{k.replace('_', '-')} must be in [-1, 1], got {v}" for k, v in vars(self).items() if not -1 <= v <= 1]
+        problems = [f"--{k.replace('_', '-')} must be in [-1, 1], got {v}" for k, v in vars(self).items()
+                    if k != "terms" and not -1 <= v <= 1]
+        bad = set(self.enabled) - set(TERMS)
+        if bad or not self.enabled:
+            problems.append(f"--terms {self.terms!r}: a comma-separated subset of {', '.join(TERMS)}")
         if problems:
             raise UsageError("; ".join(problems))
+
+    @property
+    def enabled(self) -> list[str]:
+        return [t.strip() for t in self.terms.split(",") if t.strip()]
 
 
 @dataclass
@@ -125,7 +136,9 @@ def mine(
     tmean, owner_idx = text_rows(txt, owner, n)
     txt_index = _index(txt, index, nprobe)
     img_index = _index(img, index, nprobe)
-    r_it = min(th.p_it, th.p_it_tt)  # one search gives the candidates of terms 1 and 3
+    use_it, use_ii, use_tt = (t in th.enabled for t in TERMS)
+    # one image->text search gives the candidates of terms 1 and 3 (both need S_it above a threshold)
+    r_it = min([th.p_it] * use_it + [th.p_it_tt] * use_tt) if (use_it or use_tt) else None
 
     positives, scores, terms = [], [], []
     capped = 0
@@ -133,9 +146,10 @@ def mine(
     for lo in range(0, len(qrows), chunk):
         q_idx = qrows[lo : lo + chunk]  # (B,) global image index of each query
         q_img = img[q_idx]  # (B, D)
-        qi, cap, s = _range(txt_index, q_img, r_it)  # image -> caption hits
+        none = np.zeros(0, dtype=np.int64)
+        qi, cap, s = _range(txt_index, q_img, r_it) if r_it is not None else (none, none, None)  # image -> caption hits
         rows_j = owner_idx[cap]
-        qi2, rj2, _ = _range(img_index, q_img, th.p_ii)  # image -> image hits
+        qi2, rj2, _ = _range(img_index, q_img, th.p_ii) if use_ii else (none, none, None)  # image -> image hits
         qa = np.concatenate([qi, qi2])
         ja = np.concatenate([rows_j, rj2])
         pair = np.unique(qa * n + ja)  # candidate (query, row) pairs, unique
@@ -150,9 +164,9 @@ def mine(
             s_it = _max_caption_score(img, txt, owner_idx, gi, pj)
         s_ii = np.einsum("nd,nd->n", img[gi], img[pj])
         s_tt = np.einsum("nd,nd->n", tmean[gi], tmean[pj])
-        t1 = s_it > th.p_it
-        t2 = s_ii > th.p_ii
-        t3 = (s_tt > th.p_tt) & (s_it > th.p_it_tt)
+        t1 = (s_it > th.p_it) & use_it
+        t2 = (s_ii > th.p_ii) & use_ii
+        t3 = (s_tt > th.p_tt) & (s_it > th.p_it_tt) & use_tt
         m = t1 | t2 | t3
         pq, pj, s_it, s_ii, s_tt = pq[m], pj[m], s_it[m], s_ii[m], s_tt[m]
         tm = np.stack([t1[m], t2[m], t3[m]], axis=1)
@@ -203,7 +217,9 @@ def dense_reference(img: np.ndarray, txt: np.ndarray, owner: np.ndarray | None =
             for b in range(n):
                 s_tt[a, b] = pair[np.ix_(owner == a, owner == b)].mean()
     s_ii = img @ img.T
-    m = (s_it > th.p_it) | (s_ii > th.p_ii) | ((s_tt > th.p_tt) & (s_it > th.p_it_tt))
+    e = th.enabled
+    m = (((s_it > th.p_it) & ("it" in e)) | ((s_ii > th.p_ii) & ("ii" in e))
+         | ((s_tt > th.p_tt) & (s_it > th.p_it_tt) & ("tt" in e)))
     np.fill_diagonal(m, False)
     return m
 
@@ -269,6 +285,8 @@ class MinePositivesConfig:
     p_ii: float = P_II  # p2
     p_tt: float = P_TT  # p3
     p_it_tt: float = P_IT_TT  # p1'
+    terms: str = "it,ii,tt"  # the terms of M used (FFF Table 5)
+    calibrated_thresholds: bool = False  # p1, p1' from this model's true pairs (calibrate()'s suggestion)
     text_column: str = "caption"  # `captions` mines with several captions per row (section 4.3)
     max_positives: int = 256  # cap per row; rows hitting it are counted
     index: str = "flat"  # flat (exact) or ivf (approximate, for tens of millions of rows)
@@ -284,7 +302,7 @@ class MinePositivesConfig:
 
     @property
     def thresholds(self) -> Thresholds:
-        return Thresholds(self.p_it, self.p_ii, self.p_tt, self.p_it_tt)
+        return Thresholds(self.p_it, self.p_ii, self.p_tt, self.p_it_tt, self.terms)
 
     def validate(self) -> None:
         problems = []
@@ -398,6 +416,9 @@ def mine_positives(data: str, out, config: MinePositivesConfig, *, where=(), spl
         return provenance.make("mine-positives", config, [src], rows_in=n, rows_out=None, stats=stats, timer=timer) | {
             "model": model_record(m, config.model, config.pretrained)}
 
+    if config.calibrated_thresholds:  # FFF's recipe on this model: p1 = mean - 0.02, p1' = mean - 0.05
+        config = dataclasses.replace(config, p_it=calib["suggested"]["p_it"], p_it_tt=calib["suggested"]["p_it_tt"])
+    stats["thresholds"] = vars(config.thresholds)
     mined = mine(i_emb, t_emb, owner_arg, config.thresholds, max_positives=config.max_positives,
                  index=config.index, nprobe=config.nprobe)
     stats.update(summarise(mined, len(rows)))

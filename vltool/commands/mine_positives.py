@@ -38,6 +38,8 @@ def mine_positives_command(
     p_ii: Annotated[float, typer.Option("--p-ii", help="p2: image-image threshold.")] = P_II,
     p_tt: Annotated[float, typer.Option("--p-tt", help="p3: text-text threshold (with --p-it-tt).")] = P_TT,
     p_it_tt: Annotated[float, typer.Option("--p-it-tt", help="p1': the image-text threshold of the third term.")] = P_IT_TT,
+    calibrated: Annotated[bool, typer.Option("--calibrated-thresholds", help="Set p1 and p1' from this model's true pairs as FFF did (mean S_it - 0.02 and - 0.05); p2, p3 stay.")] = False,
+    terms: Annotated[str, typer.Option("--terms", help="Terms of M used, a subset of it,ii,tt (FFF Table 5's ablation).")] = "it,ii,tt",
     text_column: Annotated[str, typer.Option("--text-column", help="caption, or a list column such as captions (section 4.3).")] = "caption",
     max_positives: Annotated[int, typer.Option("--max-positives", min=1, help="Cap on positives per row.")] = 256,
     index: Annotated[str, typer.Option("--index", help="flat (exact) or ivf (approximate; reports its recall).")] = "flat",
@@ -57,7 +59,7 @@ def mine_positives_command(
     from vltool.mine_positives import MinePositivesConfig, mine_positives
 
     config = MinePositivesConfig(
-        model=model, pretrained=pretrained, p_it=p_it, p_ii=p_ii, p_tt=p_tt, p_it_tt=p_it_tt, text_column=text_column,
+        model=model, pretrained=pretrained, p_it=p_it, p_ii=p_ii, p_tt=p_tt, p_it_tt=p_it_tt, terms=terms, calibrated_thresholds=calibrated, text_column=text_column,
         max_positives=max_positives, index=index, nprobe=nprobe, group_column=group_column, calibrate=calibrate,
         dry_run=dry_run, batch_size=batch_size, num_proc=num_proc, cache_dir=str(cache_dir) if cache_dir else None, seed=seed,
     )

@@ -175,3 +175,22 @@ def test_two_processes_under_accelerate_give_the_same_results(model_dir, colors,
     a, b = json.loads(one.stdout), json.loads(two.stdout)  # only the main process prints
     assert a["stats"]["processes"] == 1 and b["stats"]["processes"] == 2
     assert a["metrics"] == b["metrics"] and a["stats"]["cache"]["images"]["key"] == b["stats"]["cache"]["images"]["key"]
+
+
+def test_present_classes_only_equals_a_dataset_of_those_classes(model_dir, colors, tmp_path):
+    """Zero-shot on held-out classes (UniCL Table 6): the absent classes are not candidates."""
+    import datasets
+
+    where = ["label=0", "label=2"]
+    got = zeroshot(colors, cfg(model_dir, present_classes_only=True), where=where)
+    ds = datasets.load_from_disk(colors).filter(lambda r: r["label"] in (0, 2))
+    ds = ds.cast_column("label", datasets.Value("int64")).map(lambda r: {"label": {0: 0, 2: 1}[r["label"]]})
+    ds = ds.cast_column("label", datasets.ClassLabel(names=["red", "blue"]))
+    ds.save_to_disk(str(tmp_path / "two"))
+    ref = zeroshot(str(tmp_path / "two"), cfg(model_dir))
+    assert got["classnames"] == ["red", "blue"] and got["stats"]["classes_in_label_column"] == len(COLORS)
+    assert got["chance"]["top1"] == 0.5
+    for k in ("top1", "mean_per_class_recall"):
+        assert got["metrics"][k]["value"] == pytest.approx(ref["metrics"][k]["value"])
+    full = zeroshot(colors, cfg(model_dir), where=where)
+    assert full["chance"]["top1"] == pytest.approx(1 / len(COLORS))

@@ -29,6 +29,7 @@ class ZeroshotConfig(EvalCommon):
     class_prompts: str | None = None  # JSON {class name: [prompts]}; other classes use the templates
     label_column: str | None = None  # [default: `label` if present, else `labels` (multi-label)]
     per_class: bool = False  # print the per-class table (it is always in the results JSON)
+    present_classes_only: bool = False  # candidates are the classes with a selected row (held-out classes)
 
     def validate(self) -> None:
         problems = self.common_problems()
@@ -50,6 +51,19 @@ class LabelInfo:
     multilabel: bool
     classnames: list[str]
     target: np.ndarray  # (N,) int, or (N, C) bool for multi-label
+
+
+def only_present_classes(labels: LabelInfo) -> LabelInfo:
+    """The classes with at least one selected row, and the targets renumbered among them (zero-shot on a
+    held-out subset of classes, as UniCL's Table 6: the other classes are not candidates)."""
+    import dataclasses
+
+    if labels.multilabel:
+        raise UsageError("--present-classes-only is for single-label data")
+    present = np.flatnonzero(np.bincount(labels.target, minlength=len(labels.classnames)) > 0)
+    remap = np.full(len(labels.classnames), -1, dtype=np.int64)
+    remap[present] = np.arange(len(present))
+    return dataclasses.replace(labels, classnames=[labels.classnames[i] for i in present], target=remap[labels.target])
 
 
 def read_labels(ds, column: str | None, classnames_file: str | None, spec: str) -> LabelInfo:
@@ -142,6 +156,9 @@ def zeroshot(
     labels = read_labels(loaded.dataset, config.label_column, config.classnames, data)
     if loaded.rows == 0:
         raise UsageError(f"no rows of {data!r} are selected (--where {list(where)})")
+    all_classes = len(labels.classnames)
+    if config.present_classes_only:
+        labels = only_present_classes(labels)
     template_name, templates = load_templates(config.templates)
     custom = load_class_prompts(config.class_prompts, labels.classnames) if config.class_prompts else None
     prompts = class_prompts(labels.classnames, templates, custom)
@@ -210,6 +227,7 @@ def zeroshot(
         "rows_evaluated": int(n),
         "bad_images": int((~keep).sum()),
         "classes": n_cls,
+        "classes_in_label_column": all_classes,
         "classes_present": int((np.bincount(target, minlength=n_cls) > 0).sum()) if not labels.multilabel else int(target.any(axis=0).sum()),
         "prompts": len(flat),
         "processes": process_state().num_processes,

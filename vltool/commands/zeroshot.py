@@ -43,6 +43,7 @@ def zeroshot_command(
     class_prompts: Annotated[Optional[Path], typer.Option("--class-prompts", help="JSON {class name: [prompts]}; classes it lacks use --templates.")] = None,
     label_column: Annotated[Optional[str], typer.Option("--label-column", help="Label column [default: label, else labels (multi-label)].")] = None,
     per_class: Annotated[bool, typer.Option("--per-class", help="Print the per-class table too.")] = False,
+    present_only: Annotated[bool, typer.Option("--present-classes-only", help="Candidates are only the classes with a selected row (zero-shot on held-out classes).")] = False,
     bootstrap: BootstrapOpt = 1000,
     seed: SeedOpt = 0,
     where: WhereOpt = None,
@@ -62,7 +63,7 @@ def zeroshot_command(
     config = ZeroshotConfig(
         model=model, pretrained=pretrained, templates=templates,
         classnames=str(classnames) if classnames else None, class_prompts=str(class_prompts) if class_prompts else None,
-        label_column=label_column, per_class=per_class, bootstrap=bootstrap, seed=seed, batch_size=batch_size,
+        label_column=label_column, per_class=per_class, present_classes_only=present_only, bootstrap=bootstrap, seed=seed, batch_size=batch_size,
         num_proc=num_proc, cache_dir=str(cache_dir) if cache_dir else None, progress=not no_progress, debias=str(debias) if debias else None, debias_text=debias_text,
     )
     record = zeroshot(data, config, where=where or [], split=split, out=out, overwrite=overwrite)

@@ -311,6 +311,18 @@ def test_unicl_trains_and_resumes(tmp_path, labelled):
     np.testing.assert_allclose([m["loss"] for m in metrics(tmp_path / "part")], [m["loss"] for m in metrics(tmp_path / "full")], rtol=1e-5)
 
 
+def test_unicl_frozen_text_table_equals_no_cache(tmp_path, labelled):
+    """Locked text tower: every template around every class name is encoded once; same training."""
+    from vltool.pretrain import pretrain
+
+    lab, txt = labelled
+    cfg = dict(loss="unicl", label_data=[lab], text_data=[txt], balanced=True, steps=3, lock_text=True, augment="none")
+    a = pretrain([], tmp_path / "cached", micro(**cfg), progress=False)
+    b = pretrain([], tmp_path / "plain", micro(**cfg, cache_frozen=False), progress=False)
+    assert a["stats"]["cached_features"]["text"] == "per distinct text" and b["stats"]["cached_features"]["text"] is False
+    assert a["stats"]["final_loss"] == pytest.approx(b["stats"]["final_loss"], rel=1e-5)
+
+
 def test_unicl_options_are_checked(labelled):
     from vltool.pretrain import PretrainConfig
 

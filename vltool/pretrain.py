@@ -1028,9 +1028,9 @@ def pretrain(
                           two_views=image_only)
     # Captions sampled from lists (CLIPS, k captions per image) come from a finite set of texts: a frozen
     # text tower's features are computed once per distinct text.
+    templated = train.templated is not None and bool(train.templated.any())
     table_text = (config.cache_frozen and frozen["text"] and not image_only and not cache_text
-                  and (config.caption_sampling == "random" or config.captions_per_image > 1)
-                  and not (train.templated is not None and train.templated.any()))
+                  and (config.caption_sampling == "random" or config.captions_per_image > 1 or templated))
     image_cache = text_cache = None
     text_feats: FrozenText | None = None
     bad_cached: set[int] = set()
@@ -1463,13 +1463,22 @@ def _compute_caches(model, tokenizer, train: TrainData, config, transform, do_im
 
 
 def _compute_text_table(model, tokenizer, train: TrainData, config, accelerator) -> FrozenText:
-    """The frozen text trunk's features of every distinct text of the caption lists (processes split them)."""
+    """The frozen text trunk's features of every distinct text a step can draw: the caption lists' entries,
+    or UniCL's templates around each class name (processes split them)."""
     import torch
 
     from vltool.losses import gather_keep_grad
     from vltool.model import to_device
 
-    texts = sorted({t for v in train.dataset[train.text_column] for t in _texts_of(v, "random")})
+    values = train.dataset[train.text_column]
+    if train.templated is not None and train.templated.any():  # unicl: every template around every class name
+        texts = set()
+        for v, tpl in zip(values, train.templated.tolist()):
+            for t in _texts_of(v, None if isinstance(v, str) else "random"):
+                texts.update([f.format(t) for f in train.templates] if tpl else [t])
+    else:
+        texts = {t for v in values for t in _texts_of(v, "random")}
+    texts = sorted(texts, key=lambda t: (len(t), t))  # similar lengths in a batch: less padding
     world, rank = accelerator.num_processes, accelerator.process_index
     n = len(texts)
     lo, hi = (rank * n // world, (rank + 1) * n // world) if n >= world else (0, n)

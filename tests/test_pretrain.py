@@ -450,8 +450,8 @@ def test_frozen_tower_cache_equals_no_cache(tmp_path, pairs):
     cfg = dict(steps=3, lock_image=True, augment="none")
     a = pretrain([pairs], tmp_path / "cached", micro(**cfg), progress=False)
     b = pretrain([pairs], tmp_path / "plain", micro(**cfg, cache_frozen=False), progress=False)
-    assert a["stats"]["cached_features"] == {"image": True, "text": False}
-    assert b["stats"]["cached_features"] == {"image": False, "text": False}
+    assert a["stats"]["cached_features"]["image"] is True and a["stats"]["cached_features"]["text"] is False
+    assert b["stats"]["cached_features"]["image"] is False and b["stats"]["cached_features"]["text"] is False
     assert_same_weights(weights(tmp_path / "cached"), weights(tmp_path / "plain"), atol=1e-5)
     w0 = weights(tmp_path / "cached")
     from vltool.model import ModelSpec, create_model
@@ -644,3 +644,25 @@ def test_two_processes_equal_one(tmp_path, pairs):
     assert_same_weights(weights(one / "run"), weights(two / "run"), atol=1e-5)
     s2 = json.loads((two / "run" / "vltool.json").read_text())["stats"]
     assert s2["num_processes"] == 2 and s2["global_batch"] == 8
+
+
+def test_frozen_features_are_reused_across_runs(tmp_path, pairs, monkeypatch):
+    """A second run with the same frozen towers and rows reads their features from the store: same training."""
+    from vltool.pretrain import pretrain
+
+    monkeypatch.setenv("VLTOOL_CACHE", str(tmp_path / "cache"))
+    cfg = dict(steps=3, lock_image=True, lock_text=True, augment="none", arch="vltool-tiny-rn")
+    a = pretrain([pairs], tmp_path / "first", micro(**cfg), progress=False)
+    b = pretrain([pairs], tmp_path / "second", micro(**cfg), progress=False)
+    assert a["stats"]["cached_features"]["reused_from_store"] == {"image": False, "text": False}
+    assert b["stats"]["cached_features"]["reused_from_store"] == {"image": True, "text": True}
+    assert_same_weights(weights(tmp_path / "first"), weights(tmp_path / "second"), atol=0)
+    c = pretrain([pairs], tmp_path / "sampled", micro(**cfg, caption_sampling="random"), progress=False)
+    d = pretrain([pairs], tmp_path / "sampled2", micro(**cfg, caption_sampling="random"), progress=False)
+    assert c["stats"]["cached_features"]["reused_from_store"] == {"image": True, "text": False}
+    assert d["stats"]["cached_features"]["reused_from_store"] == {"image": True, "text": True}
+    assert_same_weights(weights(tmp_path / "sampled"), weights(tmp_path / "sampled2"), atol=0)
+    (tmp_path / "cache").rename(tmp_path / "gone")  # another store: computed anew, same result
+    e = pretrain([pairs], tmp_path / "third", micro(**cfg), progress=False)
+    assert e["stats"]["cached_features"]["reused_from_store"] == {"image": False, "text": False}
+    assert_same_weights(weights(tmp_path / "first"), weights(tmp_path / "third"), atol=0)

@@ -1034,14 +1034,15 @@ def pretrain(
     image_cache = text_cache = None
     text_feats: FrozenText | None = None
     bad_cached: set[int] = set()
+    reused: dict[str, bool] = {}
     if cache_image or cache_text:
-        image_cache, text_cache, bad_cached = _compute_caches(
-            model, tokenizer, train, config, eval_transform(pp), cache_image, cache_text, accelerator
+        image_cache, text_cache, bad_cached = _stored_caches(
+            model, tokenizer, train, config, eval_transform(pp), cache_image, cache_text, accelerator, reused
         )
         if text_cache is not None:
             text_feats = FrozenText(per_row=text_cache)
     if table_text:
-        text_feats = _compute_text_table(model, tokenizer, train, config, accelerator)
+        text_feats = _stored_text_table(model, tokenizer, train, config, accelerator, reused)
 
     # ---- resume state
     start_step, samples_seen, bad_ids, first_loss = 0, 0, set(), None
@@ -1308,7 +1309,8 @@ def pretrain(
             "parameters": n_params,
             "trainable_parameters": n_train,
             "frozen": frozen,
-            "cached_features": {"image": bool(cache_image), "text": "per distinct text" if table_text else bool(cache_text)},
+            "cached_features": {"image": bool(cache_image), "text": "per distinct text" if table_text else bool(cache_text),
+                                "reused_from_store": reused},
             "train_seconds_this_invocation": round(train_time, 3),
             "samples_per_s_this_invocation": round(trained_now / train_time, 2) if train_time > 0 else None,
             "resumed_from_step": start_step if resume is not None else None,
@@ -1462,14 +1464,119 @@ def _compute_caches(model, tokenizer, train: TrainData, config, transform, do_im
     return image_cache, text_cache, bad_all
 
 
-def _compute_text_table(model, tokenizer, train: TrainData, config, accelerator) -> FrozenText:
-    """The frozen text trunk's features of every distinct text a step can draw: the caption lists' entries,
-    or UniCL's templates around each class name (processes split them)."""
+# ---- the trunk store: a frozen tower's features of the same rows are the same in every run, so they are
+# kept under $VLTOOL_CACHE/pretrain-trunks, keyed by the tower's weights, the rows' content (ids, images or
+# texts, in order), the input transform and the precision. A run that changes any of these computes anew.
+
+TRUNK_STORE = "pretrain-trunks"
+
+
+def _digest(*parts) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(json.dumps(p, sort_keys=True, default=str).encode() if not isinstance(p, bytes) else p)
+        h.update(b"\x00")
+    return h.hexdigest()[:40]
+
+
+def _rows_digest(ds, column: str) -> str:
+    """The ids and one column's content of every row, in order (images by their bytes or path)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for batch in ds.select_columns([C.ID, column]).iter(batch_size=1024):
+        for rid, v in zip(batch[C.ID], batch[column]):
+            h.update(str(rid).encode() + b"\x00")
+            if isinstance(v, dict):  # an undecoded image
+                h.update(v.get("bytes") or str(v.get("path")).encode())
+            else:
+                h.update(json.dumps(v, default=str).encode())
+            h.update(b"\x01")
+    return h.hexdigest()
+
+
+def _store_path(kind: str, tower, *material) -> Path:
+    from vltool.io import default_cache_dir
+    from vltool.model import fingerprint
+
+    return default_cache_dir() / TRUNK_STORE / f"{kind}-{_digest(kind, fingerprint(tower, {}), *material)}.pt"
+
+
+def _store_load(path: Path):
     import torch
 
-    from vltool.losses import gather_keep_grad
-    from vltool.model import to_device
+    try:
+        return torch.load(path, weights_only=True) if path.is_file() else None
+    except Exception:  # a damaged entry is recomputed
+        return None
 
+
+def _store_save(path: Path, obj) -> None:
+    import uuid
+
+    import torch
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+        torch.save(obj, tmp)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # an unwritable cache directory only costs the recomputation next time
+
+
+def _stored_caches(model, tokenizer, train: TrainData, config, transform, do_image: bool, do_text: bool, accelerator, reused: dict):
+    """_compute_caches through the trunk store (one process only; several processes compute as before)."""
+    if accelerator.num_processes > 1:
+        return _compute_caches(model, tokenizer, train, config, transform, do_image, do_text, accelerator)
+    ds = train.dataset
+    img_path = txt_path = None
+    image_cache = text_cache = None
+    bad: set[int] = set()
+    if do_image:
+        img_path = _store_path("image", model.visual, _rows_digest(ds, C.IMAGE), model.config["preprocess"], config.precision)
+        hit = _store_load(img_path)
+        if hit is not None:
+            image_cache, bad = hit["features"], set(hit["bad"])
+    if do_text:
+        txt_path = _store_path("text", model.text, _rows_digest(ds, train.text_column), config.caption_sampling,
+                               model.config.get("tokenizer"), config.precision)
+        hit = _store_load(txt_path)
+        if hit is not None:
+            text_cache = hit["features"]
+    need_img, need_txt = do_image and image_cache is None, do_text and text_cache is None
+    if need_img or need_txt:
+        ic, tc, b = _compute_caches(model, tokenizer, train, config, transform, need_img, need_txt, accelerator)
+        if need_img:
+            image_cache, bad = ic, b
+            _store_save(img_path, {"features": ic, "bad": sorted(b)})
+        if need_txt:
+            text_cache = tc
+            _store_save(txt_path, {"features": tc})
+    if do_image:
+        reused["image"] = not need_img
+    if do_text:
+        reused["text"] = not need_txt
+    return image_cache, text_cache, bad
+
+
+def _stored_text_table(model, tokenizer, train: TrainData, config, accelerator, reused: dict) -> FrozenText:
+    if accelerator.num_processes > 1:
+        return _compute_text_table(model, tokenizer, train, config, accelerator)
+    texts = _table_texts(train)
+    path = _store_path("text-table", model.text, texts, model.config.get("tokenizer"), config.precision)
+    hit = _store_load(path)
+    reused["text"] = hit is not None
+    if hit is not None:
+        return FrozenText(table=hit["features"], index={t: i for i, t in enumerate(texts)})
+    feats = _compute_text_table(model, tokenizer, train, config, accelerator)
+    _store_save(path, {"features": feats.table})
+    return feats
+
+
+def _table_texts(train: TrainData) -> list[str]:
     values = train.dataset[train.text_column]
     if train.templated is not None and train.templated.any():  # unicl: every template around every class name
         texts = set()
@@ -1478,7 +1585,18 @@ def _compute_text_table(model, tokenizer, train: TrainData, config, accelerator)
                 texts.update([f.format(t) for f in train.templates] if tpl else [t])
     else:
         texts = {t for v in values for t in _texts_of(v, "random")}
-    texts = sorted(texts, key=lambda t: (len(t), t))  # similar lengths in a batch: less padding
+    return sorted(texts, key=lambda t: (len(t), t))  # similar lengths in a batch: less padding
+
+
+def _compute_text_table(model, tokenizer, train: TrainData, config, accelerator) -> FrozenText:
+    """The frozen text trunk's features of every distinct text a step can draw: the caption lists' entries,
+    or UniCL's templates around each class name (processes split them)."""
+    import torch
+
+    from vltool.losses import gather_keep_grad
+    from vltool.model import to_device
+
+    texts = _table_texts(train)
     world, rank = accelerator.num_processes, accelerator.process_index
     n = len(texts)
     lo, hi = (rank * n // world, (rank + 1) * n // world) if n >= world else (0, n)

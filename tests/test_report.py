@@ -45,7 +45,7 @@ def test_means_sds_and_paired_differences(runs):
     assert len(r["commands"]) == 12
     md = render_markdown(r)
     assert "| BoW | 14.3 ± 3.2<br>±2.0 | 4 ± 1 |" in md  # percent for evaluation entries, raw for plain values
-    assert "| BoW | +2.3 ± 2.1 (2/3) | +0.0 ± 0.0 (0/3) |" in md
+    assert "| BoW | +2.3 ± 2.1 (2/3) | +0 ± 0 (0/3) |" in md
     assert "| *chance* | 1.00 |" in md
 
 

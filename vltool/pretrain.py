@@ -1313,6 +1313,7 @@ def pretrain(
                                 "reused_from_store": reused},
             "train_seconds_this_invocation": round(train_time, 3),
             "samples_per_s_this_invocation": round(trained_now / train_time, 2) if train_time > 0 else None,
+            "seconds_per_step_this_invocation": round(train_time / (step - start_step), 4) if step > start_step else None,
             "resumed_from_step": start_step if resume is not None else None,
             "model": str(run_dir / MODEL_DIR),
             "model_fingerprint": fingerprint(plain, plain.config),

@@ -261,11 +261,9 @@ def _fmt(x: float | None, scale: float, digits: int = 1, plain: bool = False) ->
     if x is None:
         return "-"
     x = x * scale
-    if plain and float(x).is_integer():
-        return f"{x:,.0f}"
-    if scale == 1.0 and abs(x) >= 1000:
-        return f"{x:,.0f}"
-    if scale == 1.0 and x != 0 and abs(x) < 0.1:
+    if plain:  # counts, lengths, similarities: integers whole, others to 3 significant digits
+        if float(x).is_integer() or abs(x) >= 100:
+            return f"{x:,.0f}"
         return f"{x:.3g}"
     return f"{x:.{digits}f}"
 
@@ -324,7 +322,8 @@ def render_markdown(report: dict) -> str:
                     continue
                 sc = _scale(s["kind"], m["key"])
                 sign = "+" if d["mean"] >= 0 else ""
-                cells.append(f"{sign}{_fmt(d['mean'], sc)}" + (f" ± {_fmt(d['sd'], sc)}" if d["sd"] is not None else "")
+                pl = s["kind"] == "value"
+                cells.append(f"{sign}{_fmt(d['mean'], sc, plain=pl)}" + (f" ± {_fmt(d['sd'], sc, plain=pl)}" if d["sd"] is not None else "")
                              + f" ({d['positive_seeds']}/{d['seeds']})")
             lines.append("| " + " | ".join(cells) + " |")
     if report["notes"]:

@@ -334,7 +334,7 @@ def render_markdown(report: dict) -> str:
     per_seed = [f"{k} {v / 60:.1f} min" for k, v in wall.items() if k.startswith("seed")]
     lines += ["", f"Machine: {mach.get('cpu_count')} CPU cores ({mach.get('processor')}), torch {mach.get('torch', '?')}, "
                   f"{'a GPU' if mach.get('cuda') else 'no GPU'}. Wall time (sum of the commands' own times): "
-                  + ", ".join(per_seed + ([f"shared {wall['shared'] / 60:.1f} min"] if wall.get("shared") else []))
+                  + ", ".join(per_seed + ([f"shared {wall['shared'] / 60:.1f} min"] if wall.get("shared", 0) >= 3 else []))
                   + f"; {len(report['commands'])} commands, listed in the JSON."]
     if report["recipe"]:
         lines.append(f"Made by `{report['recipe']}` with vltool {report['vltool_version']} on {report['created'][:10]}.")

@@ -306,9 +306,14 @@ class MemoryBankLoss(Loss):
 
     @torch.no_grad()
     def update_ema(self, model: nn.Module) -> None:
+        # A frozen parameter never changes, so its EMA stays the copy init_ema made: only trainable ones
+        # are averaged (with locked towers that is the projections, not 25M tower weights every step).
         m = self.momentum
-        for pe, p in zip(self.ema.parameters(), model.parameters()):
-            pe.mul_(m).add_(p.detach(), alpha=1 - m)
+        pairs = [(pe, p) for pe, p in zip(self.ema.parameters(), model.parameters()) if p.requires_grad]
+        if pairs:
+            ema_params = [pe for pe, _ in pairs]
+            torch._foreach_mul_(ema_params, m)
+            torch._foreach_add_(ema_params, [p.detach() for _, p in pairs], alpha=1 - m)
         for be, b in zip(self.ema.buffers(), model.buffers()):
             be.copy_(b)
 

@@ -342,7 +342,8 @@ def render_markdown(report: dict) -> str:
 
 
 def render_chart(report: dict, path: Path) -> str | None:
-    """One panel per metric; None when matplotlib is missing."""
+    """One panel per metric: a bar per variant (mean over seeds, sd as its error bar) and a dot per seed
+    with that run's 95% interval; the chance level dashed. None when matplotlib is missing."""
     try:
         import matplotlib
 
@@ -366,7 +367,14 @@ def render_chart(report: dict, path: Path) -> str | None:
             means.append(s["mean"] * sc)
             sds.append((s["sd"] or 0.0) * sc)
             labels.append(v["label"])
-            ax.scatter([i] * len(s["values"]), [x * sc for x in s["values"].values()], color="black", s=10, zorder=3)
+            runs = [v["runs"][k][m["name"]] for k in s["values"]]
+            ys = [e["value"] * sc for e in runs]
+            if all(e["ci_low"] is not None for e in runs):  # each seed's 95% interval
+                err = [[max(0.0, e["value"] - e["ci_low"]) * sc for e in runs], [max(0.0, e["ci_high"] - e["value"]) * sc for e in runs]]
+                xs_seed = [i + 0.12 * (j - (len(runs) - 1) / 2) for j in range(len(runs))]
+                ax.errorbar(xs_seed, ys, yerr=err, fmt="o", color="black", ms=3, elinewidth=0.8, capsize=2, zorder=3)
+            else:
+                ax.scatter([i] * len(ys), ys, color="black", s=10, zorder=3)
             if s["chance"] is not None:
                 chance = s["chance"] * sc
         ax.bar(xs, means, yerr=sds, color="#4c72b0", alpha=0.75, capsize=3)

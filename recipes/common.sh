@@ -50,3 +50,7 @@ probe() {
 }
 
 say() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+# REPORT_ONLY=1: no runs, only the tables, from whatever runs OUT already holds (e.g. after stopping a
+# recipe part-way: the report covers the seeds whose runs exist).
+if [ "${REPORT_ONLY:-0}" = "1" ]; then SEEDS=""; fi

@@ -67,3 +67,14 @@ def test_errors(runs, tmp_path):
     assert r.exit_code == 2 and "RELPATH:KEY" in r.output
     r = CliRunner().invoke(app, ["report", str(runs), "--out", str(tmp_path / "o"), "--metric", "zeroshot:top1", "--baseline", "x"])
     assert r.exit_code == 2 and "--baseline" in r.output
+
+
+def test_seeds_missing_a_variant_are_left_out(runs):
+    (runs / "bow" / "seed3").mkdir()  # a seed stopped part-way: one variant only, no numbers
+    d = runs / "base" / "seed3"
+    d.mkdir()
+    (d / "zeroshot.json").write_text(json.dumps({"metrics": {"top1": entry(0.5, 0.4, 0.6)}}))
+    r = build_report(runs, ReportConfig(metrics=[parse_metric("zeroshot:top1")], baseline="base"))
+    assert r["seeds"] == [0, 1, 2] and r["incomplete_seeds"] == [3]
+    assert r["variants"][0]["summary"]["zeroshot:top1"]["mean"] == pytest.approx(0.12)
+    assert "Seed 3 left out" in render_markdown(r)

@@ -208,6 +208,15 @@ def build_report(runs_dir: str | Path, config: ReportConfig) -> dict:
             runs[str(seed)] = row
         variants.append({"name": name, "label": label, "paper": config.paper.get(name), "runs": runs})
 
+    # Paired comparisons need the same seeds everywhere: keep the seeds every variant has numbers for
+    # (a recipe stopped part-way leaves a seed with some variants only; it is listed, not averaged).
+    complete = set.intersection(*[{k for k, r in v["runs"].items() if r} for v in variants])
+    incomplete = sorted({int(k) for v in variants for k in v["runs"]} - {int(k) for k in complete})
+    for v in variants:
+        v["runs"] = {k: r for k, r in v["runs"].items() if k in complete}
+    if not complete:
+        raise VltoolError(f"{runs_dir}: no seed has results for every variant ({', '.join(n for n, _ in order)})")
+
     base = next((v for v in variants if v["name"] == config.baseline), None)
     for v in variants:
         summary = {}
@@ -244,6 +253,7 @@ def build_report(runs_dir: str | Path, config: ReportConfig) -> dict:
         "runs_dir": str(runs_dir),
         "machine": machine(),
         "seeds": seeds,
+        "incomplete_seeds": incomplete,
         "baseline": config.baseline,
         "metrics": [{"name": m.name, "label": m.label, "file": m.relpath, "key": m.key} for m in config.metrics],
         "variants": variants,
@@ -277,6 +287,9 @@ def render_markdown(report: dict) -> str:
     lines.append(f"Seeds {', '.join(map(str, report['seeds']))}: each cell is the mean ± standard deviation over "
                  f"{n} seed{'s' if n != 1 else ''}; below it, ±h is the mean half-width of one run's 95% bootstrap interval "
                  "over the test images. Percent unless the metric is a rank or a count.")
+    if report.get("incomplete_seeds"):
+        lines.append(f"Seed{'s' if len(report['incomplete_seeds']) > 1 else ''} {', '.join(map(str, report['incomplete_seeds']))} "
+                     "left out: not every variant has results for it (the recipe was stopped part-way).")
     lines.append("")
     has_paper = any(v["paper"] for v in report["variants"])
     head = ["Variant"] + [m["label"] for m in metrics] + (["Paper"] if has_paper else [])

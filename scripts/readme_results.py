@@ -1,0 +1,74 @@
+"""Copy the committed recipe tables (results/*.md) into the README's Reproductions section.
+
+Every table in the README's Reproductions section starts with a line
+
+    **<title>** (`results/<name>.md`, chart `results/<name>.png`)
+
+and runs to its "Machine: ..." line. This script replaces each such block with the body of
+`results/<name>.md` (everything between its "# title" line and its "Machine: ..." line, inclusive), so that
+the README shows exactly what `vltool report` wrote. The commentary around the tables is left alone.
+
+    python scripts/readme_results.py           # rewrite README.md in place
+    python scripts/readme_results.py --check   # exit 1 if README.md and results/ disagree
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+HEADER = re.compile(r"^\*\*(?P<title>.+)\*\* \(`results/(?P<name>[\w.-]+)\.md`(?P<rest>.*)\)$")
+
+
+def table_block(md: str) -> tuple[str, list[str]]:
+    """(title, the lines from after the "# title" line to the "Machine:" line inclusive) of a results .md."""
+    lines = md.splitlines()
+    if not lines or not lines[0].startswith("# "):
+        raise ValueError("a results .md starts with '# <title>'")
+    end = next((i for i, line in enumerate(lines) if line.startswith("Machine: ")), None)
+    if end is None:
+        raise ValueError("a results .md has a 'Machine: ...' line")
+    return lines[0][2:], lines[1:end + 1]
+
+
+def sync(readme: str, results: Path) -> str:
+    """The README text with every results table replaced by the current results/<name>.md."""
+    lines = readme.splitlines()
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        match = HEADER.match(lines[i])
+        if not match:
+            out.append(lines[i])
+            i += 1
+            continue
+        name = match["name"]
+        title, body = table_block((results / f"{name}.md").read_text())
+        out.append(f"**{title}** (`results/{name}.md`{match['rest']})")
+        end = next((j for j in range(i + 1, len(lines)) if lines[j].startswith("Machine: ")), None)
+        if end is None:
+            raise ValueError(f"README: the table of results/{name}.md has no 'Machine: ...' line")
+        out.extend(body)
+        i = end + 1
+    return "\n".join(out) + ("\n" if readme.endswith("\n") else "")
+
+
+def main(argv: list[str]) -> int:
+    readme_path = ROOT / "README.md"
+    readme = readme_path.read_text()
+    new = sync(readme, ROOT / "results")
+    if "--check" in argv:
+        if new != readme:
+            print("README.md's Reproductions tables differ from results/*.md: run python scripts/readme_results.py")
+            return 1
+        return 0
+    if new != readme:
+        readme_path.write_text(new)
+        print("README.md: tables updated from results/")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -53,7 +53,6 @@ class ReportConfig:
     recipe: str | None = None
     paper: dict[str, str] = field(default_factory=dict)  # variant -> the paper's finding for the same comparison
     notes: list[str] = field(default_factory=list)
-    chart: bool = True
 
 
 def parse_metric(spec: str) -> Metric:

@@ -50,7 +50,6 @@ def report_command(
         recipe=recipe,
         paper=dict(parse_pairs(paper or [], "--paper")),
         notes=list(note or []),
-        chart=chart,
     )
     report = build_report(runs_dir, config)
     files = write_report(report, out, chart=chart)

@@ -274,7 +274,8 @@ def test_unicl_with_unique_labels_equals_clip():
 
 
 def test_unicl_data_roles_templates_and_balance(labelled):
-    from vltool.pretrain import PairDataset, PretrainConfig, load_unicl_data, make_sampler
+    from vltool.pretrain import PretrainConfig
+    from vltool.pretrain.data import PairDataset, load_unicl_data, make_sampler
 
     lab, txt = labelled
     cfg = PretrainConfig(arch="vltool-micro", loss="unicl", label_data=[lab], text_data=[txt], balanced=True, batch_size=4)

@@ -301,7 +301,7 @@ def test_shipped_configs_build():
 
 def test_lr_schedule_and_weight_decay_groups():
     from vltool.model import ModelSpec, create_model
-    from vltool.pretrain import lr_at, param_groups
+    from vltool.pretrain.optim import lr_at, param_groups
 
     c = micro(lr=1.0, warmup_steps=2, min_lr=0.1)
     assert [round(lr_at(s, 10, c), 4) for s in (0, 1, 2)] == [0.5, 1.0, 1.0]
@@ -328,7 +328,7 @@ def test_simclr_blur_scales_with_image_size():
 
 def test_batches_equal_for_any_process_count():
     """Process r of N sees the r-th slice of the rows one process with batch N*B sees."""
-    from vltool.pretrain import EpochBatches
+    from vltool.pretrain.data import EpochBatches
 
     one = list(EpochBatches(50, 8, 1, 0, seed=3, start=0, stop=9))
     two = [list(EpochBatches(50, 4, 2, r, seed=3, start=0, stop=9)) for r in (0, 1)]
@@ -341,7 +341,7 @@ def test_batches_equal_for_any_process_count():
 def test_freezing_and_bn_stats(tmp_path):
     """--lock-image freezes the image tower (BatchNorm statistics too); --unfreeze-image-last N trains N blocks."""
     from vltool.model import ModelSpec, create_model
-    from vltool.pretrain import apply_freezing, set_train_mode
+    from vltool.pretrain.optim import apply_freezing, set_train_mode
 
     model, _ = create_model(ModelSpec(arch="vltool-tiny-rn", image_size=32))
     frozen = apply_freezing(model, micro(lock_image=True))
@@ -491,7 +491,8 @@ def test_init_from_trained_model_and_eval_data(tmp_path, pairs):
 
 
 def test_several_inputs_and_id_clash(tmp_path, pairs):
-    from vltool.pretrain import PretrainConfig, load_train_data
+    from vltool.pretrain import PretrainConfig
+    from vltool.pretrain.data import load_train_data
 
     other = make_pairs(tmp_path / "other", n=8, extra_caption_col=False)
     with pytest.raises(UsageError, match="--prefix-ids"):
@@ -578,7 +579,8 @@ DDP_SCRIPT = textwrap.dedent(
     from accelerate import Accelerator
     from vltool.losses import ClipLoss, LossInput, gather_keep_grad
     from vltool.model import ModelSpec, create_model
-    from vltool.pretrain import PretrainConfig, pretrain, sum_gradients
+    from vltool.pretrain import PretrainConfig, pretrain
+    from vltool.pretrain.optim import sum_gradients
 
     data, out, batch = sys.argv[1], sys.argv[2], int(sys.argv[3])
     acc = Accelerator(cpu=True)

@@ -1,12 +1,16 @@
 """`vltool debias`: find a concept subspace with language alone and remove it from embeddings.
 
-CLIP-Lite (003_1589a2ba138981a4.txt, section 4.8, Table 6) after Bolukbasi et al. (hard debias) and
-Liang et al. (sentence contextualisation):
+CLIP-Lite ("CLIP-Lite: Information Efficient Visual Representation Learning with Language Supervision",
+section 4.8, Table 6) after Bolukbasi et al. (hard debias) and Liang et al. (sentence contextualisation):
 1. each concept pair (man, woman) goes through sentence templates, giving sentence pairs that differ
    only in the concept word;
 2. the sentences are encoded into the shared space; each pair is centred on its own mean;
 3. the top k principal components of the centred vectors are the subspace V;
 4. an embedding is edited as h' = h - sum_j <h, v_j> v_j, then renormalised.
+
+The subspace math (Subspace, concept_subspace, project_out, load_subspace) is vltool.subspace's, a leaf
+module the evaluation commands use too; this module is the command: concept pairs, templates, the
+alignment table, saving a subspace, and the two modes.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from vltool.errors import UsageError
+from vltool.subspace import SUBSPACE_FILE, Subspace, concept_subspace, load_subspace, project_out  # noqa: F401 (re-exported)
 
 ASSETS = Path(__file__).resolve().parent / "assets" / "debias"
 DEFAULT_PAIRS = ASSETS / "gender_pairs.txt"
@@ -60,35 +65,6 @@ def contextualise(pairs: list[tuple[str, str]], templates: list[str]) -> tuple[l
     return a, b
 
 
-@dataclass
-class Subspace:
-    components: np.ndarray  # (k, D) orthonormal rows
-    explained_variance_ratio: np.ndarray  # (k,) share of the centred pairs' variance each explains
-
-
-def concept_subspace(emb_a: np.ndarray, emb_b: np.ndarray, k: int = 1) -> Subspace:
-    """PCA of sentence-pair embeddings, each pair centred on its mean (Bolukbasi et al.; Liang et al.)."""
-    emb_a = np.asarray(emb_a, dtype=np.float64)
-    emb_b = np.asarray(emb_b, dtype=np.float64)
-    if emb_a.shape != emb_b.shape:
-        raise UsageError("the two groups of sentences must pair up one to one")
-    if not 1 <= k <= min(emb_a.shape[1], 2 * len(emb_a)):
-        raise UsageError(f"--components must be between 1 and {min(emb_a.shape[1], 2 * len(emb_a))}, got {k}")
-    mean = (emb_a + emb_b) / 2  # (P, D)
-    centred = np.concatenate([emb_a - mean, emb_b - mean])  # (2P, D)
-    _, s, vt = np.linalg.svd(centred, full_matrices=False)
-    var = s**2
-    return Subspace(vt[:k].astype(np.float32), (var[:k] / var.sum()).astype(np.float32))
-
-
-def project_out(h: np.ndarray, components: np.ndarray) -> np.ndarray:
-    """h' = h - sum_j <h, v_j> v_j, renormalised (rows of h are embeddings)."""
-    h = np.asarray(h, dtype=np.float32)
-    v = np.asarray(components, dtype=np.float32)  # (k, D)
-    edited = h - (h @ v.T) @ v  # (N, D)
-    return edited / np.maximum(np.linalg.norm(edited, axis=1, keepdims=True), 1e-12)
-
-
 def alignment_table(
     queries: np.ndarray, query_groups: list[str], images: np.ndarray, image_groups: list[str], top: int = 10
 ) -> dict:
@@ -119,10 +95,8 @@ def own_other_gap(cells: dict) -> float:
 
 
 # ----------------------------------------------------------------------------------------------------
-# Saving and loading a subspace; the command's two modes
+# Saving a subspace (vltool.subspace.load_subspace reads it back); the command's two modes
 # ----------------------------------------------------------------------------------------------------
-
-SUBSPACE_FILE = "subspace.npy"
 
 
 def save_subspace(sub: Subspace, out: Path, prov: dict, overwrite: bool) -> Path:
@@ -132,25 +106,6 @@ def save_subspace(sub: Subspace, out: Path, prov: dict, overwrite: bool) -> Path
         np.save(tmp / SUBSPACE_FILE, sub.components)
         write_json_atomic(tmp / "vltool.json", prov)
     return Path(out)
-
-
-def load_subspace(path: Path | str, model_fingerprint: str | None = None) -> np.ndarray:
-    """V (k, D) from a subspace directory; refuses a subspace made with another model."""
-    import json
-
-    path = Path(path)
-    f = path / SUBSPACE_FILE
-    meta = path / "vltool.json"
-    if not f.is_file() or not meta.is_file():
-        raise UsageError(f"--debias {path}: not a subspace directory written by `vltool debias --out` (no {SUBSPACE_FILE})")
-    info = json.loads(meta.read_text())
-    fp = info.get("stats", {}).get("model_fingerprint")
-    if model_fingerprint is not None and fp != model_fingerprint:
-        raise UsageError(
-            f"--debias {path} was computed with another model (fingerprint {fp}, this model {model_fingerprint}); "
-            "run `vltool debias` with this model"
-        )
-    return np.load(f, allow_pickle=False)
 
 
 @dataclass
@@ -212,8 +167,7 @@ def compute_subspace(config: DebiasConfig, out, *, overwrite: bool = False) -> d
     """Mode 1: the concept subspace of a model, saved to `out`."""
     from vltool import provenance
     from vltool.cache import EmbeddingCache
-    from vltool.encode import encode_prompts
-    from vltool.evaluation import load_eval_model, model_record
+    from vltool.encode import encode_prompts, load_eval_model, model_record
     from vltool.io import check_output
 
     timer = provenance.Timer()
@@ -247,8 +201,8 @@ def measure(config: DebiasConfig, out=None, *, where=(), split=None, overwrite: 
     """Mode 2: Table 6's alignment cells before and after the edit, the gap, and zero-shot before/after."""
     from vltool import provenance
     from vltool.cache import EmbeddingCache
-    from vltool.encode import encode_images, encode_prompts
-    from vltool.evaluation import check_out, finish, load_eval_model, model_record
+    from vltool.encode import encode_images, encode_prompts, load_eval_model, model_record
+    from vltool.evaluation import check_out, finish
     from vltool.io import load_dataset
 
     timer = provenance.Timer()

@@ -1,6 +1,7 @@
-"""Encode a dataset's images or texts with a loaded model, through the embedding cache (vltool.cache).
+"""Load a model to encode with, and encode a dataset's images or texts through the embedding cache (vltool.cache).
 
-    from vltool.encode import encode_images, encode_texts, encode_prompts
+    from vltool.encode import load_eval_model, model_record, encode_images, encode_texts, encode_prompts
+    m = load_eval_model(spec, pretrained, cache_dir)                # LoadedModel, or LazyModel for a RUN_DIR
     img = encode_images(m, data, cache=EmbeddingCache(cache_dir))   # Encoded: (N, D) float32 + bad mask
     txt = encode_texts(m, data, column="captions", cache=...)       # (T, D) + owner (T,) row of each text
 
@@ -21,6 +22,7 @@ import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -29,6 +31,7 @@ from vltool import columns as C
 from vltool.cache import CacheKey, EmbeddingCache, ids_digest, row_filter, texts_digest
 from vltool.errors import UsageError, VltoolError
 from vltool.io import decode_image  # noqa: F401  (re-exported: callers import it from here)
+from vltool.topology import is_main, process_state, warn
 
 FEATURES = ("post", "pre")
 PROMPTS_COLUMN = "<prompts>"  # the column name in the key of a list of texts that is not a dataset column
@@ -57,21 +60,100 @@ class Encoded:
 # ----------------------------------------------------------------------------------------------------
 
 
-def process_state():
-    """accelerate's PartialState: one process unless started by `accelerate launch`.
-
-    Without a GPU it is asked for CPU processes (as `Accelerator(cpu=True)`), so that
-    `accelerate launch --multi_gpu --num_processes N` runs N CPU processes over gloo.
-    """
-    import torch
-    from accelerate import PartialState
-
-    return PartialState(cpu=not torch.cuda.is_available())
+# process_state (accelerate's PartialState, asked for CPU processes without a GPU) is vltool.topology's.
 
 
 def encode_device():
     """The device this process encodes on (accelerate's choice: its GPU under a launch, else CPU)."""
     return process_state().device
+
+
+# ----------------------------------------------------------------------------------------------------
+# Loading the model to encode with (every command that encodes: evaluation, debias, mine-positives, ...)
+# ----------------------------------------------------------------------------------------------------
+
+
+def load_eval_model(spec: str, pretrained: str | None = None, cache_dir: str | Path | None = None):
+    """The model to encode with, on this process's device.
+
+    A vltool model directory is opened lazily (LazyModel): when the cache already knows the fingerprint of
+    its files, nothing is built until something has to be encoded, so a run served from the cache does
+    not pay for building the towers. open_clip:ARCH and local-dir:PATH are loaded at once; open_clip:ARCH
+    without --pretrained is a randomly initialised model, loaded with a warning.
+    """
+    from vltool.model import load_model
+
+    spec = str(spec)
+    if spec.startswith("open_clip:") and pretrained is None:
+        warn(f"{spec} without --pretrained evaluates randomly initialised weights")
+    if not spec.startswith(("open_clip:", "local-dir:")):
+        from vltool.model import resolve_model_dir
+
+        return LazyModel(resolve_model_dir(spec), cache_dir)
+    return load_model(spec, pretrained=pretrained, device=encode_device())
+
+
+class LazyModel:
+    """A vltool model directory whose towers are built on first use (vltool.model.load_model's LoadedModel).
+
+    `fingerprint` (the model's weight fingerprint, vltool.model.fingerprint) is remembered in
+    `<cache-dir>/models/<sha256 of config.json and model.safetensors>.json` after the first load: the file
+    contents determine the fingerprint, so a later run reads it back without building the model.
+    """
+
+    def __init__(self, model_dir: Path, cache_dir: str | Path | None = None):
+        import hashlib
+        import json
+
+        from vltool.model import CONFIG_FILE, WEIGHTS_FILE
+
+        self._loaded = None
+        self.model_dir = Path(model_dir)
+        self.source = str(self.model_dir)
+        config_bytes = (self.model_dir / CONFIG_FILE).read_bytes()
+        self.config = json.loads(config_bytes)
+        h = hashlib.sha256(config_bytes)
+        with open(self.model_dir / WEIGHTS_FILE, "rb") as f:
+            for chunk in iter(lambda: f.read(2**22), b""):
+                h.update(chunk)
+        self._index = EmbeddingCache(cache_dir).root / "models" / f"{h.hexdigest()}.json"
+        try:
+            self.fingerprint = json.loads(self._index.read_text())["fingerprint"]
+        except (OSError, ValueError, KeyError):
+            self.fingerprint = self._load().fingerprint
+
+    def _load(self):
+        if self._loaded is None:
+            from vltool.io import write_json_atomic
+            from vltool.model import load_model
+
+            self._loaded = load_model(str(self.model_dir), device=encode_device())
+            self.fingerprint = self._loaded.fingerprint  # (self.config stays the file's: keys never depend on loading)
+            if is_main():
+                write_json_atomic(self._index, {"fingerprint": self.fingerprint, "model_dir": str(self.model_dir)})
+        return self._loaded
+
+    @property
+    def loaded(self) -> bool:
+        return self._loaded is not None
+
+    def __getattr__(self, name: str):  # everything else (model, preprocess, encode_image, ...) needs the model
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._load(), name)
+
+
+def model_record(m, spec: str, pretrained: str | None) -> dict:
+    """The "model" part of a results or provenance record: what was asked for and what was loaded."""
+    return {
+        "spec": str(spec),
+        "pretrained": str(pretrained) if pretrained else None,
+        "fingerprint": m.fingerprint,
+        "source": getattr(m, "source", None),
+        "arch": m.config.get("arch"),
+        "embed_dim": m.config.get("embed_dim"),
+        "preprocess": m.config.get("preprocess"),
+    }
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -1,4 +1,6 @@
-"""What `zeroshot`, `retrieve` and `probe` share: loading the model, the results record, the table.
+"""What `zeroshot`, `retrieve` and `probe` share: their common options, the results record, the table, the
+`--debias` edit (Edit). The model is loaded with vltool.encode.load_eval_model (and recorded with
+vltool.encode.model_record), as every command that encodes does; is_main is vltool.topology's.
 
 A results record (written by `--out`, printed by `--json`) holds the provenance fields at top level
 (vltool.provenance.make) and:
@@ -9,13 +11,13 @@ A results record (written by `--out`, printed by `--json`) holds the provenance 
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from vltool.errors import UsageError
 from vltool.metrics import Interval
+from vltool.topology import is_main  # (the commands import it from here too)
 
 LEVEL = 0.95
 
@@ -52,102 +54,6 @@ class EvalCommon:
         if self.pretrained is not None and not str(self.model).startswith("open_clip:"):
             problems.append("--pretrained applies to --model open_clip:ARCH only")
         return problems
-
-
-def load_eval_model(spec: str, pretrained: str | None = None, cache_dir: str | Path | None = None):
-    """The model to evaluate, on this process's device.
-
-    A vltool model directory is opened lazily (LazyModel): when the cache already knows the fingerprint of
-    its files, nothing is built until something has to be encoded, so a run served from the cache does
-    not pay for building the towers. open_clip:ARCH and local-dir:PATH are loaded at once; open_clip:ARCH
-    without --pretrained is a randomly initialised model, loaded with a warning.
-    """
-    from vltool.encode import encode_device
-    from vltool.model import load_model
-
-    spec = str(spec)
-    if spec.startswith("open_clip:") and pretrained is None:
-        warn(f"{spec} without --pretrained evaluates randomly initialised weights")
-    if not spec.startswith(("open_clip:", "local-dir:")):
-        from vltool.model import resolve_model_dir
-
-        return LazyModel(resolve_model_dir(spec), cache_dir)
-    return load_model(spec, pretrained=pretrained, device=encode_device())
-
-
-class LazyModel:
-    """A vltool model directory whose towers are built on first use (vltool.model.load_model's LoadedModel).
-
-    `fingerprint` (the model's weight fingerprint, vltool.model.fingerprint) is remembered in
-    `<cache-dir>/models/<sha256 of config.json and model.safetensors>.json` after the first load: the file
-    contents determine the fingerprint, so a later run reads it back without building the model.
-    """
-
-    def __init__(self, model_dir: Path, cache_dir: str | Path | None = None):
-        import hashlib
-        import json
-
-        from vltool.cache import EmbeddingCache
-        from vltool.model import CONFIG_FILE, WEIGHTS_FILE
-
-        self._loaded = None
-        self.model_dir = Path(model_dir)
-        self.source = str(self.model_dir)
-        config_bytes = (self.model_dir / CONFIG_FILE).read_bytes()
-        self.config = json.loads(config_bytes)
-        h = hashlib.sha256(config_bytes)
-        with open(self.model_dir / WEIGHTS_FILE, "rb") as f:
-            for chunk in iter(lambda: f.read(2**22), b""):
-                h.update(chunk)
-        self._index = EmbeddingCache(cache_dir).root / "models" / f"{h.hexdigest()}.json"
-        try:
-            self.fingerprint = json.loads(self._index.read_text())["fingerprint"]
-        except (OSError, ValueError, KeyError):
-            self.fingerprint = self._load().fingerprint
-
-    def _load(self):
-        if self._loaded is None:
-            from vltool.encode import encode_device
-            from vltool.io import write_json_atomic
-            from vltool.model import load_model
-
-            self._loaded = load_model(str(self.model_dir), device=encode_device())
-            self.fingerprint = self._loaded.fingerprint  # (self.config stays the file's: keys never depend on loading)
-            if is_main():
-                write_json_atomic(self._index, {"fingerprint": self.fingerprint, "model_dir": str(self.model_dir)})
-        return self._loaded
-
-    @property
-    def loaded(self) -> bool:
-        return self._loaded is not None
-
-    def __getattr__(self, name: str):  # everything else (model, preprocess, encode_image, ...) needs the model
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self._load(), name)
-
-
-def model_record(m, spec: str, pretrained: str | None) -> dict:
-    return {
-        "spec": str(spec),
-        "pretrained": str(pretrained) if pretrained else None,
-        "fingerprint": m.fingerprint,
-        "source": getattr(m, "source", None),
-        "arch": m.config.get("arch"),
-        "embed_dim": m.config.get("embed_dim"),
-        "preprocess": m.config.get("preprocess"),
-    }
-
-
-def is_main() -> bool:
-    from vltool.encode import process_state
-
-    return process_state().is_main_process
-
-
-def warn(message: str) -> None:
-    if is_main():
-        print(f"warning: {message}", file=sys.stderr)
 
 
 def entry(value: float, interval: Interval | None, chance: float | None) -> dict:
@@ -222,13 +128,20 @@ def print_table(record: dict, title: str) -> None:
         stdout.print(f"majority-class rate: {100 * extra:.2f}%", highlight=False)
 
 
-def debias_edit(m, config: EvalCommon):
-    """The concept edit of `--debias` (vltool.debias.project_out with the saved subspace), or None.
+@dataclass(frozen=True)
+class Edit:
+    """The concept edit of `--debias`: functions on (N, D) embedding arrays, and what the record says of it."""
 
-    Returns (edit_images, edit_texts, record): functions on (N, D) arrays (identity where not asked)."""
+    images: Callable  # (N, D) image embeddings -> edited (N, D)
+    texts: Callable  # (N, D) text embeddings -> edited (N, D); the identity without --debias-text
+    record: dict  # {"subspace", "components", "text"}: the results record's protocol.debias
+
+
+def debias_edit(m, config: EvalCommon) -> Edit | None:
+    """The concept edit of `--debias` (vltool.subspace.project_out with the saved subspace), or None."""
     if not config.debias:
         return None
-    from vltool.debias import load_subspace, project_out
+    from vltool.subspace import load_subspace, project_out
 
     v = load_subspace(config.debias, m.fingerprint)  # refuses another model's subspace
 
@@ -239,5 +152,4 @@ def debias_edit(m, config: EvalCommon):
         return x
 
     record = {"subspace": str(config.debias), "components": int(v.shape[0]), "text": bool(config.debias_text)}
-    return edit, (edit if config.debias_text else keep), record
-
+    return Edit(images=edit, texts=edit if config.debias_text else keep, record=record)

@@ -1,4 +1,6 @@
-"""`vltool mine-positives`: FFF's positive mining over the whole dataset (004_e63f5973002a6b55.txt, 4.1, 4.3, eq. 1).
+"""`vltool mine-positives`: FFF's positive mining over the whole dataset.
+
+"FFF: Fixing Flawed Foundations in contrastive pre-training", sections 4.1 and 4.3, equation 1.
 
 Image i and the text of row j are a positive pair when
 
@@ -359,8 +361,7 @@ def mine_positives(data: str, out, config: MinePositivesConfig, *, where=(), spl
     from vltool import columns as C
     from vltool import provenance
     from vltool.cache import EmbeddingCache
-    from vltool.encode import encode_images, encode_texts
-    from vltool.evaluation import load_eval_model, model_record
+    from vltool.encode import encode_images, encode_texts, load_eval_model, model_record
     from vltool.io import check_output, load_dataset, save_dataset
 
     timer = provenance.Timer()

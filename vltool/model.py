@@ -310,7 +310,7 @@ def _read_state_dict(path: str | Path) -> dict:
 
 
 class CriticProjection(nn.Module):
-    """CLIP-Lite's critic projection of one modality (003_1589a2ba138981a4.txt, Figure 3; DIM's 1x1 block):
+    """CLIP-Lite's critic projection of one modality ("CLIP-Lite", Figure 3; DIM's 1x1 block):
     Linear (no bias) -> BatchNorm -> ReLU -> Linear, plus a linear shortcut (no bias) initialised near the
     identity (U(-0.01, 0.01) off the diagonal, 1 on it), then LayerNorm. (B, d_in) -> (B, dim)."""
 
@@ -753,15 +753,9 @@ def to_device(tokens, device):
     return tokens.to(device)
 
 
-def eval_transform(preprocess: dict) -> Callable:
-    """Deterministic eval transform: resize the shorter side, centre crop, normalise (open_clip's)."""
-    from open_clip.transform import PreprocessCfg, image_transform_v2
-
-    cfg = PreprocessCfg(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in preprocess.items() if k in PreprocessCfg.__dataclass_fields__})
-    return image_transform_v2(cfg, is_train=False)
-
-
 def _finish(model: TwoTower, tokenizer: Tokenizer, device, source: str) -> LoadedModel:
+    from vltool.transforms import eval_transform
+
     device = torch.device(device)
     model.to(device).eval()
     return LoadedModel(

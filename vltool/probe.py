@@ -376,9 +376,9 @@ def probe(
     """Fit a linear probe on `train_data`'s image features and evaluate it on `eval_data`."""
     from vltool import provenance
     from vltool.cache import EmbeddingCache
-    from vltool.encode import process_state
-    from vltool.encode import encode_images
-    from vltool.evaluation import bootstrap_record, check_out, debias_edit, entry, finish, is_main, load_eval_model, model_record, warn
+    from vltool.encode import encode_images, load_eval_model, model_record
+    from vltool.evaluation import bootstrap_record, check_out, debias_edit, entry, finish
+    from vltool.topology import is_main, process_state, warn
     from vltool.io import load_dataset
     from vltool.metrics import AveragePrecision, ClassificationItems, bootstrap, majority_rate, per_class_recall, topk_chance
     from vltool.zeroshot import read_labels
@@ -420,7 +420,7 @@ def probe(
     if edit is not None:
         if features != "post":
             raise UsageError("--debias edits the shared embedding space: use --features post with it")
-        x_tr, x_ev = edit[0](x_tr), edit[0](x_ev)
+        x_tr, x_ev = edit.images(x_tr), edit.images(x_ev)
     if normalize:
         x_tr = x_tr / np.maximum(np.linalg.norm(x_tr, axis=1, keepdims=True), 1e-12)
         x_ev = x_ev / np.maximum(np.linalg.norm(x_ev, axis=1, keepdims=True), 1e-12)
@@ -500,7 +500,7 @@ def probe(
         },
         "protocol": {
             "name": config.protocol,
-            "debias": edit[2] if edit is not None else None,
+            "debias": edit.record if edit is not None else None,
             "features": features,
             "normalize": normalize,
             "val_frac": config.val_frac,

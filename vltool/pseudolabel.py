@@ -236,8 +236,7 @@ def pseudolabel(
     from vltool import columns as C
     from vltool import provenance
     from vltool.cache import EmbeddingCache
-    from vltool.encode import encode_texts
-    from vltool.evaluation import load_eval_model, model_record
+    from vltool.encode import encode_texts, load_eval_model, model_record
     from vltool.io import check_output, load_dataset, save_dataset
 
     timer = provenance.Timer()

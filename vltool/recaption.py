@@ -595,31 +595,23 @@ class Dist:
     device: str
 
 
-def _launcher_env() -> tuple[int, int, int]:
-    """(rank, world size, local rank) from the launcher's environment: torchrun / `accelerate launch`
-    (RANK, WORLD_SIZE, LOCAL_RANK) or MPI (OMPI_COMM_WORLD_*, PMI_*); (0, 1, 0) for a plain run.
-
-    Read from the environment rather than accelerate's PartialState: on CPU-only machines PartialState
-    reports a single process unless accelerate was configured for MULTI_CPU, and then every process
-    would do every shard. No process group is needed: the processes meet in OUT.partial."""
-    env = os.environ
-    for rank, world, local in (("RANK", "WORLD_SIZE", "LOCAL_RANK"),
-                               ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
-                               ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID")):
-        if env.get(world, "1").isdigit() and int(env.get(world, "1")) > 1 and env.get(rank, "").isdigit():
-            return int(env[rank]), int(env[world]), int(env.get(local, "0") or 0)
-    return 0, 1, 0
-
-
 def distributed(config: RecaptionConfig, process_index: int | None, num_processes: int | None) -> Dist:
-    """The process's rank and device: explicit (tests), from the launcher, or a single process."""
+    """The process's rank and device: explicit (tests, or running one share by hand), else
+    vltool.topology.process_state(): the launcher's (`accelerate launch`, torchrun; mpirun on CPU) or a single process.
+
+    On a CPU-only machine process_state asks accelerate for CPU processes, so that under
+    `accelerate launch --multi_gpu --num_processes N` it reports MULTI_CPU, rank r of N (a bare
+    `PartialState()` would report one process there, and every process would do every shard). The
+    processes do not communicate through the process group: they meet in OUT.partial."""
     if process_index is not None:
         return Dist(process_index, num_processes or 1, resolve_device(config.device))
-    rank, world, local = _launcher_env()
+    from vltool.topology import process_state
+
+    state = process_state()
     device = resolve_device(config.device)
-    if world > 1 and config.device == "auto" and device == "cuda":
-        device = f"cuda:{local}"  # one GPU per process, as accelerate assigns them
-    return Dist(rank, world, device)
+    if state.num_processes > 1 and config.device == "auto" and device == "cuda":
+        device = f"cuda:{state.local_process_index}"  # one GPU per process, as accelerate assigns them
+    return Dist(state.process_index, state.num_processes, device)
 
 
 class Interrupted(VltoolError):
@@ -836,11 +828,12 @@ def recaption(
     from vltool import provenance
     from vltool.console import log as console_log
     from vltool.io import check_output, load_dataset, save_dataset
+    from vltool.topology import process_state
 
     log = log or console_log
     timer = provenance.Timer()
     config.validate()
-    if config.restart and (num_processes or _launcher_env()[1]) > 1:
+    if config.restart and (num_processes or process_state().num_processes) > 1:
         raise UsageError("--restart with several processes is not supported: delete OUT.partial and relaunch")
     input_column = config.column if config.paraphrase else C.IMAGE
     src = load_dataset(data, split=split, where=where, required=[C.ID, input_column])

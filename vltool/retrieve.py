@@ -130,9 +130,9 @@ def retrieve(
     """Evaluate image-text retrieval of `config.model` on `data`; returns the results record."""
     from vltool import provenance
     from vltool.cache import EmbeddingCache
-    from vltool.encode import process_state
-    from vltool.encode import encode_images, encode_texts
-    from vltool.evaluation import bootstrap_record, check_out, debias_edit, entry, finish, load_eval_model, model_record, warn
+    from vltool.encode import encode_images, encode_texts, load_eval_model, model_record
+    from vltool.evaluation import bootstrap_record, check_out, debias_edit, entry, finish
+    from vltool.topology import process_state, warn
     from vltool.io import load_dataset
     from vltool.metrics import bootstrap, retrieval_ranks
 
@@ -162,7 +162,7 @@ def retrieve(
     texts = txt.embeddings[t_keep]
     edit = debias_edit(m, config)
     if edit is not None:
-        images, texts = edit[0](images), edit[1](texts)
+        images, texts = edit.images(images), edit.texts(texts)
     owner = new_index[txt.owner[t_keep]]
     n_i, n_t = len(images), len(texts)
     if n_i < 2:
@@ -210,7 +210,7 @@ def retrieve(
         },
         "protocol": {
             "recall_k": ks,
-            "debias": edit[2] if edit is not None else None,
+            "debias": edit.record if edit is not None else None,
             "image_to_text": "hit when any correct text is in the top K (CLIP_benchmark)",
             "text_to_image": "hit when the text's image is in the top K",
             "rank": "1-based rank of the first correct item, counted: 1 + wrong items scoring above it",
@@ -227,7 +227,7 @@ def retrieve(
 
 
 def _bar(total: int, enabled: bool):
-    from vltool.evaluation import is_main
+    from vltool.topology import is_main
 
     if not enabled or not is_main():
         return None

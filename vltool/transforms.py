@@ -1,6 +1,8 @@
-"""Image transforms for training: none, CLIP's random resized crop, SimCLR's augmentations.
+"""Image transforms: the deterministic eval transform, and for training none, CLIP's random resized crop,
+SimCLR's augmentations.
 
-The eval transform (resize the shorter side, centre crop, normalise) is `vltool.model.eval_transform`.
+A leaf module (torchvision and open_clip, imported inside the functions; no other vltool module):
+vltool.model builds a loaded model's `preprocess` with `eval_transform`.
 Training transforms draw from torch's global RNG; the trainer seeds it per row (seed, epoch, row), so an
 augmentation does not depend on the worker, the process count or a resume.
 """
@@ -24,11 +26,17 @@ def blur_kernel(size: int) -> int:
     return k if k % 2 == 1 else k + 1
 
 
+def eval_transform(preprocess: dict) -> Callable:
+    """Deterministic eval transform: resize the shorter side, centre crop, normalise (open_clip's)."""
+    from open_clip.transform import PreprocessCfg, image_transform_v2
+
+    cfg = PreprocessCfg(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in preprocess.items() if k in PreprocessCfg.__dataclass_fields__})
+    return image_transform_v2(cfg, is_train=False)
+
+
 def train_transform(preprocess: dict, augment: str) -> Callable:
     """PIL.Image -> (3,H,W) float tensor with the model's normalisation and the chosen augmentation."""
     from torchvision import transforms as T
-
-    from vltool.model import eval_transform
 
     if augment == "none":
         return eval_transform(preprocess)

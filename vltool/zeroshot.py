@@ -142,9 +142,9 @@ def zeroshot(
     """Evaluate zero-shot classification of `config.model` on `data`; returns the results record."""
     from vltool import provenance
     from vltool.cache import EmbeddingCache
-    from vltool.encode import process_state
-    from vltool.encode import encode_images, encode_prompts
-    from vltool.evaluation import bootstrap_record, check_out, debias_edit, entry, finish, load_eval_model, model_record, warn
+    from vltool.encode import encode_images, encode_prompts, load_eval_model, model_record
+    from vltool.evaluation import bootstrap_record, check_out, debias_edit, entry, finish
+    from vltool.topology import process_state, warn
     from vltool.io import load_dataset
     from vltool.metrics import AveragePrecision, ClassificationItems, bootstrap, majority_rate, per_class_recall, topk_chance
     from vltool.templates import class_prompts, load_class_prompts, load_templates
@@ -173,14 +173,14 @@ def zeroshot(
     cls = class_embeddings(txt.embeddings, [len(p) for p in prompts])  # (C, D)
     edit = debias_edit(m, config)
     if edit is not None:
-        cls = edit[1](cls)
+        cls = edit.texts(cls)
 
     keep = ~img.bad
     if not keep.all():
         warn(f"{int((~keep).sum())} images could not be decoded and are left out")
     x = img.embeddings[keep]
     if edit is not None:
-        x = edit[0](x)
+        x = edit.images(x)
     x = x.astype(np.float64)
     scores = x @ cls.astype(np.float64).T  # (N, C) cosine similarities
     n_cls = len(labels.classnames)
@@ -246,7 +246,7 @@ def zeroshot(
             "class_prompts_file": str(config.class_prompts) if config.class_prompts else None,
             "class_prompts": custom,
             "class_embedding": "renormalised mean of the L2-normalised prompt embeddings",
-            "debias": edit[2] if edit is not None else None,
+            "debias": edit.record if edit is not None else None,
             "score": "cosine similarity of L2-normalised embeddings (float64)",
             "ties": "broken uniformly at random; metrics are the expectation (exact when no ties)",
             "metrics": "CLIP_benchmark zeroshot_classification: acc1, acc5 (>= 5 classes), mean_per_class_recall; mAP for multi-label",

@@ -1,0 +1,71 @@
+"""Golden first-4-step training losses of every `vltool pretrain` objective (tests/golden/losses.json).
+
+A fresh run of each variant of scripts/golden_losses.py (vltool-micro, CPU, seed 0, tiny synthetic data)
+must reproduce the recorded per-step losses (rel 1e-5; metrics.jsonl rounds them to 6 decimals), so a
+refactor of the trainer proves it changed no arithmetic. Regenerate the goldens with
+
+    python scripts/golden_losses.py --write
+
+only when a change is meant to alter the arithmetic (a new default, a fixed bug in a loss, ...), and say
+so in that commit. A refactor that needs new goldens is not a refactor.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("golden_losses", REPO / "scripts" / "golden_losses.py")
+gl = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(gl)
+
+GOLDEN = json.loads((REPO / "tests" / "golden" / "losses.json").read_text())
+REL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def fresh(tmp_path_factory):
+    """variant -> run_variant result, each variant trained once per module."""
+    done: dict[str, dict] = {}
+
+    def get(name: str) -> dict:
+        if name not in done:
+            done[name] = gl.run_variant(name, tmp_path_factory.mktemp(f"golden_{name}"))
+        return done[name]
+
+    return get
+
+
+def test_goldens_cover_every_variant():
+    assert set(GOLDEN["losses"]) == set(gl.VARIANTS)
+    assert all(len(v) == gl.STEPS for v in GOLDEN["losses"].values())
+    assert set(GOLDEN["searched_logit_bias"]) == {"sigmoid-bias-search"}
+
+
+@pytest.mark.parametrize("name", list(gl.VARIANTS))
+def test_losses_match_golden(name, fresh):
+    got = fresh(name)
+    assert got["losses"] == pytest.approx(GOLDEN["losses"][name], rel=REL), name
+    assert len(set(got["losses"])) > 1, f"{name}: the loss does not move between steps"
+    if name in GOLDEN["searched_logit_bias"]:
+        assert got["logit_bias"] == pytest.approx(GOLDEN["searched_logit_bias"][name], abs=1e-6)
+    else:
+        assert got["logit_bias"] is None
+
+
+def test_mined_positives_are_used(tmp_path, fresh):
+    """Fails if --mined-positives is silently ignored: the first-step loss with the `positives` column
+    equals the golden and clearly differs from the same data and seed without mining (mined_positives=False,
+    or mining with every positives list empty, which must both equal plain sigmoid)."""
+    golden_first = GOLDEN["losses"]["sigmoid-mined"][0]
+    mined = fresh("sigmoid-mined")["losses"][0]
+    off = gl.run_variant("sigmoid-mined", tmp_path / "off", mined_positives=False, steps=1)["losses"][0]
+    empty = gl.run_variant("sigmoid-mined", tmp_path / "empty", empty_positives=True, steps=1)["losses"][0]
+    assert mined == pytest.approx(golden_first, rel=REL)
+    assert off == pytest.approx(empty, rel=REL)  # no positives at all == mining nothing
+    assert off == pytest.approx(GOLDEN["losses"]["sigmoid"][0], rel=REL)  # same images and captions as `sigmoid`
+    assert abs(mined - off) > 0.1 * abs(off), f"mined positives change nothing: {mined} vs {off}"

@@ -1,0 +1,200 @@
+"""vltool's modules import one another without a cycle.
+
+The graph is read from the source, not from an import: every `vltool/**/*.py` is parsed with `ast`, and
+every `import vltool.x`, `from vltool.x import y`, `from vltool import x` and relative import is an edge,
+wherever it is written (module level, inside a function, under `if TYPE_CHECKING:`). A lazy import
+inside a function still ties the two modules together, so it counts.
+
+Nodes are dotted module names: `vltool.x` for `vltool/x.py`, `vltool.p` for a package's
+`vltool/p/__init__.py`, `vltool.p.x` for `vltool/p/x.py`. An import resolves to the longest dotted name
+that is a node: `from vltool.pretrain import config` is an edge to the submodule `vltool.pretrain.config`
+when there is one, else to `vltool.pretrain` (the name is then something the package defines);
+`from vltool import __version__` is an edge to `vltool`. Importing a submodule is not counted as an edge
+to its parent package (Python imports the parent first, but the parent does not depend on the child).
+
+Nothing is left out of the graph: `vltool/cli.py` and `vltool/commands/*` are nodes like the others
+(they are the top layer; nothing below imports them).
+
+While `pretrain` is being rebuilt as a package (vltool/pretrain/, the old module kept as
+vltool/_pretrain_old.py or vltool/pretrain.py), a cycle through it is tolerated: the full-graph test is
+an expected failure (non-strict) exactly when every cycle passes through a pretrain module. A cycle
+elsewhere fails `test_no_import_cycle_outside_pretrain` whatever pretrain does.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE_DIR = Path(__file__).resolve().parents[1] / "vltool"
+ROOT = "vltool"
+
+
+def is_pretrain(module: str) -> bool:
+    """The pretrain rebuild's modules: the package and its submodules, and the old module while it exists."""
+    return module in ("vltool.pretrain", "vltool._pretrain_old") or module.startswith("vltool.pretrain.")
+
+
+def module_files() -> dict[str, Path]:
+    """Dotted name -> file of every module of the vltool package (a package's __init__ wins over a
+    same-named module, as it does when Python imports)."""
+    files: dict[str, Path] = {}
+    for path in sorted(PACKAGE_DIR.rglob("*.py")):
+        rel = path.relative_to(PACKAGE_DIR.parent).with_suffix("")
+        parts = list(rel.parts)
+        is_init = parts[-1] == "__init__"
+        if is_init:
+            parts = parts[:-1]
+        if not all(p.isidentifier() for p in parts):
+            continue  # not importable (a data directory)
+        name = ".".join(parts)
+        if name in files and not is_init:
+            continue
+        files[name] = path
+    return files
+
+
+def _resolve(name: str, nodes: set[str]) -> str | None:
+    """The longest prefix of `name` that is a module of vltool."""
+    parts = name.split(".")
+    for n in range(len(parts), 0, -1):
+        candidate = ".".join(parts[:n])
+        if candidate in nodes:
+            return candidate
+    return None
+
+
+def imports_of(module: str, path: Path, nodes: set[str]) -> dict[str, int]:
+    """The vltool modules `module` imports -> the line of the first such import."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    is_package = path.name == "__init__.py"
+    out: dict[str, int] = {}
+
+    def add(target: str | None, line: int) -> None:
+        if target is not None and target != module:
+            out[target] = min(line, out.get(target, line))
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == ROOT or alias.name.startswith(ROOT + "."):
+                    add(_resolve(alias.name, nodes), node.lineno)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: from the module's own package, up level - 1 packages
+                base = module.split(".") if is_package else module.split(".")[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            if not (source == ROOT or source.startswith(ROOT + ".")):
+                continue
+            for alias in node.names:
+                sub = f"{source}.{alias.name}"
+                add(sub if sub in nodes else _resolve(source, nodes), node.lineno)
+    return out
+
+
+def import_graph() -> tuple[dict[str, dict[str, int]], dict[str, Path]]:
+    files = module_files()
+    nodes = set(files)
+    return {m: imports_of(m, p, nodes) for m, p in files.items()}, files
+
+
+def find_cycle(graph: dict[str, dict[str, int]], skip=lambda m: False) -> list[str] | None:
+    """One cycle of the graph (without the nodes `skip` accepts) as [a, b, ..., a], or None."""
+    WHITE, GREY, BLACK = 0, 1, 2
+    colour = {m: WHITE for m in graph if not skip(m)}
+    stack: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        colour[m] = GREY
+        stack.append(m)
+        for t in sorted(graph[m]):
+            if t not in colour:
+                continue
+            if colour[t] == GREY:
+                return stack[stack.index(t):] + [t]
+            if colour[t] == WHITE:
+                found = visit(t)
+                if found:
+                    return found
+        stack.pop()
+        colour[m] = BLACK
+        return None
+
+    for m in sorted(colour):
+        if colour[m] == WHITE:
+            found = visit(m)
+            if found:
+                return found
+    return None
+
+
+def describe(cycle: list[str], graph: dict[str, dict[str, int]], files: dict[str, Path]) -> str:
+    steps = []
+    for a, b in zip(cycle, cycle[1:]):
+        where = files[a].relative_to(PACKAGE_DIR.parent)
+        steps.append(f"  {a} -> {b}   ({where}:{graph[a][b]})")
+    return "import cycle: " + " -> ".join(cycle) + "\n" + "\n".join(steps)
+
+
+# ------------------------------------------------------------------------------------------------ the graph
+
+
+def test_the_graph_sees_lazy_relative_and_package_imports(tmp_path):
+    nodes = {"vltool", "vltool.a", "vltool.b", "vltool.p", "vltool.p.x", "vltool.p.y"}
+    src = tmp_path / "x.py"
+    src.write_text(
+        "from vltool import __version__\n"
+        "def f():\n"
+        "    from vltool.a import thing\n"
+        "    import vltool.b\n"
+        "from vltool.p import y, helper\n"
+        "from . import y as again\n"
+        "from .. import a\n"
+    )
+    assert imports_of("vltool.p.x", src, nodes) == {"vltool": 1, "vltool.a": 3, "vltool.b": 4, "vltool.p.y": 5, "vltool.p": 5}
+    cycle = find_cycle({"a": {"b": 1}, "b": {"c": 1}, "c": {"a": 1}, "d": {"a": 1}})
+    assert cycle == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b": 1}, "b": {}}) is None
+
+
+def test_every_vltool_import_names_a_module_of_vltool():
+    files = module_files()
+    assert {"vltool", "vltool.cli", "vltool.evaluation", "vltool.subspace", "vltool.topology"} <= set(files)
+    graph, _ = import_graph()
+    assert any(graph[m] for m in graph)  # the parser found imports at all
+
+
+# ------------------------------------------------------------------------------------------------ the layering
+
+
+def test_no_import_cycle_outside_pretrain():
+    """No cycle among the modules other than pretrain's (which are being rebuilt)."""
+    graph, files = import_graph()
+    cycle = find_cycle(graph, skip=is_pretrain)
+    assert cycle is None, describe(cycle, graph, files)
+
+
+def test_no_import_cycle():
+    """No cycle at all. Tolerated (xfail, non-strict) only while every cycle passes through pretrain."""
+    graph, files = import_graph()
+    cycle = find_cycle(graph)
+    if cycle is None:
+        return
+    if find_cycle(graph, skip=is_pretrain) is None:
+        pytest.xfail("a cycle through pretrain, which is being rebuilt as a package: " + describe(cycle, graph, files))
+    pytest.fail(describe(cycle, graph, files))
+
+
+def test_leaf_modules_import_no_other_vltool_module_but_leaves():
+    """The modules that break the old cycles stay leaves: topology and transforms import no vltool module,
+    subspace only vltool.errors."""
+    graph, _ = import_graph()
+    assert graph["vltool.topology"] == {}
+    assert graph["vltool.transforms"] == {}
+    assert set(graph["vltool.subspace"]) <= {"vltool.errors"}
+    assert "vltool.evaluation" not in graph["vltool.encode"]
+    assert "vltool.debias" not in graph["vltool.evaluation"]

@@ -1,0 +1,123 @@
+"""Checkpoints: RUN_DIR/checkpoints/step_NNNNNNNN/, written to a temporary directory and renamed when
+complete, so a killed run never leaves a partial one. Each holds the model, the objective's state (memory
+bank: EMA towers and queue), the optimizer, the grad scaler, every process's RNG states, and the step,
+samples seen and bad image ids; `--resume` continues from the newest exactly."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from vltool.pretrain.config import CHECKPOINTS, METRICS_FILE
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Complete checkpoints, oldest first."""
+    d = Path(run_dir) / CHECKPOINTS
+    if not d.is_dir():
+        return []
+    return sorted(p for p in d.iterdir() if p.name.startswith("step_") and (p / "state.json").is_file())
+
+
+def _rng_state() -> dict:
+    st = {"torch": torch.get_rng_state(), "python": list(random.getstate()[1]), "python_pos": random.getstate()[2]}
+    np_state = np.random.get_state()
+    st["numpy"] = torch.from_numpy(np_state[1].astype(np.int64))
+    st["numpy_pos"] = int(np_state[2])
+    if torch.cuda.is_available():
+        st["cuda"] = torch.cuda.get_rng_state_all()
+    return st
+
+
+def _set_rng_state(st: dict) -> None:
+    torch.set_rng_state(st["torch"])
+    random.setstate((3, tuple(st["python"]), st["python_pos"]))
+    np.random.set_state(("MT19937", st["numpy"].numpy().astype(np.uint32), st["numpy_pos"], 0, 0.0))
+    if "cuda" in st and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(st["cuda"])
+
+
+def searched_bias_of(run_dir: Path):
+    path = Path(run_dir) / METRICS_FILE
+    if path.is_file():
+        for l in path.read_text().splitlines():
+            m = json.loads(l)
+            if m.get("kind") == "bias_search":
+                return m["logit_bias"]
+    return None
+
+
+def gather_set(items: set, accelerator) -> set:
+    if accelerator.num_processes == 1:
+        return set(items)
+    from accelerate.utils import gather_object
+
+    return set(gather_object(sorted(items)))
+
+
+def truncate_metrics(path: Path, step: int) -> None:
+    """Drop metric lines written after the checkpoint a run resumes from."""
+    if not path.is_file():
+        return
+    keep = [l for l in path.read_text().splitlines() if l.strip() and json.loads(l).get("step", 0) <= step]
+    path.write_text("".join(l + "\n" for l in keep))
+
+
+def save_checkpoint(run_dir: Path, step: int, model, loss_fn, optimizer, accelerator, samples_seen, bad_ids, first_loss, keep: int) -> Path:
+    """RUN_DIR/checkpoints/step_NNNNNNNN/, written to a temporary directory and renamed when complete."""
+    from safetensors.torch import save_file
+
+    from vltool.model import state_dict_for_save
+
+    rank = accelerator.process_index
+    base = run_dir / CHECKPOINTS
+    final = base / f"step_{step:08d}"
+    tmp = base / f".step_{step:08d}.tmp"
+    bad_all = gather_set(bad_ids, accelerator)
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    accelerator.wait_for_everyone()
+    torch.save(_rng_state(), tmp / f"rng_{rank}.pt")
+    if accelerator.is_main_process:
+        plain = model.module if hasattr(model, "module") else model
+        save_file(state_dict_for_save(plain), str(tmp / "model.safetensors"))
+        loss_state = {k: v.detach().cpu().contiguous() for k, v in loss_fn.state_dict().items()}
+        if loss_state:
+            save_file(loss_state, str(tmp / "loss.safetensors"))
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        if accelerator.scaler is not None:
+            torch.save(accelerator.scaler.state_dict(), tmp / "scaler.pt")
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        state = {"step": step, "samples_seen": samples_seen, "bad_image_ids": sorted(bad_all), "first_loss": first_loss,
+                 "num_processes": accelerator.num_processes}
+        (tmp / "state.json").write_text(json.dumps(state))
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        for old in list_checkpoints(run_dir)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def load_checkpoint(ckpt: Path, model, loss_fn, optimizer, accelerator, rank: int):
+    from safetensors.torch import load_file
+
+    plain = model.module if hasattr(model, "module") else model
+    plain.load_state_dict(load_file(str(ckpt / "model.safetensors")), strict=True)
+    if (ckpt / "loss.safetensors").is_file():
+        loss_fn.load_state_dict(load_file(str(ckpt / "loss.safetensors")), strict=True)
+    optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", map_location="cpu", weights_only=True))
+    if accelerator.scaler is not None and (ckpt / "scaler.pt").is_file():
+        accelerator.scaler.load_state_dict(torch.load(ckpt / "scaler.pt", weights_only=True))
+    _set_rng_state(torch.load(ckpt / f"rng_{rank}.pt", weights_only=True))
+    state = json.loads((ckpt / "state.json").read_text())
+    return state["step"], state["samples_seen"], set(state["bad_image_ids"]), state.get("first_loss")

@@ -1,0 +1,253 @@
+"""PretrainConfig: the options of `vltool pretrain`, and their validation.
+
+Every field is the command-line option of the same name (`text_column` is `--text-column`); its help text
+lives once, on the option in vltool/commands/pretrain.py (`vltool pretrain --help`), and
+tests/test_options.py keeps the two in step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from vltool import columns as C
+from vltool.errors import UsageError
+
+RUN_FILE = "run.json"  # what the run was started with; --resume reads it
+METRICS_FILE = "metrics.jsonl"
+CHECKPOINTS = "checkpoints"
+PLOT_FILE = "loss.png"
+OPTIMIZERS = ("adamw", "sgd")
+PRECISIONS = ("no", "bf16", "fp16")
+SCHEDULES = ("cosine", "constant")
+CAPTION_SAMPLING = ("random", "first")
+
+
+@dataclass
+class PretrainConfig:
+    """Options of `vltool pretrain` (help: `vltool pretrain --help`)."""
+
+    # The model.
+    arch: str = "vltool-tiny"
+    image_tower: str | None = None
+    image_weights: str | None = None
+    text_tower: str | None = None
+    text_pooling: str = "mean"
+    embed_dim: int | None = None
+    image_size: int | None = None
+    context_length: int | None = None
+    init: str | None = None
+    loss: str = "clip"
+    logit_scale_init: float | None = None
+    logit_scale_learnable: bool | None = None
+    lock_image: bool = False
+    lock_text: bool = False
+    unfreeze_image_last: int = 0
+    unfreeze_text_last: int = 0
+    cache_frozen: bool = True
+    sync_bn: bool = False
+    # The objectives' options (docs/objectives.md).
+    bias_init: str | None = None
+    bias_search_batches: int = 4  # vltool's choice: the paper does not say how many batches
+    captions_per_image: int = 1
+    mined_positives: bool = False
+    label_data: list[str] = field(default_factory=list)
+    text_data: list[str] = field(default_factory=list)
+    label_column: str = C.LABEL
+    templates: str = "openai-imagenet"
+    critic_dim: int | None = None
+    memory_bank: int = 0
+    temperature: float = 0.02
+    ema_momentum: float = 0.999  # vltool's choice: A Fistful of Words gives none
+    export_ema: bool = False
+    balanced: bool = False
+    # The data.
+    text_column: str = C.CAPTION
+    caption_sampling: str | None = None
+    prefix_ids: bool = False
+    augment: str = "clip"
+    workers: int = 0
+    # The optimisation.
+    batch_size: int = 64
+    epochs: float | None = None
+    steps: int | None = None
+    optimizer: str = "adamw"
+    lr: float = 5e-4
+    lr_schedule: str = "cosine"
+    warmup_steps: int = 0
+    min_lr: float = 0.0
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.98
+    eps: float = 1e-6
+    momentum: float = 0.9
+    grad_clip_norm: float | None = None
+    accum_steps: int = 1
+    precision: str = "no"
+    seed: int = 0
+    # Logging and checkpoints.
+    log_every: int = 10
+    checkpoint_every: int = 200
+    keep_checkpoints: int = 2
+    eval_every: int = 0
+    cpu: bool = False
+
+    def model_spec(self):
+        from vltool.model import ModelSpec
+
+        return ModelSpec(
+            arch=self.arch,
+            image_tower=self.image_tower,
+            image_weights=self.image_weights,
+            text_tower=self.text_tower,
+            text_pooling=self.text_pooling,
+            embed_dim=self.embed_dim,
+            image_size=self.image_size,
+            context_length=self.context_length,
+        )
+
+    def validate(self) -> None:
+        """Report every problem at once."""
+        problems = _model_problems(self) + _objective_problems(self) + _data_problems(self) + _optimisation_problems(self)
+        if problems:
+            raise UsageError("; ".join(problems))
+
+
+def _opt(name: str) -> str:
+    return f"--{name.replace('_', '-')}"
+
+
+def _model_problems(c: PretrainConfig) -> list[str]:
+    problems = []
+    if c.init is None:
+        problems += c.model_spec().validate()
+        if c.image_tower is None or c.text_tower is None:
+            from vltool.model import _check_open_clip_cfg, arch_config
+
+            try:
+                _check_open_clip_cfg(arch_config(c.arch), f"--arch {c.arch}")
+            except UsageError as e:
+                problems.append(str(e))
+    else:
+        given = [_opt(n) for n in ("image_tower", "text_tower", "embed_dim", "image_size", "context_length") if getattr(c, n) is not None]
+        if given:
+            problems.append(f"--init starts from a trained model, so {', '.join(given)} cannot change it")
+    if c.logit_scale_init is not None and not 0 < c.logit_scale_init <= 100:
+        problems.append(f"--logit-scale-init must be in (0, 100], got {c.logit_scale_init}")
+    for name in ("unfreeze_image_last", "unfreeze_text_last", "warmup_steps", "workers"):
+        if getattr(c, name) < 0:
+            problems.append(f"{_opt(name)} must be >= 0")
+    if c.unfreeze_image_last and not c.lock_image:
+        problems.append("--unfreeze-image-last needs --lock-image")
+    if c.unfreeze_text_last and not c.lock_text:
+        problems.append("--unfreeze-text-last needs --lock-text")
+    return problems
+
+
+def _objective_problems(c: PretrainConfig) -> list[str]:
+    from vltool.losses import LOSSES
+
+    problems = []
+    if c.loss not in LOSSES:
+        problems.append(f"--loss {c.loss!r}: unknown; available: {', '.join(sorted(LOSSES))}")
+    if c.bias_init is not None:
+        if c.loss != "sigmoid":
+            problems.append("--bias-init is an option of --loss sigmoid")
+        elif c.bias_init != "search":
+            try:
+                float(c.bias_init)
+            except ValueError:
+                problems.append(f"--bias-init must be a number or 'search', got {c.bias_init!r}")
+    if c.bias_search_batches < 1:
+        problems.append(f"--bias-search-batches must be >= 1, got {c.bias_search_batches}")
+    if c.captions_per_image < 1:
+        problems.append(f"--captions-per-image must be >= 1, got {c.captions_per_image}")
+    elif c.captions_per_image > 1 and c.loss != "sigmoid":
+        problems.append("--captions-per-image > 1 needs a loss with several positives per image (--loss sigmoid)")
+    if c.critic_dim is not None and (c.loss != "jsd" or c.critic_dim < 1):
+        problems.append("--critic-dim is an option of --loss jsd and must be >= 1")
+    if c.memory_bank < 0 or (c.memory_bank and c.loss != "clip"):
+        problems.append("--memory-bank K needs --loss clip and K >= 1")
+    if not c.temperature > 0:
+        problems.append(f"--temperature must be > 0, got {c.temperature}")
+    if not 0 <= c.ema_momentum < 1:
+        problems.append(f"--ema-momentum must be in [0, 1), got {c.ema_momentum}")
+    if c.export_ema and not c.memory_bank:
+        problems.append("--export-ema needs --memory-bank")
+    if c.loss == "simclr" and c.augment != "simclr":
+        problems.append("--loss simclr contrasts two augmented views: use --augment simclr")
+    if c.mined_positives and c.loss != "sigmoid":
+        problems.append("--mined-positives needs --loss sigmoid")
+    if (c.label_data or c.text_data or c.balanced) and c.loss != "unicl":
+        problems.append("--label-data, --text-data and --balanced are options of --loss unicl")
+    if c.balanced and not c.label_data:
+        problems.append("--balanced needs --label-data (it draws as many image-text rows as image-label rows)")
+    if c.label_data:
+        from vltool.templates import load_templates
+
+        try:
+            load_templates(c.templates)
+        except UsageError as e:
+            problems.append(str(e))
+    if c.loss == "unicl" and (c.caption_sampling or c.captions_per_image > 1):
+        problems.append("--loss unicl reads --text-column of --text-data (not --caption-sampling / --captions-per-image)")
+    return problems
+
+
+def _data_problems(c: PretrainConfig) -> list[str]:
+    from vltool.transforms import AUGMENTATIONS
+
+    problems = []
+    if c.caption_sampling is not None and c.caption_sampling not in CAPTION_SAMPLING:
+        problems.append(f"--caption-sampling {c.caption_sampling!r}: use random or first")
+    if c.augment not in AUGMENTATIONS:
+        problems.append(f"--augment {c.augment!r}: use {', '.join(AUGMENTATIONS)}")
+    return problems
+
+
+def _optimisation_problems(c: PretrainConfig) -> list[str]:
+    problems = []
+    for name in ("batch_size", "accum_steps", "log_every", "checkpoint_every", "keep_checkpoints"):
+        if getattr(c, name) < 1:
+            problems.append(f"{_opt(name)} must be >= 1, got {getattr(c, name)}")
+    if c.epochs is not None and c.epochs <= 0:
+        problems.append(f"--epochs must be > 0, got {c.epochs}")
+    if c.steps is not None and c.steps < 1:
+        problems.append(f"--steps must be >= 1, got {c.steps}")
+    if c.optimizer not in OPTIMIZERS:
+        problems.append(f"--optimizer {c.optimizer!r}: use adamw or sgd")
+    if not (c.lr > 0 and math.isfinite(c.lr)):
+        problems.append(f"--lr must be > 0, got {c.lr}")
+    if c.min_lr < 0 or c.min_lr > c.lr:
+        problems.append(f"--min-lr must be in [0, --lr], got {c.min_lr}")
+    if c.lr_schedule not in SCHEDULES:
+        problems.append(f"--lr-schedule {c.lr_schedule!r}: use cosine or constant")
+    if c.weight_decay < 0:
+        problems.append(f"--weight-decay must be >= 0, got {c.weight_decay}")
+    if not (0 <= c.beta1 < 1 and 0 <= c.beta2 < 1):
+        problems.append("--beta1 and --beta2 must be in [0, 1)")
+    if c.eps <= 0:
+        problems.append("--eps must be > 0")
+    if not 0 <= c.momentum < 1:
+        problems.append("--momentum must be in [0, 1)")
+    if c.grad_clip_norm is not None and c.grad_clip_norm <= 0:
+        problems.append(f"--grad-clip-norm must be > 0, got {c.grad_clip_norm}")
+    if c.precision not in PRECISIONS:
+        problems.append(f"--precision {c.precision!r}: use no, bf16 or fp16")
+    if c.eval_every < 0:
+        problems.append("--eval-every must be >= 0")
+    return problems
+
+
+@dataclass
+class RunSpec:
+    """What a run was started with (RUN_DIR/run.json); --resume reads it back."""
+
+    data: list[str]
+    where: list[str]
+    split: str | None
+    eval_data: list[str]
+    eval_where: list[str]
+    config: dict
+    num_processes: int
+    command_line: str = ""

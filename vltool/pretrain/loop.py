@@ -1,0 +1,492 @@
+"""The trainer: `pretrain()` = `setup()` -> `train()` (one `step()` per optimizer step) -> `finish()`.
+
+It runs unchanged in one process or under `accelerate launch`. What it guarantees (docs/pretrain.md):
+- N processes with --batch-size B train as one process with batch N*B: the loss sees the global batch
+  (vltool.losses), tower gradients are summed over processes, the data order depends only on the seed.
+- The data a step sees depends only on (seed, epoch, position) (vltool.pretrain.data), so `--resume`
+  continues exactly, whatever the number of data-loader workers.
+- Checkpoints (vltool.pretrain.checkpoint) are complete or absent. The final model is RUN_DIR/model
+  (vltool.model's format) and, when expressible, RUN_DIR/open_clip (open_clip's local-dir layout).
+What an objective needs (a logit bias, a critic, EMA towers, two views, a positive mask) is declared by the
+objective (vltool.pretrain.objectives), not decided here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from vltool import columns as C
+from vltool import provenance
+from vltool.errors import UsageError, VltoolError
+from vltool.pretrain import checkpoint as ckpt
+from vltool.pretrain.config import METRICS_FILE, PLOT_FILE, RUN_FILE, PretrainConfig, RunSpec
+from vltool.pretrain.data import Collate, PairDataset, TrainData, load_train_data, load_unicl_data, make_sampler
+from vltool.pretrain.evaluate import evaluate
+from vltool.pretrain.features import FrozenFeatures, frozen_features, model_inputs
+from vltool.pretrain.logs import MetricsLog, plot_curves
+from vltool.pretrain.objectives import Objective, build_objective
+from vltool.pretrain.optim import apply_freezing, build_optimizer, local_parameters, lr_at, set_train_mode, sum_gradients
+
+
+@dataclass
+class RunState:
+    """Everything a run holds between steps."""
+
+    config: PretrainConfig
+    spec: RunSpec
+    run_dir: Path
+    accelerator: Any
+    resumed: bool
+    train: TrainData
+    evald: TrainData | None
+    total_steps: int
+    per_epoch_micro: int  # micro-batches in an epoch
+    model: Any = None
+    tokenizer: Any = None
+    objective: Objective | None = None
+    optimizer: Any = None
+    trainable: list = field(default_factory=list)
+    local_params: list = field(default_factory=list)  # gradients summed over processes
+    frozen: dict = field(default_factory=dict)  # side -> wholly frozen
+    features: FrozenFeatures = field(default_factory=FrozenFeatures)
+    dataset: PairDataset | None = None
+    collate: Collate | None = None
+    log: MetricsLog | None = None
+    step: int = 0
+    start_step: int = 0
+    samples_seen: int = 0
+    samples_at_start: int = 0
+    bad_ids: set = field(default_factory=set)
+    first_loss: float | None = None
+    last_loss: float | None = None
+    searched_bias: float | None = None
+    had_checkpoint: bool = False
+    window: list = field(default_factory=lambda: [time.perf_counter(), 0])  # (start, samples) of the speed window
+    train_seconds: float = 0.0
+
+    @property
+    def device(self):
+        return self.accelerator.device
+
+    def inputs(self, batch: dict) -> dict:
+        return model_inputs(batch, self.features, self.tokenizer, int(self.model.config["preprocess"]["size"]), self.device)
+
+
+def pretrain(
+    data: Sequence[str] = (),
+    out: str | Path | None = None,
+    config: PretrainConfig | None = None,
+    *,
+    where: Sequence[str] = (),
+    split: str | None = None,
+    eval_data: Sequence[str] = (),
+    eval_where: Sequence[str] = (),
+    overwrite: bool = False,
+    resume: str | Path | None = None,
+    stop_after_steps: int | None = None,
+    progress: bool = True,
+) -> dict:
+    """Train a two-tower model on `data` into the run directory `out` (or continue the run `resume`).
+
+    Returns the provenance record (also written to RUN_DIR/vltool.json) when training finished, or
+    {"status": "stopped", ...} when `stop_after_steps` stopped it early (resume with `resume=RUN_DIR`).
+    """
+    timer = provenance.Timer()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if stop_after_steps is not None and stop_after_steps < 1:
+        raise UsageError(f"--stop-after-steps must be >= 1, got {stop_after_steps}")
+    spec, run_dir, config = resolve_run(data, out, config, where, split, eval_data, eval_where, resume)
+    run = setup(spec, run_dir, config, overwrite=overwrite, resumed=resume is not None, progress=progress)
+    stopped = train(run, stop_after_steps)
+    bad_all = ckpt.gather_set(run.bad_ids, run.accelerator)
+    if stopped:
+        return {"status": "stopped", "step": run.step, "total_steps": run.total_steps, "run_dir": str(run_dir)}
+    return finish(run, bad_all, timer)
+
+
+def resolve_run(data, out, config, where, split, eval_data, eval_where, resume) -> tuple[RunSpec, Path, PretrainConfig]:
+    """What to run: a new run, or the saved options of the run being resumed."""
+    if resume is not None:
+        run_dir = Path(resume).expanduser()
+        if not (run_dir / RUN_FILE).is_file():
+            raise UsageError(f"--resume {run_dir}: not a vltool pretrain run directory (no {RUN_FILE})")
+        if (run_dir / C.PROVENANCE_FILE).is_file():
+            raise UsageError(f"--resume {run_dir}: this run has finished (its model is {run_dir / 'model'})")
+        spec = RunSpec(**json.loads((run_dir / RUN_FILE).read_text()))
+        if data and list(data) != spec.data:
+            raise UsageError(f"--resume {run_dir}: the run trains on {spec.data}, not {list(data)}; give no DATA with --resume")
+        if out is not None and Path(out).expanduser().resolve() != run_dir.resolve():
+            raise UsageError("--resume continues RUN_DIR in place; do not pass a different --out")
+        config = PretrainConfig(**spec.config)
+    else:
+        if not data and not (config and (config.label_data or config.text_data)):
+            raise UsageError("give at least one training dataset (or 'emoji')")
+        if out is None:
+            raise UsageError("--out RUN_DIR is required")
+        run_dir = Path(out).expanduser()
+        config = config or PretrainConfig()
+        spec = RunSpec(list(data), list(where), split, list(eval_data), list(eval_where), asdict(config), 0)
+    config.validate()
+    return spec, run_dir, config
+
+
+def setup(spec: RunSpec, run_dir: Path, config: PretrainConfig, *, overwrite: bool, resumed: bool, progress: bool) -> RunState:
+    """Processes, data (checked before anything is written), the run directory, the model and objective,
+    frozen features, the resume state and the data loader."""
+    accelerator = _accelerator(config)
+    world = accelerator.num_processes
+    if resumed and spec.num_processes != world:
+        raise UsageError(
+            f"--resume {run_dir}: the run was started with {spec.num_processes} process(es), now {world}; "
+            "resume with the same number so the data order and batches stay the same"
+        )
+    if config.sync_bn and world > 1 and accelerator.device.type == "cpu":
+        raise UsageError("--sync-bn needs GPUs: torch's SyncBatchNorm does not run on CPU (freeze BatchNorm with --lock-image instead)")
+    train, evald = _load_data(spec, config, run_dir, overwrite, resumed)
+    epoch_rows = make_sampler(train, config, 1, 0, 0, 0).n  # rows an epoch draws (fewer with --balanced)
+    per_epoch_micro = epoch_rows // (config.batch_size * world)
+    if per_epoch_micro < config.accum_steps:
+        raise UsageError(
+            f"the training data has {epoch_rows} rows per epoch, fewer than one step needs "
+            f"({config.batch_size} per process x {world} process(es) x {config.accum_steps} accumulation steps)"
+        )
+    steps_per_epoch = per_epoch_micro // config.accum_steps
+    total = config.steps if config.steps is not None else max(1, int(round((config.epochs or 1) * steps_per_epoch)))
+    run = RunState(config, spec, run_dir, accelerator, resumed, train, evald, total, per_epoch_micro)
+    if not resumed:
+        _start_run_dir(run)
+    _build_model(run)
+    _resume_state(run)
+    _init_bias(run)
+    run.log = MetricsLog(run_dir / METRICS_FILE, accelerator.is_main_process, total, run.start_step, progress)
+    return run
+
+
+def train(run: RunState, stop_after_steps: int | None = None) -> bool:
+    """Optimizer steps until the end (or `stop_after_steps` of this invocation); True when stopped early."""
+    sampler = make_sampler(run.train, run.config, run.accelerator.num_processes, run.accelerator.process_index,
+                           run.step * run.config.accum_steps, run.total_steps * run.config.accum_steps)
+    loader = torch.utils.data.DataLoader(run.dataset, batch_sampler=sampler, collate_fn=run.collate, num_workers=run.config.workers,
+                                         persistent_workers=False, generator=torch.Generator().manual_seed(run.config.seed))
+    stopped = False
+    # Adam's second moments of rarely-used rows (token embeddings) decay into denormal floats, which
+    # are ~10x slower on CPU; flushing them to zero changes nothing measurable in training.
+    flush = torch.set_flush_denormal(True) if run.device.type == "cpu" else None
+    t0 = time.perf_counter()
+    try:
+        batches = iter(loader)
+        set_train_mode(run.model)
+        while run.step < run.total_steps:
+            if stop_after_steps is not None and run.step - run.start_step >= stop_after_steps:
+                stopped = True
+                break
+            stats, lr = step(run, batches)
+            _after_step(run, stats, lr)
+        run.train_seconds = time.perf_counter() - t0
+        if run.step > run.start_step or not run.had_checkpoint or stopped:
+            _save(run)
+    finally:
+        if flush is not None:
+            torch.set_flush_denormal(False)
+        run.log.close()
+    return stopped
+
+
+def step(run: RunState, batches) -> tuple[dict, float]:
+    """One optimizer step over `accum_steps` micro-batches; returns the step's mean metrics and its lr."""
+    config, model, objective = run.config, run.model, run.objective
+    lr = lr_at(run.step, run.total_steps, config)
+    for g in run.optimizer.param_groups:
+        g["lr"] = lr
+    stats: dict[str, float] = {}
+    for _ in range(config.accum_steps):
+        batch = next(batches)
+        run.bad_ids.update(batch["bad_ids"])
+        with run.accelerator.autocast():
+            out, n = objective(model, batch, run.inputs(batch))
+        run.accelerator.backward(out["loss"] / config.accum_steps)
+        objective.after_backward()
+        for k, v in out.items():
+            stats[k] = stats.get(k, 0.0) + float(v.detach()) / config.accum_steps
+        run.samples_seen += n
+        run.window[1] += n
+    if not math.isfinite(stats["loss"]):
+        good = ckpt.list_checkpoints(run.run_dir)
+        where_ = f"the last good checkpoint is {good[-1]}" if good else "no checkpoint was written yet"
+        raise VltoolError(f"the loss became {stats['loss']} at step {run.step + 1}; training stopped ({where_}). "
+                          "Try a lower --lr, --grad-clip-norm, or --precision no")
+    sum_gradients(run.local_params)
+    if config.grad_clip_norm is not None:
+        run.accelerator.clip_grad_norm_(run.trainable, config.grad_clip_norm)
+    run.optimizer.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    model.clamp_logit_scale()
+    objective.after_step(model)
+    run.step += 1
+    return stats, lr
+
+
+def _after_step(run: RunState, stats: dict, lr: float) -> None:
+    """Log, evaluate and checkpoint on their schedules."""
+    config, step_ = run.config, run.step
+    run.last_loss = stats["loss"]
+    if run.first_loss is None:
+        run.first_loss = run.last_loss
+    if step_ % config.log_every == 0 or step_ == run.total_steps or step_ == 1:
+        now = time.perf_counter()
+        sps = run.window[1] / max(now - run.window[0], 1e-9)
+        run.window = [now, 0]
+        scale = round(float(run.model.logit_scale.detach().exp()), 4)
+        run.log.write({"kind": "train", "step": step_, "epoch": round(step_ * config.accum_steps / run.per_epoch_micro, 4),
+                       "samples": run.samples_seen, **{k: round(v, 6) for k, v in stats.items()}, "lr": lr,
+                       "logit_scale": scale, "samples_per_s": round(sps, 2), "bad_images": len(run.bad_ids)})
+        run.log.progress(step_, f"loss {run.last_loss:.4f}  lr {lr:.2e}  scale {scale:.1f}  {sps:.0f} samples/s")
+    run.log.progress(step_)
+    if run.evald is not None and config.eval_every and step_ % config.eval_every == 0 and step_ < run.total_steps:
+        run.log.write({"kind": "eval", "step": step_, **_evaluate(run)})
+        set_train_mode(run.model)
+    if step_ % config.checkpoint_every == 0 and step_ < run.total_steps:
+        _save(run)
+
+
+def finish(run: RunState, bad_all: set, timer) -> dict:
+    """Final evaluation; the model (and its open_clip export), loss.png and vltool.json, by the main process."""
+    from vltool.io import replace_path
+    from vltool.model import MODEL_DIR, OPEN_CLIP_DIR, export_open_clip, save_model
+
+    final_eval = None
+    if run.evald is not None:
+        final_eval = _evaluate(run)
+        run.log.write({"kind": "eval", "step": run.step, **final_eval})
+    run.model.eval()
+    prov = None
+    if run.accelerator.is_main_process:
+        plain = run.model.module if hasattr(run.model, "module") else run.model
+        plain = run.objective.export(plain, run.config)  # --export-ema: the EMA towers are the model
+        tmp = run.run_dir / f".{MODEL_DIR}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        save_model(plain, run.tokenizer, tmp)
+        replace_path(tmp, run.run_dir / MODEL_DIR, overwrite=True)
+        tmp = run.run_dir / f".{OPEN_CLIP_DIR}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        exported = export_open_clip(plain, tmp)
+        if exported is not None:
+            replace_path(tmp, run.run_dir / OPEN_CLIP_DIR, overwrite=True)
+        plotted = plot_curves(run.log.read(), run.run_dir / PLOT_FILE)
+        stats = _final_stats(run, plain, final_eval, bad_all, exported is not None, plotted)
+        spec = run.spec
+        options = {**asdict(run.config), "data": spec.data, "where": spec.where, "split": spec.split,
+                   "eval_data": spec.eval_data, "eval_where": spec.eval_where}
+        inputs = run.train.inputs + (run.evald.inputs if run.evald else [])
+        prov = provenance.make("pretrain", options, inputs, rows_in=run.train.rows_in, rows_out=None, stats=stats, timer=timer)
+        from vltool.io import write_json_atomic
+
+        write_json_atomic(run.run_dir / C.PROVENANCE_FILE, prov)
+    run.accelerator.wait_for_everyone()
+    prov = prov if prov is not None else {"stats": {}}
+    prov["status"] = "finished"
+    return prov
+
+
+# ---- set-up pieces
+
+
+def _accelerator(config: PretrainConfig):
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    if AcceleratorState._shared_state:  # an earlier run in this process (notebook, tests): new precision allowed
+        AcceleratorState._reset_state()
+    try:
+        return Accelerator(cpu=config.cpu or not torch.cuda.is_available(), mixed_precision=config.precision)
+    except (ValueError, RuntimeError) as e:
+        raise UsageError(f"--precision {config.precision}: {e}") from None
+
+
+def _load_data(spec: RunSpec, config: PretrainConfig, run_dir: Path, overwrite: bool, resumed: bool):
+    from vltool.io import check_output
+
+    if config.loss == "unicl":
+        if spec.data:
+            config.text_data = list(config.text_data) + [d for d in spec.data if d not in config.text_data]
+        train = load_unicl_data(config, spec.where, spec.split)
+    else:
+        train = load_train_data(spec.data, config, spec.where, spec.split)
+    evald = load_train_data(spec.eval_data, config, spec.eval_where, None, what="--eval-data") if spec.eval_data else None
+    if evald is not None:
+        overlap = set(train.ids) & set(evald.ids)
+        if overlap:
+            raise UsageError(
+                f"{len(overlap)} rows of --eval-data are also training rows (e.g. id {sorted(overlap)[0]!r}); "
+                "evaluation rows must not reach training (e.g. --where split=train --eval-where split=test)"
+            )
+    if not resumed:
+        check_output(run_dir, overwrite, inputs=[s.path for s in train.inputs] + ([s.path for s in evald.inputs] if evald else []))
+    return train, evald
+
+
+def _start_run_dir(run: RunState) -> None:
+    """A new run: RUN_DIR made anew with run.json (what --resume reads)."""
+    if run.config.init:
+        from vltool.model import resolve_model_dir
+
+        resolve_model_dir(run.config.init)
+    acc = run.accelerator
+    acc.wait_for_everyone()
+    if acc.is_main_process:
+        if run.run_dir.exists():
+            shutil.rmtree(run.run_dir)
+        run.run_dir.mkdir(parents=True)
+        run.spec.num_processes = acc.num_processes
+        run.spec.command_line = provenance.command_line()
+        from vltool.io import write_json_atomic
+
+        write_json_atomic(run.run_dir / RUN_FILE, asdict(run.spec))
+    acc.wait_for_everyone()
+
+
+def _build_model(run: RunState) -> None:
+    """Model and tokenizer, what the objective adds to them, freezing, the optimizer, frozen features and
+    the dataset of the training rows."""
+    from vltool.transforms import eval_transform, train_transform
+
+    config, acc = run.config, run.accelerator
+    torch.manual_seed(config.seed)
+    run.objective = build_objective(config, run.train)
+    run.model, run.tokenizer = _new_or_init_model(config, run.objective)
+    run.objective.adapt(run.model, config, run.resumed)
+    run.frozen = apply_freezing(run.model, config)
+    if config.sync_bn and acc.num_processes > 1:
+        run.model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(run.model)  # keeps BatchNorm's state dict keys
+    run.model.to(acc.device)
+    run.objective.attach(run.model, acc.device)
+    run.local_params = local_parameters(run.model)
+    optimizer, run.trainable = build_optimizer(run.model, run.objective.loss, config)
+    run.optimizer = acc.prepare_optimizer(optimizer)
+    pp = run.model.config["preprocess"]
+    run.features = frozen_features(run.model, run.tokenizer, run.train, config, run.frozen, run.objective.uses_text,
+                                   eval_transform(pp), acc)
+    run.dataset = PairDataset(run.train.dataset, run.train.text_column, config.caption_sampling, train_transform(pp, config.augment),
+                              config.seed, load_images=run.features.image is None, captions_per_image=config.captions_per_image,
+                              templated=run.train.templated, templates=run.train.templates, two_views=run.objective.two_views)
+    text = run.features.text
+    run.collate = Collate(run.tokenizer, tokenize=text is None, text_index=text.index if text is not None else None,
+                          bad_rows=run.features.bad_rows)
+
+
+def _new_or_init_model(config: PretrainConfig, objective: Objective):
+    from vltool.model import create_model, read_model_dir, resolve_model_dir
+
+    if config.init:
+        model, tokenizer = read_model_dir(resolve_model_dir(config.init))
+        if config.logit_scale_init is not None:
+            with torch.no_grad():
+                model.logit_scale.fill_(math.log(config.logit_scale_init))
+        if config.logit_scale_learnable is not None:
+            model.logit_scale.requires_grad_(config.logit_scale_learnable)
+            model.config["logit_scale"]["learnable"] = config.logit_scale_learnable
+        return model, tokenizer
+    try:
+        import transformers
+
+        transformers.utils.logging.disable_progress_bar()
+    except Exception:
+        pass
+    learn = objective.logit_scale_learnable if config.logit_scale_learnable is None else config.logit_scale_learnable
+    return create_model(config.model_spec(), logit_scale_init=config.logit_scale_init or objective.logit_scale_init,
+                        logit_scale_learnable=learn)
+
+
+def _resume_state(run: RunState) -> None:
+    """A resumed run: the newest checkpoint's weights, optimizer, RNG states and counters."""
+    if not run.resumed:
+        return
+    found = ckpt.list_checkpoints(run.run_dir)
+    run.had_checkpoint = bool(found)
+    if found:
+        run.step, run.samples_seen, run.bad_ids, run.first_loss = ckpt.load_checkpoint(
+            found[-1], run.model, run.objective.loss, run.optimizer, run.accelerator, run.accelerator.process_index)
+    run.start_step, run.samples_at_start = run.step, run.samples_seen
+    if run.accelerator.is_main_process:
+        ckpt.truncate_metrics(run.run_dir / METRICS_FILE, run.step)
+
+
+def _init_bias(run: RunState) -> None:
+    """--bias-init search (FFF 4.4): searched on the first batches of a new run, read back on resume."""
+    config = run.config
+    if config.bias_init != "search" or run.model.logit_bias is None:
+        return
+    if run.resumed:
+        run.searched_bias = ckpt.searched_bias_of(run.run_dir)  # the weights come from the checkpoint
+        if run.searched_bias is not None:
+            run.model.config["logit_bias_init"] = run.searched_bias
+        return
+    acc = run.accelerator
+    sampler = make_sampler(run.train, config, acc.num_processes, acc.process_index, 0, 0)
+    inner = getattr(sampler, "inner", sampler)
+    inner.stop = min(config.bias_search_batches, sampler.per_epoch)
+    batches = [run.collate([run.dataset[k] for k in keys]) for keys in sampler]
+    run.searched_bias = run.objective.init_bias(run.model, batches, run.inputs, acc.autocast)
+    if acc.is_main_process:
+        with open(run.run_dir / METRICS_FILE, "a") as f:
+            f.write(json.dumps({"kind": "bias_search", "step": 0, "logit_bias": run.searched_bias,
+                                "batches": config.bias_search_batches}) + "\n")
+
+
+def _save(run: RunState) -> Path:
+    return ckpt.save_checkpoint(run.run_dir, run.step, run.model, run.objective.loss, run.optimizer, run.accelerator,
+                                run.samples_seen, run.bad_ids, run.first_loss, run.config.keep_checkpoints)
+
+
+def _evaluate(run: RunState) -> dict:
+    from vltool.transforms import eval_transform
+
+    return evaluate(run.model, run.tokenizer, run.evald, eval_transform(run.model.config["preprocess"]), run.objective.loss,
+                    run.config.batch_size * run.accelerator.num_processes, run.accelerator, run.config.seed)
+
+
+def _final_stats(run: RunState, plain, final_eval, bad_all: set, exported: bool, plotted: str) -> dict:
+    from vltool.model import MODEL_DIR, OPEN_CLIP_DIR, fingerprint
+
+    c, trained = run.config, run.step - run.start_step
+    new_samples = run.samples_seen - run.samples_at_start  # this invocation's
+    return {
+        "steps": run.step,
+        "epochs": round(run.step * c.accum_steps / run.per_epoch_micro, 4),
+        "samples_seen": run.samples_seen,
+        "global_batch": c.batch_size * run.accelerator.num_processes,
+        "accum_steps": c.accum_steps,
+        "num_processes": run.accelerator.num_processes,
+        "first_loss": run.first_loss,
+        "final_loss": run.last_loss,
+        "final_logit_scale": float(plain.logit_scale.detach().exp()),
+        "final_logit_bias": float(plain.logit_bias.detach()) if plain.logit_bias is not None else None,
+        "searched_logit_bias": run.searched_bias,
+        "final_eval": final_eval,
+        "bad_images": len(bad_all),
+        "bad_image_ids": sorted(bad_all)[:100],
+        "empty_texts": len(run.train.empty_text_ids),
+        "empty_text_ids": run.train.empty_text_ids[:100],
+        "rows_used": len(run.train.dataset),
+        "parameters": sum(p.numel() for p in plain.parameters()),
+        "trainable_parameters": sum(p.numel() for p in run.trainable),
+        "frozen": run.frozen,
+        "cached_features": run.features.describe(),
+        "train_seconds_this_invocation": round(run.train_seconds, 3),
+        "samples_per_s_this_invocation": round(new_samples / run.train_seconds, 2) if run.train_seconds > 0 else None,
+        "seconds_per_step_this_invocation": round(run.train_seconds / trained, 4) if trained > 0 else None,
+        "resumed_from_step": run.start_step if run.resumed else None,
+        "model": str(run.run_dir / MODEL_DIR),
+        "model_fingerprint": fingerprint(plain, plain.config),
+        "open_clip_export": str(run.run_dir / OPEN_CLIP_DIR) if exported else None,
+        "plot": f"{PLOT_FILE} ({plotted})",
+    }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# "Is a Caption Worth a Thousand Images?" (papers/002_986e33e07155d684.txt) on the built-in emoji data:
+# "Is a Caption Worth a Thousand Images?" on the built-in emoji data:
 #   Table 1: SimCLR (images only) vs CLIP with one fixed caption (the emoji name) vs CLIPS, which samples one
 #     of each image's k captions (name and keywords) at every step, all with SimCLR's augmentations (the
 #     paper's control, section 2.1); the paper's metric is a linear probe (--protocol santurkar), reported

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# "CLIP-Lite" (papers/003_1589a2ba138981a4.txt) on the built-in emoji data: InfoNCE vs the JSD objective
+# "CLIP-Lite" on the built-in emoji data: InfoNCE vs the JSD objective
 # (one negative per positive, critic projections) on the same towers:
 #   Tables 1-2: a linear probe of the learned image representation (the paper's metric) and Tables 4-5:
 #     zero-shot and retrieval, at 25/50/75/100% of the training rows (nested subsets of whole base_id groups);

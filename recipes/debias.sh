@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Concept debiasing, "CLIP-Lite" section 4.8 and Table 6 (papers/003_1589a2ba138981a4.txt), on emoji:
+# Concept debiasing, "CLIP-Lite" section 4.8 and Table 6, on emoji:
 # a model trained on the training split; `vltool debias` builds a gender subspace from language alone (the
 # shipped word pairs in sentence templates); on the test split's `gender` column, the alignment of "man" and
 # "woman" queries with the most aligned images of each group, before and after removing the subspace from

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# "FFF: Fixing Flawed Foundations" (papers/004_e63f5973002a6b55.txt) on the built-in emoji data:
+# "FFF: Fixing Flawed Foundations" on the built-in emoji data:
 #   Table 4: CLIP (InfoNCE) baseline; the sigmoid loss; + false negatives repaired with mined positives
 #     (`vltool mine-positives` on the training rows, with the seed's CLIP model and FFF's threshold recipe
 #     calibrated to it; the report counts how many mined pairs are true same-base_id near-duplicates);

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# "A Fistful of Words" (papers/000_e1055e0826afe142.txt) on the built-in emoji data:
+# "A Fistful of Words" on the built-in emoji data:
 #   Tables 2 and 4: intact captions vs bags of words (only-BoW, mostly-BoW = the default cascade, and the
 #     cascade without RmTopFreq), each used to train the same model, then zero-shot and retrieval on test;
 #   Table 7: semi-aligned learning: train on an aligned half of the training split, pseudo-label the other

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# "Unified Contrastive Learning in Image-Text-Label Space" (papers/001_a262f7fa0c00bc3c.txt) on emoji:
+# "Unified Contrastive Learning in Image-Text-Label Space" on emoji:
 #   Tables 5 and 6: CLIP on image-text rows vs UniCL on image-label rows vs UniCL on both (--balanced:
 #   as many image-text as image-label rows per epoch, appendix B.2). Zero-shot must be zero-shot, as
 #   Table 6 removes ImageNet-1K's classes from the image-label data: a seeded HOLDOUT share of the emoji

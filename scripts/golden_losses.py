@@ -114,7 +114,7 @@ def build_data(kind: str, root: Path, empty_positives: bool = False) -> dict:
 
 
 def _metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(l) for l in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if l.strip()]
+    return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
 def run_variant(name: str, root: str | Path, empty_positives: bool = False, **overrides) -> dict:

@@ -129,7 +129,7 @@ def test_subspace_zeroshot_with_debias_equals_hand_edit_and_report(tmp_path):
     from vltool.zeroshot import ZeroshotConfig, class_embeddings, zeroshot
 
     data, model, _ = _setup(tmp_path)
-    prov = compute_subspace(DebiasConfig(model=str(model), components=2), tmp_path / "sub")
+    compute_subspace(DebiasConfig(model=str(model), components=2), tmp_path / "sub")
     v = load_subspace(tmp_path / "sub")
     assert v.shape == (2, 32) and np.allclose(v @ v.T, np.eye(2), atol=1e-5)
     saved = json.loads((tmp_path / "sub" / "vltool.json").read_text())

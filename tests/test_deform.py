@@ -4,7 +4,6 @@ import json
 import random
 
 import datasets
-import numpy as np
 import pytest
 
 from vltool import deform as D

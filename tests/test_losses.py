@@ -118,7 +118,7 @@ def test_sigmoid_trains_with_caption_augmentation_positives_and_bias_search(tmp_
     r = pretrain([pairs_pos], tmp_path / "run", cfg, progress=False)
     s = r["stats"]
     assert -20 <= s["searched_logit_bias"] <= 0 and s["final_logit_bias"] is not None
-    lines = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert lines[0]["kind"] == "bias_search" and lines[0]["logit_bias"] == s["searched_logit_bias"]
     assert all(math.isfinite(m["loss"]) for m in metrics(tmp_path / "run"))
     m = load_model(tmp_path / "run")

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.recipes  # about 20 minutes on 2 cores: `python -m pytest -m recipes` (.ci/run runs it)
+
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = {
     # recipe: the results it writes, and variants each must contain

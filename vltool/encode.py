@@ -17,7 +17,6 @@
 
 from __future__ import annotations
 
-import io
 import math
 import time
 from concurrent.futures import ThreadPoolExecutor

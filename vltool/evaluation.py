@@ -24,18 +24,19 @@ LEVEL = 0.95
 
 @dataclass
 class EvalCommon:
-    """Options every evaluation command has."""
+    """Options every evaluation command has: each field is the option of the same name (`--no-progress`
+    for `progress`), whose help is the one in vltool/commands/evaluation.py."""
 
-    model: str = ""  # vltool RUN_DIR or RUN_DIR/model, open_clip:ARCH (with pretrained), local-dir:PATH
-    pretrained: str | None = None  # local open_clip weights file for open_clip:ARCH
-    bootstrap: int = 1000  # bootstrap resamples for the 95% intervals (0: no intervals)
-    seed: int = 0  # seed of the bootstrap (and of any sampling)
-    batch_size: int = 64  # images per encoding batch
-    num_proc: int = 1  # threads decoding and preprocessing images ahead of the model
-    cache_dir: str | None = None  # embedding cache [default: $VLTOOL_CACHE, else ~/.cache/vltool]
-    progress: bool = True  # progress bars on stderr
-    debias: str | None = None  # a subspace directory from `vltool debias`: edit image embeddings with it
-    debias_text: bool = False  # with --debias: edit the text embeddings too
+    model: str = ""
+    pretrained: str | None = None
+    bootstrap: int = 1000
+    seed: int = 0  # the bootstrap's (and any sampling's)
+    batch_size: int = 64
+    workers: int = 1
+    cache_dir: str | None = None
+    progress: bool = True
+    debias: str | None = None
+    debias_text: bool = False
 
     def common_problems(self) -> list[str]:
         problems = []
@@ -45,8 +46,8 @@ class EvalCommon:
             problems.append(f"--bootstrap must be >= 0, got {self.bootstrap}")
         if self.batch_size < 1:
             problems.append(f"--batch-size must be >= 1, got {self.batch_size}")
-        if self.num_proc < 1:
-            problems.append(f"--num-proc must be >= 1, got {self.num_proc}")
+        if self.workers < 1:
+            problems.append(f"--workers must be >= 1, got {self.workers}")
         if self.debias_text and not self.debias:
             problems.append("--debias-text needs --debias SUBSPACE_DIR")
         if self.debias and not Path(self.debias).expanduser().is_dir():

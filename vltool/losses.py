@@ -9,8 +9,9 @@ The contract, so that N processes train as one:
   (each process holds the gradient through its own rows) and keeps the gradient of parameters that see
   the whole batch (the logit scale, the loss's own parameters) as it is, since each process already
   has all of it. A loss whose parameters act on local features before the gather would break this rule.
-- A loss declares its logit-scale default (init multiplier, learnable or fixed) and the extra columns
-  it needs (e.g. `label`), which the trainer gathers like the features.
+- A loss declares its logit-scale default (init multiplier, learnable or fixed). What else it needs from
+  the trainer (a logit bias, a critic, per-row labels or a positive mask, EMA keys, two image views) is
+  declared by its objective in vltool.pretrain.objectives, which gathers those inputs like the features.
 
 Register a loss with `@register_loss("name")`; `--loss NAME` builds it with `build_loss`.
 """
@@ -46,7 +47,6 @@ class Loss(nn.Module):
     name: ClassVar[str] = ""
     logit_scale_init: ClassVar[float] = 1 / 0.07  # default initial multiplier of a new model
     logit_scale_learnable: ClassVar[bool] = True
-    needs: ClassVar[tuple[str, ...]] = ()  # extra columns to gather, e.g. ("label",)
 
     def forward(self, batch: LossInput) -> dict[str, torch.Tensor]:
         """Returns {"loss": scalar, ...other scalar metrics to log}; every registered loss defines it."""
@@ -159,7 +159,7 @@ def positive_mask(
 
 @register_loss("sigmoid")
 class SigmoidLoss(Loss):
-    """Sigmoid loss with many positives (FFF, 004_e63f5973002a6b55.txt, sections 4.1-4.4; SigLIP).
+    """Sigmoid loss with many positives (FFF: Fixing Flawed Foundations in contrastive pre-training, sections 4.1-4.4; SigLIP).
 
     logits_ij = exp(t') * <img_i, txt_j> + b over every image-text pair of the global batch (N images,
     M texts); loss = -(1/N) sum_i sum_j log sigmoid(m_ij * logits_ij), m_ij = +1 for a positive pair and
@@ -170,8 +170,7 @@ class SigmoidLoss(Loss):
 
     logit_scale_init = 10.0
     logit_scale_learnable = True
-    logit_bias_init = -10.0  # a new model gets a learnable logit bias starting here
-    needs = ("positive_mask",)
+    logit_bias_init = -10.0  # a new model gets a learnable logit bias starting here (SigLIP's)
 
     def forward(self, batch: LossInput) -> dict[str, torch.Tensor]:
         img, txt = batch.image_features.float(), batch.text_features.float()
@@ -205,7 +204,7 @@ def search_logit_bias(losses_at, lo: float = -20.0, hi: float = 0.0, step: float
 
 @register_loss("unicl")
 class UniCLLoss(Loss):
-    """UniCL's bidirectional soft-target contrastive loss (001_a262f7fa0c00bc3c.txt, section 3.2, Algorithm 1).
+    """UniCL's bidirectional soft-target contrastive loss (Unified Contrastive Learning in Image-Text-Label Space, section 3.2, Algorithm 1).
 
     `extra["label"]` (N,) long: the label of each row of the global batch (image-label rows their class,
     image-text rows a label of their own). Targets t_ij = [y_i == y_j]; logits = s * img @ txt.T;
@@ -217,7 +216,6 @@ class UniCLLoss(Loss):
 
     logit_scale_init = math.e  # exp(tau), tau = 1 (Algorithm 1)
     logit_scale_learnable = True
-    needs = ("label",)
 
     def forward(self, batch: LossInput) -> dict[str, torch.Tensor]:
         img, txt = batch.image_features.float(), batch.text_features.float()
@@ -238,7 +236,7 @@ class UniCLLoss(Loss):
 
 @register_loss("jsd")
 class JSDLoss(Loss):
-    """CLIP-Lite's Jensen-Shannon lower bound of the mutual information (003_1589a2ba138981a4.txt, 3.1, Figure 3).
+    """CLIP-Lite's Jensen-Shannon lower bound of the mutual information (CLIP-Lite, section 3.1, Figure 3).
 
     One negative per positive: image i is paired with the text of row (i + 1) mod N of the global batch.
     The critic T(img, txt) = exp(t) * <c_I(img), c_T(txt)> (c_I, c_T: the model's critic projections,
@@ -248,7 +246,6 @@ class JSDLoss(Loss):
 
     logit_scale_init = 1 / 0.07
     logit_scale_learnable = True
-    needs_critic = True  # the trainer adds the critic projections to a new model
 
     def forward(self, batch: LossInput) -> dict[str, torch.Tensor]:
         img, txt = batch.image_features.float(), batch.text_features.float()
@@ -262,7 +259,7 @@ class JSDLoss(Loss):
 
 
 class MemoryBankLoss(Loss):
-    """`--loss clip --memory-bank K`: cross-modal InfoNCE against a queue of EMA keys (000_e1055e0826afe142.txt,
+    """`--loss clip --memory-bank K`: cross-modal InfoNCE against a queue of EMA keys (A Fistful of Words,
     section 2.1, equations 1-3; MoCo's queue).
 
     The EMA copy (f', g') of the model encodes keys of the batch (`encode_keys`); the trainer gathers them
@@ -351,7 +348,7 @@ class MemoryBankLoss(Loss):
 
 @register_loss("simclr")
 class SimCLRLoss(Loss):
-    """SimCLR's NT-Xent, the image-only baseline (002_986e33e07155d684.txt, section 2.1, appendix A.3).
+    """SimCLR's NT-Xent, the image-only baseline (Is a Caption Worth a Thousand Images?, section 2.1, appendix A.3).
 
     `image_features` and `text_features` are the image tower's outputs (before normalisation) for the two
     augmented views of the N images of the global batch. This loss owns the MLP projection head
@@ -363,7 +360,6 @@ class SimCLRLoss(Loss):
 
     logit_scale_init = 10.0  # 1 / tau, tau = 0.1 (vltool's choice: SimCLR's reference implementation's value)
     logit_scale_learnable = False
-    image_only = True
 
     def __init__(self, dim: int | None = None):
         super().__init__()

@@ -279,26 +279,26 @@ POSITIVE_SCORES = "positive_scores"  # per positive: [S_it, S_ii, S_tt]
 
 @dataclass
 class MinePositivesConfig:
-    """Options of `vltool mine-positives`."""
+    """Options of `vltool mine-positives`, one field per option of the same name (help: `vltool mine-positives --help`)."""
 
-    model: str = ""  # vltool RUN_DIR (or RUN_DIR/model), open_clip:ARCH (+ pretrained), local-dir:PATH
-    pretrained: str | None = None  # local open_clip weights for open_clip:ARCH
-    p_it: float = P_IT  # p1
-    p_ii: float = P_II  # p2
-    p_tt: float = P_TT  # p3
-    p_it_tt: float = P_IT_TT  # p1'
-    terms: str = "it,ii,tt"  # the terms of M used (FFF Table 5)
-    calibrated_thresholds: bool = False  # p1, p1' from this model's true pairs (calibrate()'s suggestion)
-    text_column: str = "caption"  # `captions` mines with several captions per row (section 4.3)
-    max_positives: int = 256  # cap per row; rows hitting it are counted
-    index: str = "flat"  # flat (exact) or ivf (approximate, for tens of millions of rows)
-    nprobe: int = 32  # ivf: cells visited per query
-    recall_sample: int = 2000  # ivf: rows whose exact positives measure the recall
-    group_column: str | None = None  # e.g. base_id: report how many mined pairs share the group
-    calibrate: bool = False  # print S_it of the true pairs and the thresholds FFF's recipe gives
-    dry_run: bool = False  # statistics for a grid of thresholds, nothing written
+    model: str = ""
+    pretrained: str | None = None
+    p_it: float = P_IT
+    p_ii: float = P_II
+    p_tt: float = P_TT
+    p_it_tt: float = P_IT_TT
+    terms: str = "it,ii,tt"
+    calibrated_thresholds: bool = False
+    text_column: str = "caption"
+    max_positives: int = 256
+    index: str = "flat"
+    nprobe: int = 32
+    recall_sample: int = 2000
+    group_column: str | None = None
+    calibrate: bool = False
+    dry_run: bool = False
     batch_size: int = 64
-    num_proc: int = 1  # threads decoding images ahead of the model
+    workers: int = 1
     cache_dir: str | None = None
     seed: int = 0
 
@@ -378,7 +378,7 @@ def mine_positives(data: str, out, config: MinePositivesConfig, *, where=(), spl
         raise UsageError(f"mining needs at least 2 rows; {data!r} has {n} after the row filter")
     m = load_eval_model(config.model, config.pretrained, config.cache_dir)
     cache = EmbeddingCache(config.cache_dir)
-    img = encode_images(m, src, cache=cache, batch_size=config.batch_size, workers=config.num_proc)
+    img = encode_images(m, src, cache=cache, batch_size=config.batch_size, workers=config.workers)
     txt = encode_texts(m, src, column=config.text_column, cache=cache)
     multi = not isinstance(ds.features[config.text_column], datasets.Value)
 

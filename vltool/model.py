@@ -33,13 +33,12 @@ import math
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from vltool import columns as C
 from vltool.errors import UsageError, VltoolError
 
 FORMAT = "vltool-model"

@@ -342,7 +342,7 @@ def fit_svm(x_tr, y_tr, x_ev, classnames: Sequence[str], preset: Preset, config:
             clf.fit(x_tr, y)
         return c, best, clf.decision_function(x_ev), tried
 
-    results = Parallel(n_jobs=config.num_proc, prefer="threads")(delayed(one)(c) for c in range(num_classes))
+    results = Parallel(n_jobs=config.workers, prefer="threads")(delayed(one)(c) for c in range(num_classes))
     scores = np.full((len(x_ev), num_classes), np.nan)
     chosen_c, search = {}, []
     for c, best, s, tried in results:
@@ -410,8 +410,8 @@ def probe(
 
     m = load_eval_model(config.model, config.pretrained, config.cache_dir)
     cache = EmbeddingCache(config.cache_dir)
-    enc_tr = encode_images(m, train, features=features, cache=cache, batch_size=config.batch_size, workers=config.num_proc, progress=config.progress)
-    enc_ev = encode_images(m, evald, features=features, cache=cache, batch_size=config.batch_size, workers=config.num_proc, progress=config.progress)
+    enc_tr = encode_images(m, train, features=features, cache=cache, batch_size=config.batch_size, workers=config.workers, progress=config.progress)
+    enc_ev = encode_images(m, evald, features=features, cache=cache, batch_size=config.batch_size, workers=config.workers, progress=config.progress)
     k_tr, k_ev = ~enc_tr.bad, ~enc_ev.bad
     if (~k_tr).any() or (~k_ev).any():
         warn(f"{int((~k_tr).sum())} training and {int((~k_ev).sum())} eval images could not be decoded and are left out")

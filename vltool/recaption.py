@@ -839,7 +839,7 @@ def recaption(
     src = load_dataset(data, split=split, where=where, required=[C.ID, input_column])
     if config.paraphrase:
         feature = src.dataset.features[input_column]
-        if not (getattr(feature, "dtype", None) in ("string", "large_string")):
+        if getattr(feature, "dtype", None) not in ("string", "large_string"):
             raise UsageError(f"--column {input_column!r} is not a text column (its type is {feature})")
     out = check_output(out, overwrite, inputs=[src.path])
     info = inspect_model(config.model_path, config.paraphrase)

@@ -39,12 +39,13 @@ def parse_recall_k(text: str | Sequence[int]) -> list[int]:
 
 @dataclass
 class RetrieveConfig(EvalCommon):
-    """Options of `vltool retrieve` (and those of every evaluation command, from EvalCommon)."""
+    """Options of `vltool retrieve` (and, from EvalCommon, those of every evaluation command), one field per
+    option of the same name (help: `vltool retrieve --help`)."""
 
-    text_column: str = C.CAPTION  # a string column, or a list column (`captions`): every text of a row matches its image
-    recall_k: str = "1,5,10"  # the K of Recall@K, comma-separated
-    text_batch_size: int = 256  # texts per encoding batch
-    block_mb: int = 64  # size of one block of float64 scores in the ranking pass
+    text_column: str = C.CAPTION
+    recall_k: str = "1,5,10"
+    text_batch_size: int = 256
+    block_mb: int = 64
 
     def validate(self) -> list[int]:
         problems = self.common_problems()
@@ -55,6 +56,8 @@ class RetrieveConfig(EvalCommon):
             problems.append(str(e))
         if self.block_mb < 1:
             problems.append(f"--block-mb must be >= 1, got {self.block_mb}")
+        if self.text_batch_size < 1:
+            problems.append(f"--text-batch-size must be >= 1, got {self.text_batch_size}")
         check(problems)
         return ks
 
@@ -145,7 +148,7 @@ def retrieve(
 
     m = load_eval_model(config.model, config.pretrained, config.cache_dir)
     cache = EmbeddingCache(config.cache_dir)
-    img = encode_images(m, loaded, cache=cache, batch_size=config.batch_size, workers=config.num_proc, progress=config.progress)
+    img = encode_images(m, loaded, cache=cache, batch_size=config.batch_size, workers=config.workers, progress=config.progress)
     txt = encode_texts(m, loaded, column=config.text_column, cache=cache, batch_size=config.text_batch_size, progress=config.progress)
 
     # images that cannot be decoded, or have no text, take part on neither side

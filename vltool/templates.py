@@ -4,7 +4,7 @@ Names (files under vltool/assets/templates/, one template per line, `{}` where t
 - `photo`            "a photo of a {}." (A Fistful of Words' protocol)
 - `openai-imagenet`  CLIP's 80 ImageNet templates (UniCL's validation; FFF's appendix, "ImageNet")
 - `fff-cifar`, `fff-food101`, `fff-caltech101`, `fff-cars`, `fff-dtd`, `fff-sun397`, `fff-imagenet`: the
-  per-dataset sets of FFF's appendix (004_e63f5973002a6b55.txt), which are CLIP's; `fff-imagenet` is
+  per-dataset sets of FFF's appendix ("FFF: Fixing Flawed Foundations in contrastive pre-training"), which are CLIP's; `fff-imagenet` is
   `openai-imagenet`. They equal CLIP_benchmark's `en_zeroshot_classification_templates.json` (a test checks).
 
 A template file may also write the place of the class name as `{c}` (CLIP_benchmark) or `{label}` (FFF's

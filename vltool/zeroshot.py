@@ -22,14 +22,15 @@ from vltool.evaluation import EvalCommon
 
 @dataclass
 class ZeroshotConfig(EvalCommon):
-    """Options of `vltool zeroshot` (and those of every evaluation command, from EvalCommon)."""
+    """Options of `vltool zeroshot` (and, from EvalCommon, those of every evaluation command), one field per
+    option of the same name (help: `vltool zeroshot --help`)."""
 
-    templates: str = "photo"  # a template set name (vltool.templates) or a file, one template per line
-    classnames: str | None = None  # file of class names, one per line in label order [default: the ClassLabel names]
-    class_prompts: str | None = None  # JSON {class name: [prompts]}; other classes use the templates
-    label_column: str | None = None  # [default: `label` if present, else `labels` (multi-label)]
-    per_class: bool = False  # print the per-class table (it is always in the results JSON)
-    present_classes_only: bool = False  # candidates are the classes with a selected row (held-out classes)
+    templates: str = "photo"  # a name in vltool.templates, or a file
+    classnames: str | None = None
+    class_prompts: str | None = None
+    label_column: str | None = None
+    per_class: bool = False
+    present_classes_only: bool = False
 
     def validate(self) -> None:
         problems = self.common_problems()
@@ -167,7 +168,7 @@ def zeroshot(
 
     m = load_eval_model(config.model, config.pretrained, config.cache_dir)
     cache = EmbeddingCache(config.cache_dir)
-    img = encode_images(m, loaded, cache=cache, batch_size=config.batch_size, workers=config.num_proc, progress=config.progress)
+    img = encode_images(m, loaded, cache=cache, batch_size=config.batch_size, workers=config.workers, progress=config.progress)
     flat = [p for ps in prompts for p in ps]
     txt = encode_prompts(m, flat, cache=cache, batch_size=max(config.batch_size, 256), progress=config.progress)
     cls = class_embeddings(txt.embeddings, [len(p) for p in prompts])  # (C, D)

@@ -28,7 +28,7 @@ ResultsOutOpt = Annotated[
     Optional[Path], typer.Option("--out", "-o", help="Write the results JSON (metrics, intervals, chance, protocol, provenance) here.")
 ]
 EncodeBatchOpt = Annotated[int, typer.Option("--batch-size", min=1, help="Images per encoding batch.")]
-DecodeProcOpt = Annotated[int, typer.Option("--num-proc", min=1, help="Threads decoding and preprocessing images ahead of the model.")]
+WorkersOpt = Annotated[int, typer.Option("--workers", min=1, help="Threads decoding and preprocessing images ahead of the model.")]
 DebiasOpt = Annotated[
     Optional[Path],
     typer.Option("--debias", help="A concept subspace from `vltool debias --out`: remove it from the image embeddings.", rich_help_panel=EVAL_PANEL),

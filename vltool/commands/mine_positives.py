@@ -7,8 +7,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from vltool.commands.common import CacheDirOpt, DataArg, JsonOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors
-from vltool.commands.evaluation import DecodeProcOpt, EncodeBatchOpt, EvalModelOpt, PretrainedOpt
+from vltool.commands.common import (
+    CacheDirOpt, DataArg, JsonOpt, OldNumProcOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors, renamed,
+)
+from vltool.commands.evaluation import EncodeBatchOpt, EvalModelOpt, PretrainedOpt, WorkersOpt
 from vltool.mine_positives import P_II, P_IT, P_IT_TT, P_TT
 
 HELP = f"""Repair false negatives: FFF's positive mining over the whole dataset (FFF, 4.1 and 4.3).
@@ -30,6 +32,7 @@ Examples:
 
 
 def mine_positives_command(
+    ctx: typer.Context,
     data: DataArg,
     model: EvalModelOpt,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="The output dataset (not needed with --dry-run).")] = None,
@@ -44,24 +47,27 @@ def mine_positives_command(
     max_positives: Annotated[int, typer.Option("--max-positives", min=1, help="Cap on positives per row.")] = 256,
     index: Annotated[str, typer.Option("--index", help="flat (exact) or ivf (approximate; reports its recall).")] = "flat",
     nprobe: Annotated[int, typer.Option("--nprobe", min=1, help="ivf: cells visited per query.")] = 32,
+    recall_sample: Annotated[int, typer.Option("--recall-sample", min=1, help="ivf: rows whose exact positives measure its recall.")] = 2000,
     group_column: Annotated[Optional[str], typer.Option("--group-column", help="Report how many mined pairs share this column's value (e.g. base_id).")] = None,
     calibrate: Annotated[bool, typer.Option("--calibrate", help="Print the true pairs' S_it and the thresholds FFF's recipe gives.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Statistics for a grid of thresholds; write nothing.")] = False,
     where: WhereOpt = None,
     split: SplitOpt = None,
     batch_size: EncodeBatchOpt = 64,
-    num_proc: DecodeProcOpt = 1,
+    workers: WorkersOpt = 1,
     cache_dir: CacheDirOpt = None,
     seed: SeedOpt = 0,
     overwrite: OverwriteOpt = False,
     as_json: JsonOpt = False,
+    num_proc: OldNumProcOpt = None,
 ) -> None:
     from vltool.mine_positives import MinePositivesConfig, mine_positives
 
+    workers = renamed(ctx, "--num-proc", "--workers", num_proc, workers)
     config = MinePositivesConfig(
         model=model, pretrained=pretrained, p_it=p_it, p_ii=p_ii, p_tt=p_tt, p_it_tt=p_it_tt, terms=terms, calibrated_thresholds=calibrated, text_column=text_column,
-        max_positives=max_positives, index=index, nprobe=nprobe, group_column=group_column, calibrate=calibrate,
-        dry_run=dry_run, batch_size=batch_size, num_proc=num_proc, cache_dir=str(cache_dir) if cache_dir else None, seed=seed,
+        max_positives=max_positives, index=index, nprobe=nprobe, recall_sample=recall_sample, group_column=group_column, calibrate=calibrate,
+        dry_run=dry_run, batch_size=batch_size, workers=workers, cache_dir=str(cache_dir) if cache_dir else None, seed=seed,
     )
     prov = mine_positives(data, out, config, where=where or [], split=split, overwrite=overwrite)
     if as_json:

@@ -116,24 +116,14 @@ def pretrain_command(
     overwrite: OverwriteOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
+    from dataclasses import fields
+
     from vltool.pretrain import PretrainConfig, pretrain
 
-    config = PretrainConfig(
-        arch=arch, image_tower=image_tower, image_weights=image_weights, text_tower=text_tower,
-        text_pooling=text_pooling, embed_dim=embed_dim, image_size=image_size, context_length=context_length,
-        init=init, loss=loss, bias_init=bias_init, bias_search_batches=bias_search_batches,
-        captions_per_image=captions_per_image, mined_positives=mined_positives,
-        memory_bank=memory_bank, temperature=temperature, ema_momentum=ema_momentum, export_ema=export_ema, critic_dim=critic_dim,
-        label_data=label_data or [], text_data=text_data or [], label_column=label_column, templates=templates, balanced=balanced, logit_scale_init=logit_scale_init, logit_scale_learnable=logit_scale_learnable,
-        lock_image=lock_image, lock_text=lock_text, unfreeze_image_last=unfreeze_image_last,
-        unfreeze_text_last=unfreeze_text_last, cache_frozen=cache_frozen, sync_bn=sync_bn,
-        text_column=text_column, caption_sampling=caption_sampling, prefix_ids=prefix_ids, augment=augment,
-        workers=workers, batch_size=batch_size, epochs=epochs, steps=steps, optimizer=optimizer, lr=lr,
-        lr_schedule=lr_schedule, warmup_steps=warmup_steps, min_lr=min_lr, weight_decay=weight_decay,
-        beta1=beta1, beta2=beta2, eps=eps, momentum=momentum, grad_clip_norm=grad_clip_norm,
-        accum_steps=accum_steps, precision=precision, seed=seed, log_every=log_every,
-        checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints, eval_every=eval_every, cpu=cpu,
-    )
+    options = locals()
+    # every PretrainConfig field is the option of the same name (tests/test_options.py keeps them in step)
+    config = PretrainConfig(**{f.name: options[f.name] for f in fields(PretrainConfig)})
+    config.label_data, config.text_data = list(label_data or []), list(text_data or [])
     result = pretrain(
         data or [], out, None if resume else config, where=where or [], split=split, eval_data=eval_data or [],
         eval_where=eval_where or [], overwrite=overwrite, resume=resume, stop_after_steps=stop_after_steps,

@@ -6,9 +6,11 @@ from typing import Annotated
 
 import typer
 
-from vltool.commands.common import CacheDirOpt, DataArg, JsonOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors
+from vltool.commands.common import (
+    CacheDirOpt, DataArg, JsonOpt, OldNumProcOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors, renamed,
+)
 from vltool.commands.evaluation import (
-    BootstrapOpt, DecodeProcOpt, EncodeBatchOpt, EvalModelOpt, DebiasOpt, DebiasTextOpt, NoProgressOpt, PretrainedOpt, ResultsOutOpt, emit,
+    BootstrapOpt, EncodeBatchOpt, EvalModelOpt, DebiasOpt, DebiasTextOpt, NoProgressOpt, PretrainedOpt, ResultsOutOpt, WorkersOpt, emit,
 )
 
 HELP = """Image-to-text and text-to-image retrieval: Recall@K, mean and median rank.
@@ -30,6 +32,7 @@ Examples:
 
 
 def retrieve_command(
+    ctx: typer.Context,
     data: DataArg,
     model: EvalModelOpt,
     pretrained: PretrainedOpt = None,
@@ -40,7 +43,8 @@ def retrieve_command(
     where: WhereOpt = None,
     split: SplitOpt = None,
     batch_size: EncodeBatchOpt = 64,
-    num_proc: DecodeProcOpt = 1,
+    text_batch_size: Annotated[int, typer.Option("--text-batch-size", min=1, help="Texts per encoding batch.")] = 256,
+    workers: WorkersOpt = 1,
     block_mb: Annotated[int, typer.Option("--block-mb", min=1, help="Memory of one block of scores in the ranking pass (MiB).")] = 64,
     cache_dir: CacheDirOpt = None,
     out: ResultsOutOpt = None,
@@ -49,12 +53,14 @@ def retrieve_command(
     debias: DebiasOpt = None,
     debias_text: DebiasTextOpt = False,
     no_progress: NoProgressOpt = False,
+    num_proc: OldNumProcOpt = None,
 ) -> None:
     from vltool.retrieve import RetrieveConfig, retrieve
 
+    workers = renamed(ctx, "--num-proc", "--workers", num_proc, workers)
     config = RetrieveConfig(
         model=model, pretrained=pretrained, text_column=text_column, recall_k=recall_k, bootstrap=bootstrap, seed=seed,
-        batch_size=batch_size, num_proc=num_proc, block_mb=block_mb, cache_dir=str(cache_dir) if cache_dir else None,
+        batch_size=batch_size, text_batch_size=text_batch_size, workers=workers, block_mb=block_mb, cache_dir=str(cache_dir) if cache_dir else None,
         progress=not no_progress, debias=str(debias) if debias else None, debias_text=debias_text,
     )
     record = retrieve(data, config, where=where or [], split=split, out=out, overwrite=overwrite)

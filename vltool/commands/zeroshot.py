@@ -7,9 +7,11 @@ from typing import Annotated, Optional
 
 import typer
 
-from vltool.commands.common import CacheDirOpt, DataArg, JsonOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors
+from vltool.commands.common import (
+    CacheDirOpt, DataArg, JsonOpt, OldNumProcOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors, renamed,
+)
 from vltool.commands.evaluation import (
-    BootstrapOpt, DecodeProcOpt, EncodeBatchOpt, EvalModelOpt, DebiasOpt, DebiasTextOpt, NoProgressOpt, PretrainedOpt, ResultsOutOpt, emit,
+    BootstrapOpt, EncodeBatchOpt, EvalModelOpt, DebiasOpt, DebiasTextOpt, NoProgressOpt, PretrainedOpt, ResultsOutOpt, WorkersOpt, emit,
 )
 
 HELP = """Zero-shot classification: each image goes to the class whose prompt embedding is closest.
@@ -35,6 +37,7 @@ Examples:
 
 
 def zeroshot_command(
+    ctx: typer.Context,
     data: DataArg,
     model: EvalModelOpt,
     pretrained: PretrainedOpt = None,
@@ -42,14 +45,14 @@ def zeroshot_command(
     classnames: Annotated[Optional[Path], typer.Option("--classnames", help="Class names, one per line in label order [default: the ClassLabel names].")] = None,
     class_prompts: Annotated[Optional[Path], typer.Option("--class-prompts", help="JSON {class name: [prompts]}; classes it lacks use --templates.")] = None,
     label_column: Annotated[Optional[str], typer.Option("--label-column", help="Label column [default: label, else labels (multi-label)].")] = None,
-    per_class: Annotated[bool, typer.Option("--per-class", help="Print the per-class table too.")] = False,
+    per_class: Annotated[bool, typer.Option("--per-class", help="Print the per-class table too (the results JSON always has it).")] = False,
     present_only: Annotated[bool, typer.Option("--present-classes-only", help="Candidates are only the classes with a selected row (zero-shot on held-out classes).")] = False,
     bootstrap: BootstrapOpt = 1000,
     seed: SeedOpt = 0,
     where: WhereOpt = None,
     split: SplitOpt = None,
     batch_size: EncodeBatchOpt = 64,
-    num_proc: DecodeProcOpt = 1,
+    workers: WorkersOpt = 1,
     cache_dir: CacheDirOpt = None,
     out: ResultsOutOpt = None,
     overwrite: OverwriteOpt = False,
@@ -57,14 +60,16 @@ def zeroshot_command(
     debias: DebiasOpt = None,
     debias_text: DebiasTextOpt = False,
     no_progress: NoProgressOpt = False,
+    num_proc: OldNumProcOpt = None,
 ) -> None:
     from vltool.zeroshot import ZeroshotConfig, zeroshot
 
+    workers = renamed(ctx, "--num-proc", "--workers", num_proc, workers)
     config = ZeroshotConfig(
         model=model, pretrained=pretrained, templates=templates,
         classnames=str(classnames) if classnames else None, class_prompts=str(class_prompts) if class_prompts else None,
         label_column=label_column, per_class=per_class, present_classes_only=present_only, bootstrap=bootstrap, seed=seed, batch_size=batch_size,
-        num_proc=num_proc, cache_dir=str(cache_dir) if cache_dir else None, progress=not no_progress, debias=str(debias) if debias else None, debias_text=debias_text,
+        workers=workers, cache_dir=str(cache_dir) if cache_dir else None, progress=not no_progress, debias=str(debias) if debias else None, debias_text=debias_text,
     )
     record = zeroshot(data, config, where=where or [], split=split, out=out, overwrite=overwrite)
     n_cls = len(record["classnames"])

@@ -46,8 +46,8 @@ def _set_rng_state(st: dict) -> None:
 def searched_bias_of(run_dir: Path):
     path = Path(run_dir) / METRICS_FILE
     if path.is_file():
-        for l in path.read_text().splitlines():
-            m = json.loads(l)
+        for line in path.read_text().splitlines():
+            m = json.loads(line)
             if m.get("kind") == "bias_search":
                 return m["logit_bias"]
     return None
@@ -65,8 +65,8 @@ def truncate_metrics(path: Path, step: int) -> None:
     """Drop metric lines written after the checkpoint a run resumes from."""
     if not path.is_file():
         return
-    keep = [l for l in path.read_text().splitlines() if l.strip() and json.loads(l).get("step", 0) <= step]
-    path.write_text("".join(l + "\n" for l in keep))
+    keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= step]
+    path.write_text("".join(line + "\n" for line in keep))
 
 
 def save_checkpoint(run_dir: Path, step: int, model, loss_fn, optimizer, accelerator, samples_seen, bad_ids, first_loss, keep: int) -> Path:

@@ -40,7 +40,7 @@ def evaluate(model, tokenizer, eval_data: TrainData, transform, loss_fn, batch: 
         sims = img @ txt.T  # (N, N)
         target = torch.arange(img.shape[0])
         res = {
-            "val_loss": sum(l * n for l, n in losses) / sum(n for _, n in losses),
+            "val_loss": sum(v * n for v, n in losses) / sum(n for _, n in losses),
             "val_i2t_r1": float((sims.argmax(1).cpu() == target).float().mean()),
             "val_t2i_r1": float((sims.argmax(0).cpu() == target).float().mean()),
             "val_rows": int(img.shape[0]),

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import torch
 
-from vltool.losses import LOSSES, LossInput, MemoryBankLoss, build_loss, gather_keep_grad, positive_mask, search_logit_bias
+from vltool.losses import LOSSES, LossInput, MemoryBankLoss, SigmoidLoss, build_loss, gather_keep_grad, positive_mask, search_logit_bias
 from vltool.pretrain.data import TrainData
 
 
@@ -93,7 +93,7 @@ class SigmoidObjective(Objective):
     """Sigmoid loss with many positives: a learnable logit bias, and a positive mask over the global batch
     when an image has several positive texts (k captions per image, mined positives)."""
 
-    logit_bias_init = -10.0
+    logit_bias_init = SigmoidLoss.logit_bias_init
 
     def adapt(self, model, config, resume: bool) -> None:
         given = config.bias_init not in (None, "search")

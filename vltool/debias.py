@@ -110,20 +110,20 @@ def save_subspace(sub: Subspace, out: Path, prov: dict, overwrite: bool) -> Path
 
 @dataclass
 class DebiasConfig:
-    """Options of `vltool debias`."""
+    """Options of `vltool debias`, one field per option of the same name (help: `vltool debias --help`)."""
 
     model: str = ""
     pretrained: str | None = None
-    pairs: str | None = None  # concept pairs file (default: vltool's 20 gender pairs)
-    templates: str | None = None  # sentence templates file (default: vltool's)
-    components: int = 1  # k principal components (CLIP-Lite's code removes one)
-    subspace: str | None = None  # report mode: the subspace directory to measure
-    eval_data: str | None = None  # report mode: the images
-    group_column: str = "gender"  # report mode: the image groups (rows with an empty value are left out)
-    queries: str | None = None  # report mode: "group<TAB>query" lines (default: pairs x templates)
-    top: int = 10  # report mode: images per (query, image group)
-    debias_text: bool = False  # also edit the query (text) embeddings
-    zeroshot_label: str | None = "label"  # report mode: zero-shot accuracy before/after on this ClassLabel column
+    pairs: str | None = None
+    templates: str | None = None
+    components: int = 1  # CLIP-Lite's code removes one
+    subspace: str | None = None
+    eval_data: str | None = None
+    group_column: str = "gender"
+    queries: str | None = None
+    top: int = 10
+    debias_text: bool = False
+    zeroshot_label: str | None = "label"
     batch_size: int = 64
     cache_dir: str | None = None
     seed: int = 0
@@ -137,7 +137,7 @@ class DebiasConfig:
         if self.top < 1:
             problems.append("--top must be >= 1")
         if (self.subspace is None) != (self.eval_data is None):
-            problems.append("the report needs both --subspace and --eval (without them, debias computes a subspace)")
+            problems.append("the report needs both --subspace and --eval-data (without them, debias computes a subspace)")
         if problems:
             raise UsageError("; ".join(problems))
 

@@ -69,16 +69,17 @@ WD_COARSE = [i for i, v in enumerate(WD_GRID.tolist()) if v in np.logspace(-6, 2
 
 @dataclass
 class ProbeConfig(EvalCommon):
-    """Options of `vltool probe` (and those of every evaluation command, from EvalCommon)."""
+    """Options of `vltool probe` (and, from EvalCommon, those of every evaluation command), one field per
+    option of the same name (help: `vltool probe --help`)."""
 
-    protocol: str = "clip-benchmark"  # clip-benchmark | santurkar | fff | voc07-svm
-    features: str | None = None  # pre | post the projection [default: the protocol's]
-    normalize: bool | None = None  # L2-normalise the features [default: the protocol's]
-    val_frac: float = 0.2  # share of the training rows held out to choose weight decay / learning rate
-    fewshot_k: int | None = None  # train on k rows per class (sampled with --seed)
-    label_column: str | None = None  # [default: `label`, else `labels` (multi-label, voc07-svm only)]
-    epochs: int | None = None  # override the protocol's epochs (for quick runs; recorded)
-    lr: float | None = None  # override the protocol's (or searched) learning rate (recorded)
+    protocol: str = "clip-benchmark"  # a key of PRESETS
+    features: str | None = None  # None: the protocol's
+    normalize: bool | None = None  # None: the protocol's
+    val_frac: float = 0.2
+    fewshot_k: int | None = None
+    label_column: str | None = None
+    epochs: int | None = None
+    lr: float | None = None
 
     def validate(self) -> Preset:
         problems = self.common_problems()

@@ -7,7 +7,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from vltool.commands.common import CacheDirOpt, JsonOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors
+from vltool.commands.common import (
+    CacheDirOpt, JsonOpt, OldEvalOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors, renamed,
+)
 from vltool.commands.evaluation import EvalModelOpt, PretrainedOpt
 
 HELP = """Remove a concept (e.g. gender) from the shared embedding space, and measure the edit (CLIP-Lite, 4.8).
@@ -17,7 +19,7 @@ templates; the sentences are encoded, each pair centred on its mean, and the top
 principal components are saved to --out as the subspace V. Evaluation commands then take
 `--debias OUT` and edit image embeddings as h - sum_j <h, v_j> v_j, renormalised.
 
-With --subspace and --eval: Table 6's measurement. For queries naming one group or the other, the --top
+With --subspace and --eval-data: Table 6's measurement. For queries naming one group or the other, the --top
 most aligned images of each group of --group-column; the mean alignment of each (query group, image
 group) cell before and after the edit, the own-minus-other gap and its reduction, and the zero-shot
 accuracy on --zeroshot-label before and after. --out is then a results JSON.
@@ -26,24 +28,25 @@ Examples:
 
   vltool debias --model runs/tiny --out runs/tiny_gender
 
-  vltool debias --model runs/tiny --subspace runs/tiny_gender --eval emoji --where split=test --group-column gender --out report.json
+  vltool debias --model runs/tiny --subspace runs/tiny_gender --eval-data emoji --where split=test --group-column gender --out report.json
 """
 
 
 def debias_command(
+    ctx: typer.Context,
     model: EvalModelOpt,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="The subspace directory, or (with --subspace) the report JSON.")] = None,
     pretrained: PretrainedOpt = None,
-    pairs: Annotated[Optional[Path], typer.Option("--pairs", help="Concept pairs: two words per line, tab- or comma-separated.")] = None,
-    templates: Annotated[Optional[Path], typer.Option("--templates", help="Sentence templates, one per line with {}.")] = None,
+    pairs: Annotated[Optional[Path], typer.Option("--pairs", help="Concept pairs: two words per line, tab- or comma-separated [default: vltool's 20 gender pairs].")] = None,
+    templates: Annotated[Optional[Path], typer.Option("--templates", help="Sentence templates, one per line with {} [default: vltool's].")] = None,
     components: Annotated[int, typer.Option("--components", min=1, help="Principal components kept (CLIP-Lite: 1).")] = 1,
     subspace: Annotated[Optional[Path], typer.Option("--subspace", help="Report mode: the subspace to measure.")] = None,
-    eval_data: Annotated[Optional[str], typer.Option("--eval", help="Report mode: the dataset of images.")] = None,
-    group_column: Annotated[str, typer.Option("--group-column", help="Report mode: the image groups.")] = "gender",
-    queries: Annotated[Optional[Path], typer.Option("--queries", help="Report mode: GROUP<TAB>QUERY lines.")] = None,
+    eval_data: Annotated[Optional[str], typer.Option("--eval-data", help="Report mode: the dataset of images.")] = None,
+    group_column: Annotated[str, typer.Option("--group-column", help="Report mode: the image groups (rows with an empty value are left out).")] = "gender",
+    queries: Annotated[Optional[Path], typer.Option("--queries", help="Report mode: GROUP<TAB>QUERY lines [default: the pairs in the templates].")] = None,
     top: Annotated[int, typer.Option("--top", min=1, help="Report mode: images per query and group.")] = 10,
     debias_text: Annotated[bool, typer.Option("--debias-text", help="Edit the query embeddings too.")] = False,
-    zeroshot_label: Annotated[Optional[str], typer.Option("--zeroshot-label", help="Report mode: zero-shot accuracy on this label before/after.")] = "label",
+    zeroshot_label: Annotated[Optional[str], typer.Option("--zeroshot-label", help="Report mode: zero-shot accuracy on this ClassLabel column before/after.")] = "label",
     where: WhereOpt = None,
     split: SplitOpt = None,
     batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Images per encoding batch.")] = 64,
@@ -51,10 +54,12 @@ def debias_command(
     seed: SeedOpt = 0,
     overwrite: OverwriteOpt = False,
     as_json: JsonOpt = False,
+    old_eval: OldEvalOpt = None,
 ) -> None:
     from vltool.debias import DebiasConfig, compute_subspace, measure
     from vltool.errors import UsageError
 
+    eval_data = renamed(ctx, "--eval", "--eval-data", old_eval, eval_data)
     config = DebiasConfig(
         model=model, pretrained=pretrained, pairs=str(pairs) if pairs else None, templates=str(templates) if templates else None,
         components=components, subspace=str(subspace) if subspace else None, eval_data=eval_data, group_column=group_column,

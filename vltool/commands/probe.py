@@ -6,7 +6,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from vltool.commands.common import CacheDirOpt, JsonOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors
+from vltool.commands.common import (
+    CacheDirOpt, JsonOpt, OldEvalOpt, OldNumProcOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors, renamed,
+)
 from vltool.commands.evaluation import (
     BootstrapOpt, EncodeBatchOpt, EvalModelOpt, DebiasOpt, DebiasTextOpt, NoProgressOpt, PretrainedOpt, ResultsOutOpt, emit,
 )
@@ -25,40 +27,41 @@ HELP = """Linear probe: a linear classifier on frozen image features, with the p
                   {0.01, 0.1, 1, 10} by 3-fold cross-validation on average precision, positive weight 2;
                   mean average precision (CLIP-Lite / VirTex's VOC07 protocol).
 
-TRAIN_DATA (with --where / --split) trains the probe; --eval EVAL_DATA (with --eval-where / --eval-split)
+TRAIN_DATA (with --where / --split) trains the probe; --eval-data EVAL_DATA (with --eval-where / --eval-split)
 evaluates it. Rows in both are refused. Features go through the embedding cache (--cache-dir).
 
 Examples:
 
-  vltool probe emoji --where split=train --eval emoji --eval-where split=test --model runs/tiny
+  vltool probe emoji --where split=train --eval-data emoji --eval-where split=test --model runs/tiny
 
-  vltool probe emoji --where split=train --eval emoji --eval-where split=test --model runs/tiny --protocol voc07-svm
+  vltool probe emoji --where split=train --eval-data emoji --eval-where split=test --model runs/tiny --protocol voc07-svm
 
-  vltool probe train_ds --eval test_ds --model runs/tiny --protocol clip-benchmark --fewshot-k 16 --out probe.json
+  vltool probe train_ds --eval-data test_ds --model runs/tiny --protocol clip-benchmark --fewshot-k 16 --out probe.json
 """
 
 
 def probe_command(
+    ctx: typer.Context,
     train_data: Annotated[str, typer.Argument(help="Training data: a dataset saved with save_to_disk, or 'emoji'.", show_default=False)],
-    eval_data: Annotated[str, typer.Option("--eval", help="Evaluation data (a dataset directory, or 'emoji').", show_default=False)],
     model: EvalModelOpt,
+    eval_data: Annotated[Optional[str], typer.Option("--eval-data", help="Evaluation data (a dataset directory, or 'emoji'); required.", show_default=False)] = None,
     pretrained: PretrainedOpt = None,
     protocol: Annotated[str, typer.Option("--protocol", help="clip-benchmark | santurkar | fff | voc07-svm.")] = "clip-benchmark",
     features: Annotated[Optional[str], typer.Option("--features", help="pre | post the projection [default: the protocol's].")] = None,
     normalize: Annotated[Optional[bool], typer.Option("--normalize/--no-normalize", help="L2-normalise the features [default: the protocol's].", show_default=False)] = None,
-    val_frac: Annotated[float, typer.Option("--val-frac", help="Share of the training rows held out to choose hyper-parameters.")] = 0.2,
+    val_frac: Annotated[float, typer.Option("--val-frac", help="Share of the training rows held out to choose hyper-parameters (weight decay, learning rate).")] = 0.2,
     fewshot_k: Annotated[Optional[int], typer.Option("--fewshot-k", help="Train on k rows per class (sampled with --seed).")] = None,
-    label_column: Annotated[Optional[str], typer.Option("--label-column", help="Label column [default: label, else labels].")] = None,
+    label_column: Annotated[Optional[str], typer.Option("--label-column", help="Label column [default: label, else labels (multi-label: voc07-svm only)].")] = None,
     epochs: Annotated[Optional[int], typer.Option("--epochs", help="Override the protocol's epochs (recorded in the results).")] = None,
-    lr: Annotated[Optional[float], typer.Option("--lr", help="Override the protocol's learning rate (recorded).")] = None,
+    lr: Annotated[Optional[float], typer.Option("--lr", help="Override the protocol's (or the searched) learning rate (recorded).")] = None,
     bootstrap: BootstrapOpt = 1000,
     seed: SeedOpt = 0,
     where: WhereOpt = None,
     split: SplitOpt = None,
-    eval_where: Annotated[Optional[list[str]], typer.Option("--eval-where", help="--where clauses for --eval.")] = None,
-    eval_split: Annotated[Optional[str], typer.Option("--eval-split", help="Split of --eval when it is a DatasetDict.")] = None,
+    eval_where: Annotated[Optional[list[str]], typer.Option("--eval-where", help="--where clauses for --eval-data.")] = None,
+    eval_split: Annotated[Optional[str], typer.Option("--eval-split", help="Split of --eval-data when it is a DatasetDict.")] = None,
     batch_size: EncodeBatchOpt = 64,
-    num_proc: Annotated[int, typer.Option("--num-proc", min=1, help="Threads decoding images ahead of the model, and fitting SVMs.")] = 1,
+    workers: Annotated[int, typer.Option("--workers", min=1, help="Threads decoding images ahead of the model, and fitting SVMs.")] = 1,
     cache_dir: CacheDirOpt = None,
     out: ResultsOutOpt = None,
     overwrite: OverwriteOpt = False,
@@ -66,13 +69,20 @@ def probe_command(
     debias: DebiasOpt = None,
     debias_text: DebiasTextOpt = False,
     no_progress: NoProgressOpt = False,
+    old_eval: OldEvalOpt = None,
+    num_proc: OldNumProcOpt = None,
 ) -> None:
+    from vltool.errors import UsageError
     from vltool.probe import ProbeConfig, probe
 
+    eval_data = renamed(ctx, "--eval", "--eval-data", old_eval, eval_data)
+    workers = renamed(ctx, "--num-proc", "--workers", num_proc, workers)
+    if eval_data is None:
+        raise UsageError("--eval-data is required: the data the probe is evaluated on")
     config = ProbeConfig(
         model=model, pretrained=pretrained, protocol=protocol, features=features, normalize=normalize,
         val_frac=val_frac, fewshot_k=fewshot_k, label_column=label_column, epochs=epochs, lr=lr,
-        bootstrap=bootstrap, seed=seed, batch_size=batch_size, num_proc=num_proc,
+        bootstrap=bootstrap, seed=seed, batch_size=batch_size, workers=workers,
         cache_dir=str(cache_dir) if cache_dir else None, progress=not no_progress, debias=str(debias) if debias else None, debias_text=debias_text,
     )
     record = probe(

@@ -10,7 +10,7 @@ LOCKED=(--lock-image --lock-text)   # LiT-style: both towers frozen, their featu
 BATCH=${BATCH:-64}
 
 DEVICE_OPTS=()
-if [ "${DEVICE:-auto}" = "cpu" ]; then DEVICE_OPTS=(--cpu); fi
+if [ "${DEVICE:-auto}" = "cpu" ]; then DEVICE_OPTS=(--device cpu); fi
 
 BOOTSTRAP=${BOOTSTRAP:-1000}
 RESULTS=${RESULTS:-results}
@@ -45,7 +45,7 @@ evaluate() {
 # scored on the test split, into DIR/probe.json.
 probe() {
     local model=$1 dir=$2 protocol=$3
-    vltool probe "$DATA" --where split=train --eval "$DATA" --eval-where split=test --model "$model" \
+    vltool probe "$DATA" --where split=train --eval-data "$DATA" --eval-where split=test --model "$model" \
         --protocol "$protocol" --bootstrap "$BOOTSTRAP" --out "$dir/probe.json" --overwrite --no-progress > /dev/null
 }
 

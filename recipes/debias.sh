@@ -28,10 +28,10 @@ for SEED in $SEEDS; do
     vltool pretrain "$DATA" --where split=train --out "$dir/run" --seed "$SEED" "${TOWERS[@]}" "${LOCKED[@]}" \
         --augment none --batch-size "$BATCH" --lr 1e-3 "${LENGTH[@]}" "${DEVICE_OPTS[@]}" --no-progress --overwrite > /dev/null
     vltool debias --model "$dir/run" --components "$COMPONENTS" --out "$dir/gender" --overwrite > /dev/null
-    vltool debias --model "$dir/run" --subspace "$dir/gender" --eval "$DATA" --where split=test --group-column gender \
+    vltool debias --model "$dir/run" --subspace "$dir/gender" --eval-data "$DATA" --where split=test --group-column gender \
         --zeroshot-label label --out "$dir/debias.json" --overwrite > /dev/null
     mkdir -p "$OUT/images-and-queries/seed$SEED"
-    vltool debias --model "$dir/run" --subspace "$dir/gender" --eval "$DATA" --where split=test --group-column gender \
+    vltool debias --model "$dir/run" --subspace "$dir/gender" --eval-data "$DATA" --where split=test --group-column gender \
         --zeroshot-label label --debias-text --out "$OUT/images-and-queries/seed$SEED/debias.json" --overwrite > /dev/null
 done
 

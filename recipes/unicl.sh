@@ -37,7 +37,7 @@ train() {  # train VARIANT SEED [pretrain options and data...], then evaluate
     vltool retrieve "$DATA" --where split=test --model "$dir/run" --bootstrap "$BOOTSTRAP" \
         --out "$dir/retrieve.json" --overwrite --no-progress > /dev/null
     # the towers are locked, so the probe reads the learned embedding (after the projection)
-    vltool probe "$DATA" --where split=train --eval "$DATA" --eval-where split=test --model "$dir/run" \
+    vltool probe "$DATA" --where split=train --eval-data "$DATA" --eval-where split=test --model "$dir/run" \
         --protocol fff --features post --bootstrap "$BOOTSTRAP" --out "$dir/probe.json" --overwrite --no-progress > /dev/null
 }
 

@@ -237,7 +237,7 @@ def test_cli_prints_statistics_and_json(text_dataset, tmp_path, cli):
         (["nope", "--out", "{o}"], 2, "dataset 'nope' does not exist"),
         (["{src}", "--out", "{exists}"], 2, "exists; pass --overwrite"),
         (["{src}", "--out", "{o}", "--ops", "foo"], 2, "unknown operation 'foo'"),
-        (["{src}", "--out", "{o}", "--column", "title"], 2, "has no column 'title' (it has: id, caption)"),
+        (["{src}", "--out", "{o}", "--text-column", "title"], 2, "has no column 'title' (it has: id, caption)"),
         (["{src}", "--out", "{o}", "--ops", "basevocab", "--base-frac", "0"], 2, "--base-frac 0 leaves none"),
         (["{src}", "--out", "{o}", "--base-frac", "1.5"], 2, "--base-frac must be in [0, 1)"),
         (["{src}", "--out", "{src}", "--overwrite"], 2, "inputs are never modified"),

@@ -151,11 +151,11 @@ def test_linear_training_is_seeded_and_schedule_is_clip_benchmarks():
 
 
 def test_cli(cli, model_dir, colors):
-    r = cli("probe", colors, "--where", "split=train", "--eval", colors, "--eval-where", "split=test", "--model", model_dir,
+    r = cli("probe", colors, "--where", "split=train", "--eval-data", colors, "--eval-where", "split=test", "--model", model_dir,
             "--protocol", "fff", "--epochs", "2", "--bootstrap", "10", "--json", "--no-progress")
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["protocol"]["name"] == "fff"
-    t = cli("probe", colors, "--where", "split=train", "--eval", colors, "--eval-where", "split=test", "--model", model_dir,
+    t = cli("probe", colors, "--where", "split=train", "--eval-data", colors, "--eval-where", "split=test", "--model", model_dir,
             "--protocol", "fff", "--epochs", "2", "--bootstrap", "10", "--no-progress")
     assert t.exit_code == 0 and "mean_per_class_recall" in t.stdout
     assert math.isfinite(json.loads(r.stdout)["metrics"]["top1"]["value"])

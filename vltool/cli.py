@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Optional
 
 import typer
+import typer.core
 
 from vltool import __version__
 from vltool.commands import (
@@ -26,6 +27,49 @@ from vltool.commands import (
 )
 from vltool.commands import filter as filter_
 
+
+def as_markup(text: str) -> str:
+    """Rich markup that renders as `text`: `[...]` escaped, and emoji codes (`RELPATH:KEY:` holds `:key:`)
+    cut by an empty style, so that rich prints every character as written."""
+    import re
+
+    from rich.markup import escape
+
+    return re.sub(r":(?=\S*?:)", ":[b][/b]", escape(text))
+
+
+def _markup_escaped(command):
+    """A copy of `command` whose help texts (its own and its parameters') are plain text made markup."""
+    import copy
+
+    command = copy.copy(command)
+    for attr in ("help", "short_help", "epilog"):
+        if getattr(command, attr, None):
+            setattr(command, attr, as_markup(getattr(command, attr)))
+    command.params = [copy.copy(p) for p in command.params]
+    for param in command.params:
+        if getattr(param, "help", None):
+            param.help = as_markup(param.help)
+    return command
+
+
+class PlainHelpGroup(typer.core.TyperGroup):
+    """vltool's help strings are plain text: `[default: ...]` and `{name: [prompts]}` print as written.
+
+    Typer renders help as rich markup, where `[...]` is a style tag and vanishes (and `:key:` becomes an
+    emoji). The commands this group hands out (to run them, or to list them in `vltool --help`) are copies
+    whose help strings went through as_markup; the command tree itself (typer.main.get_command(app)
+    .commands) keeps the strings as written. Plain (non-rich) help is left alone; the panels
+    (rich_help_panel) and the layout stay typer's."""
+
+    def _rich(self) -> bool:
+        return self.rich_markup_mode == "rich" and getattr(typer.core, "HAS_RICH", True)
+
+    def get_command(self, ctx, cmd_name):
+        command = super().get_command(ctx, cmd_name)
+        return _markup_escaped(command) if command is not None and self._rich() else command
+
+
 app = typer.Typer(
     name="vltool",
     help="What language supervision contributes to CLIP-style models: the methods of five papers as "
@@ -33,6 +77,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=PlainHelpGroup,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 

@@ -90,13 +90,13 @@ class Ops:
 
 @dataclass
 class DeformConfig:
-    """Options of `vltool deform`."""
+    """Options of `vltool deform`, one field per option of the same name (help: `vltool deform --help`)."""
 
-    ops: str = "default"  # comma-separated operations, or "default" (the paper's cascade)
-    base_frac: float = 0.1  # fraction of rows kept intact as the base set; 0 deforms every row ("only BoW")
-    column: str = C.CAPTION  # the text column to deform
-    seed: int = 0  # base-set choice and per-row shuffles (each row's seed comes from this and its id)
-    num_proc: int = 1  # worker processes; the output does not depend on it
+    ops: str = "default"
+    base_frac: float = 0.1
+    text_column: str = C.CAPTION
+    seed: int = 0  # the base-set choice; each row's shuffle is seeded by this and the row's id
+    num_proc: int = 1
 
     def validate(self) -> Ops:
         problems = []
@@ -359,7 +359,7 @@ def _fingerprint(parent: str, config: DeformConfig) -> str:
 
 
 def deform_dataset(ds, config: DeformConfig) -> tuple[object, dict]:
-    """Deform `ds[config.column]`; return the new dataset (empty rows dropped) and its statistics."""
+    """Deform `ds[config.text_column]`; return the new dataset (empty rows dropped) and its statistics."""
     import datasets
     import pyarrow as pa
     from datasets.table import InMemoryTable
@@ -367,11 +367,11 @@ def deform_dataset(ds, config: DeformConfig) -> tuple[object, dict]:
     from vltool.io import require_columns
 
     ops = config.validate()
-    require_columns(ds, [C.ID, config.column], "the input")
-    feature = ds.features[config.column]
+    require_columns(ds, [C.ID, config.text_column], "the input")
+    feature = ds.features[config.text_column]
     if not (isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")):
-        raise UsageError(f"--column {config.column!r} is not a text column (its type is {feature})")
-    texts = column_values(ds, config.column)
+        raise UsageError(f"--text-column {config.text_column!r} is not a text column (its type is {feature})")
+    texts = column_values(ds, config.text_column)
     ids = column_values(ds, C.ID)
     n = len(texts)
     stopwords, stop_source = english_stopwords()
@@ -387,11 +387,11 @@ def deform_dataset(ds, config: DeformConfig) -> tuple[object, dict]:
     table = ds.data.table if ds._indices is None else ds.flatten_indices().data.table
     if not keep.all():
         table = table.filter(pa.array(keep))
-    col_type = table.schema.field(config.column).type
-    original = table.column(config.column)
-    table = table.set_column(table.schema.get_field_index(config.column), config.column, pa.array(kept_texts, type=col_type))
+    col_type = table.schema.field(config.text_column).type
+    original = table.column(config.text_column)
+    table = table.set_column(table.schema.get_field_index(config.text_column), config.text_column, pa.array(kept_texts, type=col_type))
     features = ds.features.copy()
-    original_col = C.CAPTION_ORIGINAL if config.column == C.CAPTION else f"{config.column}_original"
+    original_col = C.CAPTION_ORIGINAL if config.text_column == C.CAPTION else f"{config.text_column}_original"
     if original_col not in table.column_names:  # a second deform keeps the intact text of the first
         table = table.append_column(original_col, original)
         features[original_col] = feature
@@ -449,7 +449,7 @@ def deform(
 
     timer = provenance.Timer()
     config.validate()
-    src = load_dataset(data, split=split, where=where, required=[C.ID, config.column])
+    src = load_dataset(data, split=split, where=where, required=[C.ID, config.text_column])
     out = check_output(out, overwrite, inputs=[src.path])
     ds, stats = deform_dataset(src.dataset, config)
     prov = provenance.make(

@@ -24,8 +24,8 @@ LEVEL = 0.95
 
 @dataclass
 class EvalCommon:
-    """Options every evaluation command has: each field is the option of the same name (`--no-progress`
-    for `progress`), whose help is the one in vltool/commands/evaluation.py."""
+    """Options every evaluation command has, one field per option of the same name (`--no-progress` for
+    `progress`; help: `vltool zeroshot --help`)."""
 
     model: str = ""
     pretrained: str | None = None

@@ -36,13 +36,13 @@ _SAFE_KEY = re.compile(r"^[A-Za-z0-9_-]{1,200}$")
 
 @dataclass
 class ExportConfig:
-    """Options of `vltool export`."""
+    """Options of `vltool export`, one field per option of the same name (help: `vltool export --help`)."""
 
-    to: str = "webdataset"  # webdataset (tar shards) or csv (open_clip's CSV plus image files)
-    shard_size: int = 10_000  # samples per tar shard (webdataset) or per image sub-folder (csv)
-    image_format: str = "jpg"  # jpg or png: the format every image is written in
-    jpeg_quality: int = 95  # quality of re-encoded JPEGs (JPEG sources are copied unchanged)
-    num_proc: int = 1  # worker processes, each writing whole shards; the output does not depend on it
+    to: str = "webdataset"
+    shard_size: int = 10_000
+    image_format: str = "jpg"
+    jpeg_quality: int = 95
+    num_proc: int = 1  # each worker writes whole shards
 
     def validate(self) -> None:
         problems = []

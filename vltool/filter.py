@@ -42,23 +42,23 @@ _CHUNK = 1 << 16  # captions featurized at once (bounds memory; chunks run on th
 
 @dataclass
 class FilterConfig:
-    """Options of `vltool filter`."""
+    """Options of `vltool filter`, one field per option of the same name (help: `vltool filter --help`)."""
 
-    column: str = C.CAPTION  # the source text column that is scored (one string per row)
-    reference_column: str | None = None  # the reference's text column, string or list of strings [default: column]
-    threshold: float | None = None  # keep rows with quality_score >= threshold [default 0.5 unless keep_frac is given]
-    keep_frac: float | None = None  # instead of a threshold: keep this fraction of rows, highest scores first
-    folds: int = 5  # cross-fitting: k classifiers, each trains on (k-1)/k of each set and scores the rest; 1: one
-    ngrams: int = 2  # longest word n-gram: 1 = unigrams only, 2 = unigrams and bigrams (the paper's n=2)
-    buckets: int = 1 << 20  # hashed feature buckets (fastText uses 2M for its n-grams)
-    dim: int = 8  # embedding size (binary task: the classifier is linear whatever the size)
-    epochs: int = 5  # passes over the training rows (fastText's default) ...
-    min_steps: int = 100  # ... or more passes, until this many optimizer steps (small sets need them)
-    l2: float = 0.01  # L2 penalty (per batch): keeps the scores calibrated, so that the 0.5 threshold means something
-    lr: float = 0.05  # Adam learning rate, decayed linearly to 0
-    batch_size: int = 256  # training rows per step
-    seed: int = 0  # train/held-out split, initialisation, batch order, shown examples
-    num_examples: int = 5  # kept and dropped captions shown and recorded
+    text_column: str = C.CAPTION
+    reference_column: str | None = None  # None: text_column
+    threshold: float | None = None  # None: 0.5 unless keep_frac is given (resolved_threshold)
+    keep_frac: float | None = None
+    folds: int = 5
+    ngrams: int = 2
+    buckets: int = 1 << 20  # fastText uses 2M for its n-grams
+    dim: int = 8  # binary task: the classifier is linear whatever the size
+    epochs: int = 5  # fastText's default
+    min_steps: int = 100
+    l2: float = 0.01  # per batch: keeps the scores calibrated, so that the 0.5 threshold means something
+    lr: float = 0.05
+    batch_size: int = 256
+    seed: int = 0  # the train/held-out split, initialisation, batch order, shown examples
+    num_examples: int = 5
 
     @property
     def resolved_threshold(self) -> float | None:
@@ -525,7 +525,7 @@ def _examples(ids: list, texts: list, scores: np.ndarray, rows: np.ndarray, k: i
 
 
 def filter_dataset(ds, ref_texts, config: FilterConfig, *, log=None) -> tuple[object, dict]:
-    """Train on `ref_texts` vs `ds[config.column]`, score every row of `ds`, keep the reference-like ones.
+    """Train on `ref_texts` vs `ds[config.text_column]`, score every row of `ds`, keep the reference-like ones.
 
     Returns the kept rows with a `quality_score` column, and the statistics.
     """
@@ -537,8 +537,8 @@ def filter_dataset(ds, ref_texts, config: FilterConfig, *, log=None) -> tuple[ob
     config.validate()
     from vltool.io import require_columns
 
-    require_columns(ds, [C.ID, config.column], "the input")
-    src_arr = _text_column(ds, config.column, "the input", allow_list=False)
+    require_columns(ds, [C.ID, config.text_column], "the input")
+    src_arr = _text_column(ds, config.text_column, "the input", allow_list=False)
     ref_arr = ref_texts if isinstance(ref_texts, pa.ChunkedArray) else _as_arrow(ref_texts)
     n_src, n_ref = len(src_arr), len(ref_arr)
     problems = []
@@ -666,8 +666,8 @@ def filter(  # noqa: A001 - the command's name (docs/conventions.md: one name ev
 
     timer = provenance.Timer()
     config.validate()
-    src = load_dataset(data, split=split, where=where, required=[C.ID, config.column])
-    ref_column = config.reference_column or config.column
+    src = load_dataset(data, split=split, where=where, required=[C.ID, config.text_column])
+    ref_column = config.reference_column or config.text_column
     ref = load_dataset(reference, split=reference_split, where=reference_where, required=[ref_column])
     out = check_output(out, overwrite, inputs=[src.path, ref.path])
     ref_texts = _text_column(ref.dataset, ref_column, "the reference set", allow_list=True)

@@ -64,18 +64,19 @@ BAD_SHARD = "unreadable shard"
 
 @dataclass
 class ImportConfig:
-    """Options of `vltool import`."""
+    """Options of `vltool import`, one field per option of the same name (`--extra-column`, repeatable, for
+    extra_columns; help: `vltool import --help`)."""
 
-    format: str = "auto"  # one of FORMATS; auto: from the file extensions or the directory's contents
-    image_column: str | None = None  # table column with image paths (or bytes); WebDataset: the image extension
-    caption_column: str | None = None  # table column with the caption (a list-valued column fills `captions`)
-    label_column: str | None = None  # table column whose values become the ClassLabel `label`
-    id_column: str | None = None  # table column with ids; default `id` or `key` when present, else the row number
-    image_root: Path | None = None  # base of relative image paths; default: the table's directory (COCO: guessed)
-    extra_columns: list[str] = field(default_factory=list)  # source columns (or .json keys) copied as strings
-    max_side: int | None = None  # resize images whose longer side exceeds this (aspect kept); None keeps them
-    caption_template: str = "{label}"  # imagefolder: the caption of each image, from its class name
-    num_proc: int = 1  # worker processes; the output does not depend on it
+    format: str = "auto"  # one of FORMATS
+    image_column: str | None = None
+    caption_column: str | None = None
+    label_column: str | None = None
+    id_column: str | None = None
+    image_root: Path | None = None
+    extra_columns: list[str] = field(default_factory=list)
+    max_side: int | None = None
+    caption_template: str = "{label}"
+    num_proc: int = 1
 
     def validate(self) -> None:
         problems = []

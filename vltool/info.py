@@ -32,10 +32,10 @@ TEXT_TOWER_HINTS = ("text", "transformer", "token_embedding", "positional_embedd
 
 @dataclass
 class InfoConfig:
-    """Options of `vltool info`."""
+    """Options of `vltool info`, one field per option of the same name (help: `vltool info --help`)."""
 
-    split: str | None = None  # one split of a DatasetDict; default: every split
-    max_labels: int = 20  # label classes listed in the table, most frequent first (--json lists all)
+    split: str | None = None  # None: every split
+    max_labels: int = 20
 
     def validate(self) -> None:
         if self.max_labels < 0:

@@ -316,6 +316,9 @@ class MinePositivesConfig:
             problems.append(str(e))
         if self.max_positives < 1:
             problems.append("--max-positives must be >= 1")
+        for name in ("nprobe", "recall_sample", "batch_size", "workers"):
+            if getattr(self, name) < 1:
+                problems.append(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.index not in ("flat", "ivf"):
             problems.append(f"--index must be flat or ivf, got {self.index!r}")
         if problems:

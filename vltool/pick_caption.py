@@ -20,11 +20,12 @@ STRATEGIES = ("random", "first", "last", "longest", "shortest")
 
 @dataclass
 class PickConfig:
-    """Options of `vltool pick-caption`."""
+    """Options of `vltool pick-caption`, one field per option of the same name (`--from` for source_column;
+    help: `vltool pick-caption --help`)."""
 
-    source_column: str = "captions"  # a list-of-strings column
-    strategy: str = "random"  # random | first | last | longest | shortest (ties: the earlier entry)
-    exclude_caption: bool = False  # never pick the row's current caption (e.g. keep only the keywords)
+    source_column: str = "captions"
+    strategy: str = "random"  # ties: the earlier entry
+    exclude_caption: bool = False
     seed: int = 0
 
 

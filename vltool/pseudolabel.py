@@ -95,16 +95,16 @@ CROP_RATIO = (3 / 4, 4 / 3)
 
 @dataclass
 class PseudolabelConfig:
-    """Options of `vltool pseudolabel`."""
+    """Options of `vltool pseudolabel`, one field per option of the same name (help: `vltool pseudolabel --help`)."""
 
-    model: str = ""  # vltool RUN_DIR (or RUN_DIR/model), open_clip:ARCH (+ pretrained), local-dir:PATH
+    model: str = ""
     pretrained: str | None = None
-    crops: int = 5  # augmented views per unaligned image (vltool's choice)
-    neighbors: int = 10  # nearest aligned captions per view
-    strategy: str = "weighted-count"  # maxcount, rmtop-maxcount, rmtop-rand, weighted-count (the paper's best)
-    top_t: int = 1000  # rmtop-*: the most frequent aligned words removed
-    words: int = 4  # words per pseudo caption
-    batch_size: int = 32  # unaligned images per encoding batch (each gives `crops` views)
+    crops: int = 5  # vltool's choice
+    neighbors: int = 10
+    strategy: str = "weighted-count"  # the paper's best
+    top_t: int = 1000
+    words: int = 4
+    batch_size: int = 32
     cache_dir: str | None = None
     seed: int = 0
 

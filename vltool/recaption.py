@@ -52,32 +52,33 @@ DEFAULT_EXAMPLES: tuple[tuple[str, str], ...] = (
 
 @dataclass
 class RecaptionConfig:
-    """Options of `vltool recaption`. Strategy-dependent defaults are None here; `settings()` resolves them."""
+    """Options of `vltool recaption`, one field per option of the same name (help: `vltool recaption --help`).
+    Strategy-dependent defaults are None here; `settings()` resolves them."""
 
-    model: Path | None = None  # captioner: a local image-to-text model directory (BLIP, BLIP-2, ...)
-    paraphrase: bool = False  # paraphrase each row's text with a language model instead of captioning images
-    lm: Path | None = None  # paraphraser: a local causal (or seq2seq) language model directory
-    examples: Path | None = None  # paraphraser: JSON file of [input, output] pairs [default: the paper's four]
-    column: str = C.CAPTION  # paraphraser: the text column paraphrased
-    num_captions: int = 5  # k: new captions (or paraphrases) per row
-    strategy: str = "nucleus"  # nucleus: sampling, one seed per caption (Santurkar); beam: k best beams (FFF)
-    top_p: float | None = None  # nucleus mass [default: 0.9 captioner, 1.0 (plain temperature sampling) paraphraser]
-    temperature: float | None = None  # sampling temperature [default: 1.0 captioner, 0.8 paraphraser]
-    repetition_penalty: float | None = None  # [default: 1.1 captioner with nucleus, else 1.0]
-    min_new_tokens: int | None = None  # shortest output in tokens [default: 5 captioner, 1 paraphraser]
-    max_new_tokens: int = 40  # longest output in tokens (the paper's range is 5 to 40)
-    num_beams: int | None = None  # beam width for --strategy beam [default: num_captions]
-    prompt: str | None = None  # captioner: text the caption continues (conditional captioning), e.g. "a picture of"
-    keep_prompt: bool = False  # captioner: keep the prompt at the start of each caption (default: strip it)
-    replace: bool = False  # captions = the new texts only (default: the existing ones, then the new ones)
-    set_caption: bool = False  # caption = the first new text of the row
-    seed: int = 0  # base of every caption's seed (with the row id and the caption index)
-    batch_size: int = 32  # rows per generate call (each expands to k sequences)
-    shard_size: int = 1024  # rows per checkpoint shard; part of the job's identity
-    device: str = "auto"  # auto (cuda if available, else cpu; the process's device under accelerate), cpu, cuda, cuda:1
-    dtype: str = "auto"  # model weights: auto (float16 on cuda, float32 on cpu), float32, float16, bfloat16
-    max_shards: int | None = None  # stop after this many new shards (rerun to continue); None: run to the end
-    restart: bool = False  # discard unfinished work of an earlier run in OUT.partial instead of resuming
+    model: Path | None = None
+    paraphrase: bool = False
+    lm: Path | None = None
+    examples: Path | None = None
+    text_column: str = C.CAPTION
+    num_captions: int = 5
+    strategy: str = "nucleus"
+    top_p: float | None = None
+    temperature: float | None = None
+    repetition_penalty: float | None = None
+    min_new_tokens: int | None = None
+    max_new_tokens: int = 40  # the paper's range is 5 to 40
+    num_beams: int | None = None
+    prompt: str | None = None
+    keep_prompt: bool = False
+    replace: bool = False
+    set_caption: bool = False
+    seed: int = 0  # each caption's seed comes from this, the row id and the caption index
+    batch_size: int = 32
+    shard_size: int = 1024  # part of the job's identity
+    device: str = "auto"
+    dtype: str = "auto"
+    max_shards: int | None = None
+    restart: bool = False
 
     @property
     def mode(self) -> str:
@@ -106,7 +107,7 @@ class RecaptionConfig:
             "prompt": self.prompt,
             "keep_prompt": self.keep_prompt,
             "seed": self.seed,
-            "column": self.column if para else None,
+            "column": self.text_column if para else None,
         }
 
     def validate(self) -> None:
@@ -835,12 +836,12 @@ def recaption(
     config.validate()
     if config.restart and (num_processes or process_state().num_processes) > 1:
         raise UsageError("--restart with several processes is not supported: delete OUT.partial and relaunch")
-    input_column = config.column if config.paraphrase else C.IMAGE
+    input_column = config.text_column if config.paraphrase else C.IMAGE
     src = load_dataset(data, split=split, where=where, required=[C.ID, input_column])
     if config.paraphrase:
         feature = src.dataset.features[input_column]
         if getattr(feature, "dtype", None) not in ("string", "large_string"):
-            raise UsageError(f"--column {input_column!r} is not a text column (its type is {feature})")
+            raise UsageError(f"--text-column {input_column!r} is not a text column (its type is {feature})")
     out = check_output(out, overwrite, inputs=[src.path])
     info = inspect_model(config.model_path, config.paraphrase)
     examples = load_examples(config.examples) if config.paraphrase else ()

@@ -16,13 +16,13 @@ from vltool.errors import UsageError
 
 @dataclass
 class SplitConfig:
-    """Options of `vltool split`."""
+    """Options of `vltool split`, one field per option of the same name (help: `vltool split --help`)."""
 
-    parts: str = "a=0.5,b=0.5"  # NAME=FRACTION,... summing to 1
-    by: str | None = None  # group column: rows sharing a value go to the same part
-    column: str = "part"  # the column written
+    parts: str = "a=0.5,b=0.5"
+    by: str | None = None
+    part_column: str = "part"
     seed: int = 0
-    separate: bool = False  # also write each part as its own dataset, OUT/<name>
+    separate: bool = False
 
     def parsed(self) -> list[tuple[str, float]]:
         out = []
@@ -68,11 +68,11 @@ def split(data: str, out, config: SplitConfig, *, where=(), split_name=None, ove
     ds = src.dataset
     groups = ds[config.by] if config.by else ds[C.ID]
     assigned = assign_parts(list(groups), parts, config.seed)
-    if config.column in ds.column_names:
-        ds = ds.remove_columns([config.column])
-    ds = ds.add_column(config.column, assigned, feature=datasets.Value("string"))
+    if config.part_column in ds.column_names:
+        ds = ds.remove_columns([config.part_column])
+    ds = ds.add_column(config.part_column, assigned, feature=datasets.Value("string"))
     counts = {n: assigned.count(n) for n, _ in parts}
-    stats = {"rows": counts, "groups": len(set(map(str, groups))), "by": config.by, "column": config.column}
+    stats = {"rows": counts, "groups": len(set(map(str, groups))), "by": config.by, "column": config.part_column}
     prov = provenance.make("split", config, [src], rows_in=src.rows, rows_out=len(ds), stats=stats, timer=timer)
     if not config.separate:
         save_dataset(ds, out, prov, overwrite=overwrite)

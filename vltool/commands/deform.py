@@ -11,12 +11,14 @@ from vltool.commands.common import (
     DataArg,
     JsonOpt,
     NumProcOpt,
+    OldColumnOpt,
     OutOpt,
     OverwriteOpt,
     SeedOpt,
     SplitOpt,
     WhereOpt,
     handle_errors,
+    renamed,
 )
 from vltool.deform import DEFAULT_OPS, DeformConfig
 
@@ -38,23 +40,26 @@ Examples:
 
 
 def deform_command(
+    ctx: typer.Context,
     data: DataArg,
     out: OutOpt,
     ops: Annotated[str, typer.Option("--ops", help="Operations, comma-separated, or 'default'.")] = "default",
     base_frac: Annotated[
         float, typer.Option("--base-frac", help="Fraction of rows kept intact as the base set; 0 deforms all rows.")
     ] = 0.1,
-    column: Annotated[str, typer.Option("--column", help="The text column to deform.")] = "caption",
+    text_column: Annotated[str, typer.Option("--text-column", help="The text column to deform.")] = "caption",
     where: WhereOpt = None,
     split: SplitOpt = None,
     seed: SeedOpt = 0,
     num_proc: NumProcOpt = 1,
     overwrite: OverwriteOpt = False,
     as_json: JsonOpt = False,
+    column: OldColumnOpt = None,
 ) -> None:
     from vltool.deform import deform
 
-    config = DeformConfig(ops=ops, base_frac=base_frac, column=column, seed=seed, num_proc=num_proc)
+    text_column = renamed(ctx, "--column", "--text-column", column, text_column)
+    config = DeformConfig(ops=ops, base_frac=base_frac, text_column=text_column, seed=seed, num_proc=num_proc)
     prov = deform(data, out, config, where=where or [], split=split, overwrite=overwrite)
     for w in prov["stats"].get("warnings", []):
         print(f"warning: {w}", file=sys.stderr)

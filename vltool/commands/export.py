@@ -33,7 +33,7 @@ def export_command(
     to: Annotated[str, typer.Option("--to", help="webdataset or csv.")] = "webdataset",
     shard_size: Annotated[int, typer.Option("--shard-size", min=1, help="Samples per tar shard (csv: per image folder).")] = 10_000,
     image_format: Annotated[str, typer.Option("--image-format", help="jpg or png: the format of every image written.")] = "jpg",
-    jpeg_quality: Annotated[int, typer.Option("--jpeg-quality", min=1, max=100, help="Quality of re-encoded JPEGs.")] = 95,
+    jpeg_quality: Annotated[int, typer.Option("--jpeg-quality", min=1, max=100, help="Quality of re-encoded JPEGs (JPEG sources are copied unchanged).")] = 95,
     where: WhereOpt = None,
     split: SplitOpt = None,
     num_proc: NumProcOpt = 1,

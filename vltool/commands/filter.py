@@ -10,12 +10,14 @@ from vltool.commands.common import (
     BatchSizeOpt,
     DataArg,
     JsonOpt,
+    OldColumnOpt,
     OutOpt,
     OverwriteOpt,
     SeedOpt,
     SplitOpt,
     WhereOpt,
     handle_errors,
+    renamed,
 )
 
 HELP = """Keep the captions that look like a reference set's (Santurkar et al., section 4, appendix A.7).
@@ -39,6 +41,7 @@ Examples:
 
 
 def filter_command(
+    ctx: typer.Context,
     data: DataArg,
     out: OutOpt,
     reference: Annotated[
@@ -50,10 +53,10 @@ def filter_command(
     keep_frac: Annotated[
         Optional[float], typer.Option("--keep-frac", help="Instead of --threshold: keep this fraction, highest scores first.")
     ] = None,
-    column: Annotated[str, typer.Option("--column", help="DATA's text column (one string per row).")] = "caption",
+    text_column: Annotated[str, typer.Option("--text-column", help="DATA's text column (one string per row).")] = "caption",
     reference_column: Annotated[
         Optional[str],
-        typer.Option("--reference-column", help="REF's text column, a string or a list of strings [default: --column]."),
+        typer.Option("--reference-column", help="REF's text column, a string or a list of strings [default: --text-column]."),
     ] = None,
     reference_where: Annotated[
         Optional[list[str]], typer.Option("--reference-where", help="Rows of REF to use, as --where (repeatable).")
@@ -76,11 +79,13 @@ def filter_command(
     batch_size: BatchSizeOpt = 256,
     overwrite: OverwriteOpt = False,
     as_json: JsonOpt = False,
+    column: OldColumnOpt = None,
 ) -> None:
     from vltool.filter import FilterConfig, filter as run_filter
 
+    text_column = renamed(ctx, "--column", "--text-column", column, text_column)
     config = FilterConfig(
-        column=column, reference_column=reference_column, threshold=threshold, keep_frac=keep_frac,
+        text_column=text_column, reference_column=reference_column, threshold=threshold, keep_frac=keep_frac,
         folds=folds, ngrams=ngrams, buckets=buckets, dim=dim, epochs=epochs, min_steps=min_steps, lr=lr, l2=l2,
         batch_size=batch_size, seed=seed, num_examples=num_examples,
     )

@@ -54,13 +54,13 @@ def import_command(
     caption_column: Annotated[
         Optional[str], typer.Option("--caption-column", help="Table column with the caption; a list column fills `captions`. Default: title, caption, text, ...")
     ] = None,
-    label_column: Annotated[Optional[str], typer.Option("--label-column", help="Table column whose values become the class label.")] = None,
+    label_column: Annotated[Optional[str], typer.Option("--label-column", help="Table column whose values become the ClassLabel `label`.")] = None,
     id_column: Annotated[Optional[str], typer.Option("--id-column", help="Table column with row ids. Default: id or key when present, else the row number.")] = None,
     image_root: Annotated[Optional[Path], typer.Option("--image-root", help="Base of relative image paths. Default: the table's directory (COCO: found beside the annotations).")] = None,
     extra_column: Annotated[
         Optional[list[str]], typer.Option("--extra-column", help="Copy this source column (or .json key) as a string column. Repeatable.")
     ] = None,
-    max_side: Annotated[Optional[int], typer.Option("--max-side", min=1, help="Resize images whose longer side exceeds this many pixels.")] = None,
+    max_side: Annotated[Optional[int], typer.Option("--max-side", min=1, help="Resize images whose longer side exceeds this many pixels (aspect kept).")] = None,
     caption_template: Annotated[
         str, typer.Option("--caption-template", help="Image folders: the caption of each image, from its class name.")
     ] = "{label}",

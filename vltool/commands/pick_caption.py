@@ -26,8 +26,8 @@ Examples:
 def pick_caption_command(
     data: DataArg,
     out: OutOpt,
-    source: Annotated[str, typer.Option("--from", help="The list column to pick from.")] = "captions",
-    strategy: Annotated[str, typer.Option("--strategy", help="random | first | last | longest | shortest.")] = "random",
+    source: Annotated[str, typer.Option("--from", help="The list-of-strings column to pick from.")] = "captions",
+    strategy: Annotated[str, typer.Option("--strategy", help="random | first | last | longest | shortest (ties: the earlier entry).")] = "random",
     exclude_caption: Annotated[bool, typer.Option("--exclude-caption", help="Never pick the row's current caption.")] = False,
     where: WhereOpt = None,
     split_name: SplitOpt = None,

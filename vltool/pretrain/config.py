@@ -18,6 +18,7 @@ METRICS_FILE = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"
 PLOT_FILE = "loss.png"
 OPTIMIZERS = ("adamw", "sgd")
+DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("no", "bf16", "fp16")
 SCHEDULES = ("cosine", "constant")
 CAPTION_SAMPLING = ("random", "first")
@@ -90,7 +91,7 @@ class PretrainConfig:
     checkpoint_every: int = 200
     keep_checkpoints: int = 2
     eval_every: int = 0
-    cpu: bool = False
+    device: str = "auto"
 
     def model_spec(self):
         from vltool.model import ModelSpec
@@ -236,6 +237,8 @@ def _optimisation_problems(c: PretrainConfig) -> list[str]:
         problems.append(f"--precision {c.precision!r}: use no, bf16 or fp16")
     if c.eval_every < 0:
         problems.append("--eval-every must be >= 0")
+    if c.device not in DEVICES:
+        problems.append(f"--device {c.device!r}: use {' | '.join(DEVICES)} (under `accelerate launch` each process takes its local rank's GPU)")
     return problems
 
 

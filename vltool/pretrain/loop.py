@@ -122,6 +122,8 @@ def resolve_run(data, out, config, where, split, eval_data, eval_where, resume) 
         if (run_dir / C.PROVENANCE_FILE).is_file():
             raise UsageError(f"--resume {run_dir}: this run has finished (its model is {run_dir / 'model'})")
         spec = RunSpec(**json.loads((run_dir / RUN_FILE).read_text()))
+        if "cpu" in spec.config:  # a run started before --cpu became --device
+            spec.config["device"] = "cpu" if spec.config.pop("cpu") else "auto"
         if data and list(data) != spec.data:
             raise UsageError(f"--resume {run_dir}: the run trains on {spec.data}, not {list(data)}; give no DATA with --resume")
         if out is not None and Path(out).expanduser().resolve() != run_dir.resolve():
@@ -307,7 +309,9 @@ def _accelerator(config: PretrainConfig):
     if AcceleratorState._shared_state:  # an earlier run in this process (notebook, tests): new precision allowed
         AcceleratorState._reset_state()
     try:
-        return Accelerator(cpu=config.cpu or not torch.cuda.is_available(), mixed_precision=config.precision)
+        if config.device == "cuda" and not torch.cuda.is_available():
+            raise UsageError("--device cuda: no GPU is visible to torch")
+        return Accelerator(cpu=config.device == "cpu" or not torch.cuda.is_available(), mixed_precision=config.precision)
     except (ValueError, RuntimeError) as e:
         raise UsageError(f"--precision {config.precision}: {e}") from None
 

@@ -38,6 +38,14 @@ def as_markup(text: str) -> str:
     return re.sub(r":(?=\S*?:)", ":[b][/b]", escape(text))
 
 
+def reflow(text: str) -> str:
+    """Paragraphs of prose joined into one line each, so the terminal wraps them; paragraphs holding an
+    indented line (examples, lists) are kept as written."""
+    paragraphs = text.split("\n\n")
+    return "\n\n".join(p if any(line.startswith((" ", "\t")) for line in p.splitlines()) else " ".join(p.split("\n"))
+                       for p in paragraphs)
+
+
 def _markup_escaped(command):
     """A copy of `command` whose help texts (its own and its parameters') are plain text made markup."""
     import copy
@@ -45,7 +53,7 @@ def _markup_escaped(command):
     command = copy.copy(command)
     for attr in ("help", "short_help", "epilog"):
         if getattr(command, attr, None):
-            setattr(command, attr, as_markup(getattr(command, attr)))
+            setattr(command, attr, as_markup(reflow(getattr(command, attr))))
     command.params = [copy.copy(p) for p in command.params]
     for param in command.params:
         if getattr(param, "help", None):

@@ -1,20 +1,30 @@
-"""Training speed of `vltool pretrain` against open_clip's own trainer (`python -m open_clip_train.main`).
+"""Training speed of `vltool pretrain` against open_clip's own trainer (`python -m open_clip_train.main`),
+and the memory that gradient checkpointing saves (`--memory`).
 
-Both train the same architecture (`vltool-small` by default: a 6-layer, 256-wide ViT at 64 px with a
-6-layer, 256-wide text transformer, written once as an open_clip `local-dir:` config so open_clip's trainer
-builds exactly the same model), with the same batch size, precision (bf16 autocast), data (the emoji train
-rows: PNG files and a CSV for open_clip, the saved dataset for vltool), augmentation (random resized
-crop 0.9-1), AdamW and data-loader workers. Runs alternate (vltool, open_clip, vltool, ...). Each run's
+Both trainers train the same architecture (`vltool-small` by default: a 6-layer, 256-wide ViT at 64 px
+with a 6-layer, 256-wide text transformer, written once as an open_clip `local-dir:` config so open_clip's
+trainer builds exactly the same model), with the same batch size, precision (bf16 autocast), data (the
+emoji train rows: PNG files and a CSV for open_clip, the saved dataset for vltool), augmentation (random
+resized crop 0.9-1), AdamW and data-loader workers, on the same device: a CUDA GPU when torch sees one
+(both trainers pick it), else the CPU. Runs alternate (vltool, open_clip, vltool, ...). Each run's
 throughput is the median over its steps after the first `--skip` of per-step samples/s (open_clip's
 `--log-every-n-steps 1` lines, vltool's metrics.jsonl with `--log-every 1`); the script prints the median
-over runs of each, their ratio, and the model FLOP/s achieved by each as a share of this machine's
-measured bf16 matrix-multiply peak (FLOPs per sample from torch's FlopCounterMode on one forward and
-backward pass).
+over runs of each, their ratio, and the model FLOP utilisation (MFU) of each: model FLOP/s achieved as a
+share of this device's measured bf16 matrix-multiply peak (FLOPs per sample from torch's FlopCounterMode
+on one forward and backward pass). `--vltool-args "--compile"` adds options to vltool's runs only (say so
+when quoting the ratio).
+
+`--memory` instead measures one training step of vltool's model with and without `--grad-checkpointing`
+at two batch sizes: the activation memory kept for the backward pass (distinct tensors saved by autograd,
+parameters excluded; on CUDA also the peak allocated memory), the fixed memory (fp32 weights, gradients,
+AdamW's two moments, the bf16 weight copies), and the largest batch whose fixed + activation memory fits
+`--memory-budget-gb` (activations grow linearly with the batch: fitted on the two sizes).
 
 Needs (benchmark only): pip install webdataset braceexpand  (open_clip_train imports them).
 
     python bench/bench_pretrain.py                 # defaults: vltool-small, batch 64, 30 steps, 3 runs each
     python bench/bench_pretrain.py --arch vltool-tiny --batch-size 32 --steps 20 --runs 2
+    python bench/bench_pretrain.py --memory --memory-budget-gb 4
 """
 
 from __future__ import annotations
@@ -36,38 +46,54 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 
-def matmul_peak_bf16(n: int = 1024, seconds: float = 3.0) -> float:
-    """Best measured FLOP/s of an (n x n) @ (n x n) bf16 matrix multiply on this machine."""
+def device_name(device) -> str:
+    import platform
+
     import torch
 
-    a = torch.randn(n, n, dtype=torch.bfloat16)
-    b = torch.randn(n, n, dtype=torch.bfloat16)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads)"
+
+
+def matmul_peak_bf16(device, seconds: float = 3.0) -> float:
+    """Best measured FLOP/s of an (n x n) @ (n x n) bf16 matrix multiply on `device` (n = 8192 on a GPU,
+    1024 on a CPU)."""
+    import torch
+
+    n = 8192 if device.type == "cuda" else 1024
+    a = torch.randn(n, n, dtype=torch.bfloat16, device=device)
+    b = torch.randn(n, n, dtype=torch.bfloat16, device=device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     for _ in range(3):
         a @ b
+    sync()
     best = 0.0
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         t = time.perf_counter()
         for _ in range(4):
             a @ b
+        sync()
         dt = time.perf_counter() - t
         best = max(best, 4 * 2 * n**3 / dt)
     return best
 
 
-def flops_per_sample(arch: str, batch: int) -> float:
+def flops_per_sample(arch: str, batch: int, device) -> float:
     """Model FLOPs of one training sample (forward + backward, loss included) under bf16 autocast."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
     from vltool.losses import ClipLoss, LossInput
-    from vltool.model import ModelSpec, create_model
+    from vltool.model import ModelSpec, create_model, to_device
 
     model, tok = create_model(ModelSpec(arch=arch))
+    model.to(device)
     size = model.config["preprocess"]["size"]
-    x = torch.randn(batch, 3, size, size)
-    t = tok(["a grinning face with big eyes"] * batch)
-    with FlopCounterMode(display=False) as fc, torch.autocast("cpu", dtype=torch.bfloat16):
+    x = torch.randn(batch, 3, size, size, device=device)
+    t = to_device(tok(["a grinning face with big eyes"] * batch), device)
+    with FlopCounterMode(display=False) as fc, torch.autocast(device.type, dtype=torch.bfloat16):
         img, txt = model(x, t)
         loss = ClipLoss()(LossInput(img, txt, model.logit_scale.exp()))["loss"]
         loss.backward()
@@ -114,7 +140,7 @@ def run_vltool(data: str, out: Path, args) -> float:
         sys.executable, "-m", "vltool", "pretrain", data, "--out", str(out), "--overwrite", "--arch", args.arch,
         "--batch-size", str(args.batch_size), "--steps", str(args.steps), "--precision", "bf16", "--augment", "clip",
         "--lr", "5e-4", "--weight-decay", "0.1", "--workers", str(args.workers), "--log-every", "1",
-        "--checkpoint-every", str(10**9), "--no-progress", "--seed", "0",
+        "--checkpoint-every", str(10**9), "--no-progress", "--seed", "0", *args.vltool_args.split(),
     ]
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     if r.returncode != 0:
@@ -140,6 +166,69 @@ def run_open_clip(csv_path: Path, oc_dir: Path, logs: Path, args) -> float:
     return median_after(sps, args.skip)
 
 
+def memory_step(model, tok, batch: int, device) -> tuple[int, int]:
+    """(activation bytes kept for the backward pass, peak allocated bytes on CUDA or 0) of one bf16 step."""
+    import torch
+
+    from vltool.losses import ClipLoss, LossInput
+    from vltool.model import to_device
+
+    size = model.config["preprocess"]["size"]
+    x = torch.randn(batch, 3, size, size, device=device)
+    t = to_device(tok(["a grinning face with big eyes"] * batch), device)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: set = set()
+    kept = [0]
+
+    def pack(tensor):
+        st = tensor.untyped_storage()
+        if st.data_ptr() not in params and st.data_ptr() not in seen:
+            seen.add(st.data_ptr())
+            kept[0] += st.nbytes()
+        return tensor
+
+    model.zero_grad(set_to_none=True)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(device)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), torch.autocast(device.type, dtype=torch.bfloat16):
+        img, txt = model(x, t)
+        loss = ClipLoss()(LossInput(img, txt, model.logit_scale.exp()))["loss"]
+    loss.backward()
+    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
+    return kept[0], peak
+
+
+def memory(args, device) -> None:
+    """Activation memory with and without --grad-checkpointing, and the largest batch in a budget."""
+    import torch
+
+    from vltool.model import ModelSpec, create_model
+
+    torch.manual_seed(0)
+    model, tok = create_model(ModelSpec(arch=args.arch))
+    model.to(device).train()
+    n = sum(p.numel() for p in model.parameters())
+    fixed = n * (4 + 4 + 8 + 2)  # fp32 weights, gradients, AdamW moments, bf16 copies under autocast
+    budget = args.memory_budget_gb * 2**30
+    sizes = (args.batch_size, 2 * args.batch_size)
+    print(f"arch {args.arch}, {n / 1e6:.1f}M parameters, bf16 autocast, device {device_name(device)}; "
+          f"fixed memory {fixed / 2**20:.0f} MiB; budget {args.memory_budget_gb} GiB")
+    print("| grad checkpointing | batch | activations kept (MiB) | per sample (MiB) | CUDA peak (MiB) | largest batch in budget |")
+    print("|---|---|---|---|---|---|")
+    for ckpt in (False, True):
+        model.set_grad_checkpointing(ckpt)
+        got = [memory_step(model, tok, b, device) for b in sizes]
+        per = (got[1][0] - got[0][0]) / (sizes[1] - sizes[0])
+        base = got[0][0] - per * sizes[0]
+        largest = int((budget - fixed - base) // per) if per > 0 else None
+        for b, (kept, peak) in zip(sizes, got):
+            print(f"| {'yes' if ckpt else 'no'} | {b} | {kept / 2**20:.1f} | {per / 2**20:.2f} | "
+                  f"{peak / 2**20:.0f} | {largest} |" if device.type == "cuda" else
+                  f"| {'yes' if ckpt else 'no'} | {b} | {kept / 2**20:.1f} | {per / 2**20:.2f} | - | {largest} |")
+    print("(the recomputation holds one block's activations at a time on top of these during the backward pass)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--arch", default="vltool-small")
@@ -149,19 +238,28 @@ def main() -> None:
     ap.add_argument("--skip", type=int, default=3, help="first steps of a run left out (warm-up)")
     ap.add_argument("--workers", type=int, default=0)
     ap.add_argument("--warmup-runs", type=int, default=1, help="unmeasured runs of each trainer first (file cache, imports)")
+    ap.add_argument("--vltool-args", default="", help="extra options of vltool's runs only, e.g. '--compile'")
+    ap.add_argument("--memory", action="store_true", help="measure activation memory with and without --grad-checkpointing instead")
+    ap.add_argument("--memory-budget-gb", type=float, default=4.0, help="--memory: the budget the largest batch must fit")
     args = ap.parse_args()
+    import torch
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if args.memory:
+        memory(args, device)
+        return
     try:
         import braceexpand  # noqa: F401
         import webdataset  # noqa: F401
     except ImportError:
         raise SystemExit("open_clip_train needs webdataset and braceexpand: pip install webdataset braceexpand")
-    import torch
 
     work = Path(tempfile.mkdtemp(prefix="bench_pretrain_"))
     try:
         data, csv_path, oc_dir = prepare(work, args.arch, args.batch_size * args.steps)
         print(f"arch {args.arch}, batch {args.batch_size}, {args.steps} steps, bf16, {args.workers} workers, "
-              f"torch threads {torch.get_num_threads()}, {args.runs} alternating runs each after {args.warmup_runs} warm-up", flush=True)
+              f"device {device_name(device)}, {args.runs} alternating runs each after {args.warmup_runs} warm-up"
+              + (f"; vltool with {args.vltool_args}" if args.vltool_args else ""), flush=True)
         for _ in range(args.warmup_runs):  # the first run of a trainer pays for cold caches: not measured
             run_vltool(data, work / "vl_run", args)
             run_open_clip(csv_path, oc_dir, work / "oc_logs", args)
@@ -171,13 +269,13 @@ def main() -> None:
             print(f"  run {k + 1}: vltool    {vl[-1]:8.1f} samples/s", flush=True)
             oc.append(run_open_clip(csv_path, oc_dir, work / "oc_logs", args))
             print(f"  run {k + 1}: open_clip {oc[-1]:8.1f} samples/s", flush=True)
-        fps = flops_per_sample(args.arch, args.batch_size)
-        peak = matmul_peak_bf16()
+        fps = flops_per_sample(args.arch, args.batch_size, device)
+        peak = matmul_peak_bf16(device)
         mv, mo = statistics.median(vl), statistics.median(oc)
-        print(f"vltool pretrain     median {mv:8.1f} samples/s  {mv * fps / 1e9:7.1f} GFLOP/s  {100 * mv * fps / peak:5.1f}% of peak")
-        print(f"open_clip_train     median {mo:8.1f} samples/s  {mo * fps / 1e9:7.1f} GFLOP/s  {100 * mo * fps / peak:5.1f}% of peak")
+        print(f"vltool pretrain     median {mv:8.1f} samples/s  {mv * fps / 1e9:9.1f} GFLOP/s  MFU {100 * mv * fps / peak:5.1f}%")
+        print(f"open_clip_train     median {mo:8.1f} samples/s  {mo * fps / 1e9:9.1f} GFLOP/s  MFU {100 * mo * fps / peak:5.1f}%")
         print(f"ratio vltool / open_clip: {mv / mo:.3f}")
-        print(f"model: {fps / 1e9:.3f} GFLOP per training sample; bf16 matmul peak {peak / 1e9:.1f} GFLOP/s")
+        print(f"model: {fps / 1e9:.3f} GFLOP per training sample; measured bf16 matmul peak {peak / 1e9:.1f} GFLOP/s")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -13,6 +13,10 @@ DEVICE_OPTS=()
 if [ "${DEVICE:-auto}" = "cpu" ]; then DEVICE_OPTS=(--device cpu); fi
 
 BOOTSTRAP=${BOOTSTRAP:-1000}
+# The bootstrap's unit: a base emoji with all its skin tones and forms (they are near-duplicates), and the
+# group recorded with each test example's outcome for the report's paired intervals. GROUP_COLUMN= : images.
+GROUP_COLUMN=${GROUP_COLUMN-base_id}
+EVAL_GROUPS=(); if [ -n "$GROUP_COLUMN" ]; then EVAL_GROUPS=(--group-column "$GROUP_COLUMN"); fi
 RESULTS=${RESULTS:-results}
 
 if [ "${SMOKE:-0}" = "1" ]; then
@@ -35,9 +39,9 @@ fi
 evaluate() {
     local model=$1 dir=$2
     shift 2
-    vltool zeroshot "$DATA" --where split=test "$@" --model "$model" --bootstrap "$BOOTSTRAP" \
+    vltool zeroshot "$DATA" --where split=test "$@" --model "$model" --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" \
         --out "$dir/zeroshot.json" --overwrite --no-progress > /dev/null
-    vltool retrieve "$DATA" --where split=test "$@" --model "$model" --bootstrap "$BOOTSTRAP" \
+    vltool retrieve "$DATA" --where split=test "$@" --model "$model" --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" \
         --out "$dir/retrieve.json" --overwrite --no-progress > /dev/null
 }
 
@@ -46,7 +50,7 @@ evaluate() {
 probe() {
     local model=$1 dir=$2 protocol=$3
     vltool probe "$DATA" --where split=train --eval-data "$DATA" --eval-where split=test --model "$model" \
-        --protocol "$protocol" --bootstrap "$BOOTSTRAP" --out "$dir/probe.json" --overwrite --no-progress > /dev/null
+        --protocol "$protocol" --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" --out "$dir/probe.json" --overwrite --no-progress > /dev/null
 }
 
 say() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }

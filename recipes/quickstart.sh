@@ -5,7 +5,8 @@
 #      projections (both towers locked; their features are computed once);
 #   3. evaluate zero-shot subgroup classification and image-text retrieval on the test split (whose base
 #      emoji never occur in training), with 95% bootstrap intervals and the chance level beside every metric;
-#   4. gather the numbers in results/quickstart.{json,md,png}.
+#   4. gather the numbers in OUT/results/quickstart.{json,md,png} (outside the tracked tree: git stays clean);
+#      PUBLISH=1 also copies them into results/ (the committed numbers the README shows).
 # Usage: bash recipes/quickstart.sh            (parameters below can be set in the environment)
 set -euo pipefail
 
@@ -16,6 +17,8 @@ EPOCHS=${EPOCHS:-10}
 STEPS=${STEPS:-}               # if set: optimizer steps instead of EPOCHS
 DEVICE=${DEVICE:-auto}         # auto | cpu
 SMOKE=${SMOKE:-0}
+RESULTS=${RESULTS:-$OUT/results}   # the report; PUBLISH=1 copies it into results/
+PUBLISH=${PUBLISH:-0}
 
 source "$(dirname "$0")/common.sh"
 if [ "$SMOKE" = "1" ]; then STEPS=3; fi
@@ -27,8 +30,8 @@ for SEED in $SEEDS; do
         --out "$dir/data" --overwrite
     vltool pretrain "$dir/data" --out "$dir/run" --seed "$SEED" "${TOWERS[@]}" "${LOCKED[@]}" --augment none \
         --batch-size "$BATCH" --lr 1e-3 "${LENGTH[@]}" "${DEVICE_OPTS[@]}" --no-progress --overwrite
-    vltool zeroshot "$DATA" --where split=test --model "$dir/run" --bootstrap "$BOOTSTRAP" --out "$dir/zeroshot.json" --overwrite
-    vltool retrieve "$DATA" --where split=test --model "$dir/run" --bootstrap "$BOOTSTRAP" --out "$dir/retrieve.json" --overwrite
+    vltool zeroshot "$DATA" --where split=test --model "$dir/run" --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" --out "$dir/zeroshot.json" --overwrite
+    vltool retrieve "$DATA" --where split=test --model "$dir/run" --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" --out "$dir/retrieve.json" --overwrite
 done
 
 vltool report "$OUT" --out "$RESULTS/quickstart" --recipe recipes/quickstart.sh --variant lit-bow="LiT on bags of words" \
@@ -36,3 +39,11 @@ vltool report "$OUT" --out "$RESULTS/quickstart" --recipe recipes/quickstart.sh 
     --metric "ZS top-1=zeroshot:top1" --metric "ZS top-5=zeroshot:top5" \
     --metric "I→T R@1=retrieve:image_to_text_R@1" --metric "T→I R@1=retrieve:text_to_image_R@1" \
     --metric "Training rows=run/vltool.json:stats.rows_used"
+
+if [ "$PUBLISH" = "1" ] && [ "$SMOKE" != "1" ] && [ "$RESULTS" != "results" ]; then
+    mkdir -p results
+    for ext in json md png; do
+        if [ -f "$RESULTS/quickstart.$ext" ]; then cp "$RESULTS/quickstart.$ext" "results/quickstart.$ext.tmp" && mv "results/quickstart.$ext.tmp" "results/quickstart.$ext"; fi
+    done
+    echo "copied $RESULTS/quickstart.{json,md,png} into results/" >&2
+fi

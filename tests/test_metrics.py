@@ -341,3 +341,88 @@ def test_float32_blocks_with_exact_refinement_equal_float64(kind):
     if kind == "collapsed":  # every score equal: chance level, not 100%
         i2t, t2i = fast
         assert t2i.hits(1).mean() == pytest.approx(1 / n_i)
+
+
+# ----------------------------------------------------------------------------------------------------
+# cluster bootstrap (--group-column)
+# ----------------------------------------------------------------------------------------------------
+
+
+def _class_data(n=60, classes=4, seed=3):
+    rng = np.random.default_rng(seed)
+    target = rng.integers(0, classes, n)
+    hit = (rng.random(n) < 0.6).astype(float)
+    return target, hit
+
+
+def _stat(target, hit, classes=4):
+    def stat(w):
+        w = np.ones(len(hit)) if w is None else w
+        return {"acc": float(w @ hit / w.sum()), "mpcr": mean_per_class_recall(hit, target, classes, w)}
+
+    return stat
+
+
+@pytest.mark.parametrize("stratified", [True, False])
+def test_singleton_groups_are_the_item_bootstrap(stratified):
+    """Each example its own group draws exactly what the item bootstrap draws with the same seed."""
+    target, hit = _class_data()
+    strata = target if stratified else None
+    plain = bootstrap(len(hit), _stat(target, hit), 300, seed=5, strata=strata)
+    grouped = bootstrap(len(hit), _stat(target, hit), 300, seed=5, strata=strata, groups=np.array([f"img{i}" for i in range(len(hit))]))
+    assert {k: (v.low, v.high) for k, v in plain.items()} == {k: (v.low, v.high) for k, v in grouped.items()}
+
+
+@pytest.mark.parametrize("stratified", [True, False])
+def test_groups_of_identical_copies_give_the_interval_of_one_copy(stratified):
+    """Every example twice, the two copies one group: the cluster bootstrap gives exactly the interval of the
+    data without the copies; resampling images instead (the group column ignored) gives a narrower one,
+    about 1/sqrt(2) as wide: perfectly correlated duplicates counted as independent evidence."""
+    target, hit = _class_data(n=80)
+    dup_t, dup_h = np.repeat(target, 2), np.repeat(hit, 2)
+    groups = np.repeat([f"base{i}" for i in range(len(hit))], 2)
+    strata, dup_strata = (target, dup_t) if stratified else (None, None)
+    one = bootstrap(len(hit), _stat(target, hit), 400, seed=2, strata=strata)
+    cluster = bootstrap(len(dup_h), _stat(dup_t, dup_h), 400, seed=2, strata=dup_strata, groups=groups)
+    images = bootstrap(len(dup_h), _stat(dup_t, dup_h), 400, seed=2, strata=dup_strata)
+    for k in one:
+        assert (cluster[k].low, cluster[k].high) == pytest.approx((one[k].low, one[k].high), rel=1e-12, abs=1e-12)
+        ratio = (images[k].high - images[k].low) / (cluster[k].high - cluster[k].low)
+        assert 0.55 < ratio < 0.85, (k, ratio)
+
+
+def test_resampling_draws_whole_groups_within_their_class():
+    from vltool.metrics import Resampling
+
+    target = np.array([0, 0, 0, 0, 1, 1, 1])
+    groups = np.array(["a", "a", "b", "c", "d", "d", "e"])  # 3 groups in class 0, 2 in class 1
+    plan = Resampling.make(len(target), target, groups)
+    assert plan.grouped and plan.stratified and plan.n_units == 5 and plan.spanning == 0
+    assert plan.unit("image", "base_id") == "base_id group (5 groups of 7 images), within its class"
+    assert plan.record("base_id") == {"group_column": "base_id", "units": 5, "stratified": True, "groups_spanning_strata": 0}
+    draw = plan.sampler(np.random.default_rng(0))
+    seen = set()
+    for _ in range(200):
+        w = draw()
+        assert w[0] == w[1] and w[4] == w[5]  # a group is drawn whole
+        assert w[0] + w[2] + w[3] == 3 and w[4] + w[6] == 2  # each class keeps its 3 and 2 groups
+        seen.add(tuple(w))
+    assert len(seen) > 10
+
+
+def test_groups_spanning_classes_are_drawn_without_strata():
+    from vltool.metrics import Resampling
+
+    target = np.array([0, 0, 1, 1, 1])
+    groups = np.array(["a", "a", "a", "b", "c"])  # group a spans classes 0 and 1
+    plan = Resampling.make(len(target), target, groups)
+    assert plan.grouped and not plan.stratified and plan.spanning == 1
+    assert plan.unit("image", "base_id") == "base_id group (3 groups of 5 images), not stratified: 1 groups span several classes"
+    assert plan.record("base_id")["stratified"] is False
+    draw = plan.sampler(np.random.default_rng(1))
+    totals = set()
+    for _ in range(100):
+        w = draw()
+        assert w[0] == w[1] == w[2]
+        totals.add(w[0])
+    assert 0 in totals and 2 in totals  # group a drawn 0..3 times: classes are not kept

@@ -227,3 +227,30 @@ def test_command_errors(tmp_path, cli):
     s = json.loads(r.stdout)
     assert len(s["grid"]) == 9 and "suggested" in s["calibration"]
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("captions", [1, 3], ids=["one-caption", "three-captions"])
+def test_bounded_blocks_give_the_same_pairs_as_one_block(captions):
+    """A weak model puts most pairs near the thresholds: the blocks shrink to the pair budget (memory
+    bounded by it, not by the rows), and the positives, their order, scores and terms do not change."""
+    rng = np.random.default_rng(1)
+    n = 120
+    img = rng.normal(size=(n, 8)) + 2.0  # everything alike: most pairs are candidates
+    txt = np.repeat(img, captions, axis=0) + 0.3 * rng.normal(size=(n * captions, 8))
+    owner = np.repeat(np.arange(n), captions) if captions > 1 else None
+    th = Thresholds(p_it=0.9, p_ii=0.95, p_tt=0.95, p_it_tt=0.85)
+    one = mine(img, txt, owner, th, chunk=n, pair_budget=10**9, max_positives=40)
+    small = mine(img, txt, owner, th, chunk=n, pair_budget=150, max_positives=40)
+    assert sum(len(p) for p in one.positives) > n * 20  # a dense case
+    assert one.capped_rows == small.capped_rows > 0
+    assert small.stats["blocks"] > 5 * one.stats["blocks"]  # the budget did cut the blocks
+    for a, b, sa, sb, ta, tb in zip(one.positives, small.positives, one.scores, small.scores, one.terms, small.terms):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(sa, sb)
+        np.testing.assert_array_equal(ta, tb)
+    dense = dense_reference(img, txt, owner, th)
+    full = mine(img, txt, owner, th, pair_budget=150, max_positives=n)
+    got = np.zeros_like(dense)
+    for i, p in enumerate(full.positives):
+        got[i, p] = True
+    assert (got == dense).all()

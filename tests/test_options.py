@@ -60,7 +60,7 @@ RETIRED = {
 }
 
 # Options declared once in vltool/commands/common.py: one help text, hence one meaning, everywhere.
-SHARED = ("--num-proc", "--where", "--split", "--seed", "--overwrite", "--json", "--cache-dir")
+SHARED = ("--num-proc", "--where", "--split", "--seed", "--overwrite", "--json", "--cache-dir", "--no-progress")
 
 # Names whose type differs between commands, each for a reason; any other name has one type everywhere.
 TYPE_DIFFERENCES = {

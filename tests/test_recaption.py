@@ -428,8 +428,11 @@ def test_clear_errors(images, models, tmp_path):
     assert r.exit_code == 2 and "not an image captioner" in r.stderr
     r = cli("recaption", images, "--out", out, "--model", models["gpt2"])
     assert r.exit_code == 2 and "--paraphrase --lm" in r.stderr
-    r = cli("recaption", images, "--out", out, "--model", tmp_path)
+    (tmp_path / "empty").mkdir()  # (not tmp_path itself: --out may not lie inside the model directory, an input)
+    r = cli("recaption", images, "--out", out, "--model", tmp_path / "empty")
     assert r.exit_code == 2 and "no config.json" in r.stderr
+    r = cli("recaption", images, "--out", tmp_path / "empty" / "o", "--model", tmp_path / "empty")
+    assert r.exit_code == 2 and "would overwrite the input" in r.stderr
     r = cli("recaption", images, "--out", out, "--paraphrase", "--lm", models["blip"])
     assert r.exit_code == 2 and "not a causal or seq2seq language model" in r.stderr
     r = cli("recaption", images, "--out", out, "--paraphrase")

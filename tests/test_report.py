@@ -7,6 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from vltool.cli import app
+from vltool.errors import VltoolError
 from vltool.report import Metric, ReportConfig, build_report, parse_metric, render_markdown, write_report
 
 
@@ -45,7 +46,11 @@ def test_means_sds_and_paired_differences(runs):
     assert len(r["commands"]) == 12
     md = render_markdown(r)
     assert "| BoW | 14.3 ± 3.2<br>±2.0 | 4 ± 1 |" in md  # percent for evaluation entries, raw for plain values
-    assert "| BoW | +2.3 ± 2.1 (2/3) | +0 ± 0 (0/3) |" in md
+    # no per-example outcomes (hand-made JSONs, a plain number): the difference without a paired interval
+    assert "| BoW | +2.3 [-]<br>sd 2.1 | +0 [-]<br>sd 0 |" in md
+    assert s["paired"] is None and "no per-example outcomes" in s["paired_note"]
+    assert "[-]: no paired interval. ZS: no paired interval, some runs have no per-example outcomes" in md
+    assert "len: a plain number, not an outcome per test example." in md
     assert "| *chance* | 1.00 |" in md
 
 
@@ -78,3 +83,106 @@ def test_seeds_missing_a_variant_are_left_out(runs):
     assert r["seeds"] == [0, 1, 2] and r["incomplete_seeds"] == [3]
     assert r["variants"][0]["summary"]["zeroshot:top1"]["mean"] == pytest.approx(0.12)
     assert "Seed 3 left out" in render_markdown(r)
+
+
+# ----------------------------------------------------------------------------------------------------
+# the paired bootstrap interval against the baseline (docs/evaluation.md, "Comparing variants")
+# ----------------------------------------------------------------------------------------------------
+
+
+def write_run(d, hits, *, ids=("a1", "a2", "b1", "b2"), groups=("A", "A", "B", "B"), group_column="base_id", classes=None):
+    """A zeroshot results JSON and its per-example outcomes: example i a hit (true class ranked first) or not."""
+    import numpy as np
+
+    from vltool.outcomes import Outcomes, base_arrays, write_examples
+
+    d.mkdir(parents=True, exist_ok=True)
+    hits = np.asarray(hits)
+    arrays = base_arrays("zeroshot", "classification", np.asarray(ids), np.asarray(groups) if group_column else None, group_column)
+    arrays.update({"class": np.asarray(classes if classes is not None else [0] * len(hits)), "greater": (1 - hits)[None].astype(np.int32),
+                   "tied": np.zeros((1, len(hits)), np.int32), "num_classes": np.asarray(2)})
+    write_examples(d / "zeroshot.examples.npz", arrays)
+    values = Outcomes(arrays).statistic()(None)
+    d.joinpath("zeroshot.json").write_text(json.dumps({
+        "metrics": {k: entry(v, None, None, 0.5) for k, v in values.items()},
+        "examples": {"file": "zeroshot.examples.npz", "format": "vltool-examples/1"}}))
+    return values
+
+
+def test_paired_interval_by_hand(tmp_path):
+    """Two base_id groups A, B of two test images each, one seed. Top-1 hits per image:
+
+        baseline  A: 1 0   B: 0 0        variant "up"    A: 1 1   B: 1 1   (differences A: 0 1, B: 1 1)
+                                         variant "same"  A: 0 1   B: 1 0   (differences A: -1 1, B: 1 0)
+
+    Δ(up) = 1 - 1/4 = 0.75. A resample draws 2 groups with replacement: AA, AB, BA, BB, each with
+    probability 1/4; the difference of a resample is the mean of the drawn groups' mean differences
+    (dA = 0.5, dB = 1): AA 0.5, AB and BA 0.75, BB 1. The 2.5th percentile is 0.5 (a quarter of the mass),
+    the 97.5th 1: the interval [0.5, 1] excludes 0: "differs". For "same", dA = 0, dB = 0.5: [0, 0.5],
+    which does not exclude 0: "within noise".
+
+    Resampling images instead (the group column ignored), "up"'s differences 0, 1, 1, 1 give a resample
+    mean of 0 with probability 1/256, at most 0.25 with 13/256 > 2.5%: the interval is [0.25, 1]."""
+    runs = tmp_path / "runs"
+    write_run(runs / "base" / "seed0", [1, 0, 0, 0])
+    write_run(runs / "up" / "seed0", [1, 1, 1, 1])
+    write_run(runs / "same" / "seed0", [0, 1, 1, 0])
+    cfg = ReportConfig(metrics=[parse_metric("ZS top-1=zeroshot:top1")], baseline="base", bootstrap=2000, seed=0)
+    r = build_report(runs, cfg)
+    by = {v["name"]: v["summary"]["zeroshot:top1"] for v in r["variants"]}
+    up, same = by["up"]["paired"], by["same"]["paired"]
+    assert up["delta"] == pytest.approx(0.75) and (up["ci_low"], up["ci_high"]) == pytest.approx((0.5, 1.0)) and up["differs"]
+    assert same["delta"] == pytest.approx(0.25) and (same["ci_low"], same["ci_high"]) == pytest.approx((0.0, 0.5)) and not same["differs"]
+    assert up["unit"] == "base_id group (2 groups of 4 images), within its class" and up["seeds"] == [0]
+    assert by["base"].get("paired") is None
+    md = render_markdown(r)
+    assert "| same | +25.0 [+0.0, +50.0] *within noise* |" in md
+    assert "| up | +75.0 [+50.0, +100.0] **differs** |" in md
+    assert "resampling whole base_id groups of test images" in md
+
+    # the same runs evaluated without --group-column: images are the unit, and the interval is [0.25, 1]
+    for name, hits in (("base", [1, 0, 0, 0]), ("up", [1, 1, 1, 1]), ("same", [0, 1, 1, 0])):
+        write_run(runs / name / "seed0", hits, group_column=None)
+    up = next(v for v in build_report(runs, cfg)["variants"] if v["name"] == "up")["summary"]["zeroshot:top1"]["paired"]
+    assert (up["ci_low"], up["ci_high"]) == pytest.approx((0.25, 1.0)) and up["unit"] == "image, within its class"
+
+
+def test_paired_interval_pools_the_seeds_with_one_draw(tmp_path):
+    """Δ is the mean over seeds of the per-seed differences; one resample of groups serves every seed. Seed 0
+    as above (group differences 0.5, 1), seed 1 with group differences 0.5, 0: pooled per group 0.5, 0.5,
+    so every resample gives 0.5 and the interval is [0.5, 0.5], whereas either seed alone varies."""
+    runs = tmp_path / "runs"
+    write_run(runs / "base" / "seed0", [1, 0, 0, 0])
+    write_run(runs / "up" / "seed0", [1, 1, 1, 1])
+    write_run(runs / "base" / "seed1", [0, 0, 1, 1])
+    write_run(runs / "up" / "seed1", [1, 0, 1, 1])
+    r = build_report(runs, ReportConfig(metrics=[parse_metric("zeroshot:top1"), parse_metric("zeroshot:mean_per_class_recall")],
+                                        baseline="base", bootstrap=500))
+    s = r["variants"][1]["summary"]
+    for name in ("zeroshot:top1", "zeroshot:mean_per_class_recall"):
+        p = s[name]["paired"]
+        assert p["delta"] == pytest.approx(s[name]["delta_vs_baseline"]["mean"]) == pytest.approx(0.5)
+        assert (p["ci_low"], p["ci_high"]) == pytest.approx((0.5, 0.5)) and p["differs"] and p["seeds"] == [0, 1]
+
+
+def test_paired_examples_are_matched_by_id_and_must_be_the_same(tmp_path):
+    runs = tmp_path / "runs"
+    write_run(runs / "base" / "seed0", [1, 0, 0, 0])
+    # the variant's file lists the same examples in another order: paired by id, the same result
+    write_run(runs / "up" / "seed0", [1, 1, 1, 1][::-1], ids=("b2", "b1", "a2", "a1"), groups=("B", "B", "A", "A"))
+    cfg = ReportConfig(metrics=[parse_metric("zeroshot:top1")], baseline="base", bootstrap=2000)
+    up = build_report(runs, cfg)["variants"][1]["summary"]["zeroshot:top1"]["paired"]
+    assert (up["delta"], up["ci_low"], up["ci_high"]) == pytest.approx((0.75, 0.5, 1.0))
+    write_run(runs / "up" / "seed0", [1, 1, 1, 1], ids=("a1", "a2", "b1", "c9"))
+    with pytest.raises(VltoolError, match="the test examples differ"):
+        build_report(runs, cfg)
+    write_run(runs / "up" / "seed0", [1, 1, 1, 1], groups=("A", "B", "B", "B"))
+    with pytest.raises(VltoolError, match="group the examples differently"):
+        build_report(runs, cfg)
+    # an outcomes file that does not give its JSON's numbers (from another run) is refused
+    write_run(runs / "up" / "seed0", [1, 1, 1, 1])
+    rec = json.loads((runs / "up" / "seed0" / "zeroshot.json").read_text())
+    rec["metrics"]["top1"]["value"] = 0.5
+    (runs / "up" / "seed0" / "zeroshot.json").write_text(json.dumps(rec))
+    with pytest.raises(VltoolError, match="come from different runs"):
+        build_report(runs, cfg)

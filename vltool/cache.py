@@ -115,8 +115,17 @@ class EmbeddingCache:
             return None
         return arr
 
-    def put(self, key: CacheKey, arr: np.ndarray, *, ids: str | None = None, extra: dict | None = None) -> Path:
-        """Write an entry atomically (the array, then the description that completes it)."""
+    def put(self, key: CacheKey, arr: np.ndarray, *, ids: str | None = None, extra: dict | None = None) -> Path | None:
+        """Write an entry atomically (the array, then the description that completes it). A cache that
+        cannot be written (read-only, full, not a directory) is skipped with one warning: the command
+        runs on without it. Returns the entry's path, or None when it was not written."""
+        try:
+            return self._put(key, arr, ids=ids, extra=extra)
+        except OSError as e:
+            cant_write(self.root, e)
+            return None
+
+    def _put(self, key: CacheKey, arr: np.ndarray, *, ids: str | None = None, extra: dict | None = None) -> Path:
         arr = np.ascontiguousarray(arr)
         npy, meta_path = self.paths(key)
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -143,3 +152,16 @@ class EmbeddingCache:
             tmp_npy.unlink(missing_ok=True)
             tmp_meta.unlink(missing_ok=True)
         return npy
+
+
+_WARNED: set = set()
+
+
+def cant_write(root: Path, e: OSError) -> None:
+    """The one warning for a cache directory that cannot be written (printed once per directory)."""
+    import sys
+
+    if str(root) in _WARNED:
+        return
+    _WARNED.add(str(root))
+    print(f"warning: the cache {root} cannot be written ({e.strerror or e}); running without caching", file=sys.stderr)

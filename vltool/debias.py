@@ -123,7 +123,7 @@ class DebiasConfig:
     queries: str | None = None
     top: int = 10
     debias_text: bool = False
-    zeroshot_label: str | None = "label"
+    zeroshot_label: str | None = None  # None: `label` when the data has it; "": no zero-shot
     batch_size: int = 64
     cache_dir: str | None = None
     seed: int = 0
@@ -138,6 +138,9 @@ class DebiasConfig:
             problems.append("--top must be >= 1")
         if (self.subspace is None) != (self.eval_data is None):
             problems.append("the report needs both --subspace and --eval-data (without them, debias computes a subspace)")
+        for opt, val in (("--pairs", self.pairs), ("--templates", self.templates), ("--queries", self.queries)):
+            if val is not None and not Path(val).expanduser().is_file():
+                problems.append(f"{opt} {val}: no such file")
         if problems:
             raise UsageError("; ".join(problems))
 
@@ -168,19 +171,19 @@ def compute_subspace(config: DebiasConfig, out, *, overwrite: bool = False) -> d
     from vltool import provenance
     from vltool.cache import EmbeddingCache
     from vltool.encode import encode_prompts, load_eval_model, model_record
-    from vltool.io import check_output
+    from vltool.io import check_output, model_inputs
 
     timer = provenance.Timer()
     config.validate()
-    out = check_output(out, overwrite)
+    out = check_output(out, overwrite, [*model_inputs(config.model, config.pretrained), *_files(config)])
     pairs = read_pairs(config.pairs or DEFAULT_PAIRS)
     templates = read_templates(config.templates or DEFAULT_TEMPLATES)
     a, b = contextualise(pairs, templates)
     m = load_eval_model(config.model, config.pretrained, config.cache_dir)
     _check_tokenized_pairs(m, pairs, templates[0])
     cache = EmbeddingCache(config.cache_dir)
-    ea = encode_prompts(m, a, cache=cache, progress=False).embeddings
-    eb = encode_prompts(m, b, cache=cache, progress=False).embeddings
+    ea = encode_prompts(m, a, cache=cache).embeddings
+    eb = encode_prompts(m, b, cache=cache).embeddings
     sub = concept_subspace(ea, eb, config.components)
     stats = {
         "model_fingerprint": m.fingerprint,
@@ -197,18 +200,30 @@ def compute_subspace(config: DebiasConfig, out, *, overwrite: bool = False) -> d
     return prov
 
 
+def _files(config: DebiasConfig) -> list[Path]:
+    """The files the command reads besides the model and the data (inputs: --out never replaces them)."""
+    return [Path(f).expanduser() for f in (config.pairs, config.templates, config.queries, config.subspace) if f]
+
+
 def measure(config: DebiasConfig, out=None, *, where=(), split=None, overwrite: bool = False) -> dict:
     """Mode 2: Table 6's alignment cells before and after the edit, the gap, and zero-shot before/after."""
     from vltool import provenance
     from vltool.cache import EmbeddingCache
     from vltool.encode import encode_images, encode_prompts, load_eval_model, model_record
     from vltool.evaluation import check_out, finish
-    from vltool.io import load_dataset
+    from vltool.checks import require_decoded
+    from vltool.io import load_dataset, model_inputs
 
     timer = provenance.Timer()
     config.validate()
-    src = load_dataset(config.eval_data, split=split, where=where, required=["image", config.group_column])
-    out_path = check_out(out, overwrite, [src.path])
+    src = load_dataset(config.eval_data, split=split, where=where, required=[config.group_column], images=["image"])
+    zs_label = config.zeroshot_label if config.zeroshot_label is not None else ("label" if "label" in src.dataset.column_names else "")
+    if zs_label and zs_label not in src.dataset.column_names:
+        raise UsageError(
+            f"--zeroshot-label {config.zeroshot_label!r}: {config.eval_data!r} has no such column "
+            f"(it has: {', '.join(src.dataset.column_names)}); give a label column, or --zeroshot-label '' to skip zero-shot"
+        )
+    out_path = check_out(out, overwrite, [src.path, *model_inputs(config.model, config.pretrained), *_files(config)])
     m = load_eval_model(config.model, config.pretrained, config.cache_dir)
     v = load_subspace(config.subspace, m.fingerprint)
     cache = EmbeddingCache(config.cache_dir)
@@ -228,14 +243,27 @@ def measure(config: DebiasConfig, out=None, *, where=(), split=None, overwrite: 
     keep = np.array([g in set(qg) for g in groups])
     if keep.sum() == 0:
         raise UsageError(f"no row of {config.eval_data!r} has a {config.group_column!r} among the query groups {sorted(set(qg))}")
-    img = encode_images(m, src, cache=cache, batch_size=config.batch_size, progress=False)
+    img = encode_images(m, src, cache=cache, batch_size=config.batch_size)
+    require_decoded(img.bad[keep], config.eval_data)
     keep &= ~img.bad
     x = img.embeddings[keep]
     ig = [g for g, k in zip(groups, keep.tolist()) if k]
-    q = encode_prompts(m, qs, cache=cache, progress=False).embeddings
+    present = sorted(set(ig))
+    if len(present) < 2:
+        raise UsageError(
+            f"the own-minus-other gap compares groups of {config.group_column!r}, but the selected images with a decodable "
+            f"image belong to {'only ' + repr(present[0]) if present else 'no group'} of the query groups {sorted(set(qg))}; "
+            "select rows of at least two groups"
+        )
+    q = encode_prompts(m, qs, cache=cache).embeddings
     before = alignment_table(q, qg, x, ig, config.top)
     after = alignment_table(project_out(q, v) if config.debias_text else q, qg, project_out(x, v), ig, config.top)
     gap_b, gap_a = own_other_gap(before), own_other_gap(after)
+    if not (np.isfinite(gap_b) and np.isfinite(gap_a)):
+        raise UsageError(
+            f"the own-minus-other gap is undefined: no query group is also an image group of {config.group_column!r} "
+            f"(query groups {sorted(set(qg))}, image groups {present}); name the query groups as the column does (--queries)"
+        )
     cells = {
         gq: {gi: {"before": round(before[gq][gi], 5), "after": round(after[gq][gi], 5), "delta": round(after[gq][gi] - before[gq][gi], 5)}
              for gi in before[gq]}
@@ -251,14 +279,14 @@ def measure(config: DebiasConfig, out=None, *, where=(), split=None, overwrite: 
         "gap_after": round(gap_a, 5),
         "gap_reduction": round(1 - gap_a / gap_b, 4) if gap_b else None,
     }
-    if config.zeroshot_label and config.zeroshot_label in src.dataset.column_names:
+    if zs_label:
         from vltool.zeroshot import ZeroshotConfig, zeroshot
 
-        zc = dict(model=config.model, pretrained=config.pretrained, label_column=config.zeroshot_label, cache_dir=config.cache_dir,
+        zc = dict(model=config.model, pretrained=config.pretrained, label_column=zs_label, cache_dir=config.cache_dir,
                   batch_size=config.batch_size, seed=config.seed, progress=False)
         zb = zeroshot(config.eval_data, ZeroshotConfig(**zc), where=where, split=split)
         za = zeroshot(config.eval_data, ZeroshotConfig(**zc, debias=config.subspace, debias_text=config.debias_text), where=where, split=split)
-        stats["zeroshot"] = {"label": config.zeroshot_label, "before": zb["metrics"]["top1"], "after": za["metrics"]["top1"]}
+        stats["zeroshot"] = {"label": zs_label, "before": zb["metrics"]["top1"], "after": za["metrics"]["top1"]}
     record = provenance.make("debias", config, [src], rows_in=src.rows, stats=stats, timer=timer)
     record["model"] = model_record(m, config.model, config.pretrained)
     return finish(record, out_path, overwrite)

@@ -25,6 +25,7 @@ from typing import Sequence
 import numpy as np
 
 from vltool import columns as C
+from vltool.checks import clean_text
 from vltool.errors import UsageError
 from vltool.io import column_values
 from vltool.text import english_stopwords, tokenize
@@ -297,16 +298,34 @@ def _spans(n: int, num_proc: int) -> list[tuple[int, int]]:
     return [(lo, min(n, lo + chunk)) for lo in range(0, n, chunk)]
 
 
-def _pool_map(fn, n: int, num_proc: int, **work) -> list:
-    """fn over spans of n rows: in this process for small n, else in a fork pool sharing `work`."""
+PROGRESS_ROWS = 50_000  # a progress bar (rows, rate, time left) for loops over more rows than this
+
+
+def _pool_map(fn, n: int, num_proc: int, label: str | None = None, **work) -> list:
+    """fn over spans of n rows: in this process for small n, else in a fork pool sharing `work`. Large n
+    goes in spans of MIN_ROWS_PER_PROC rows with a progress bar `label` (the result does not depend on it)."""
+    from vltool.console import Bar
+
     _WORK.update(work)
     try:
-        if num_proc <= 1 or n < MIN_ROWS_PER_PROC * 2:
-            return [fn((0, n))]
-        import multiprocessing as mp
+        with Bar(label or "", n, unit="rows", enabled=label is not None and n > PROGRESS_ROWS) as bar:
+            if num_proc <= 1 or n < MIN_ROWS_PER_PROC * 2:
+                if bar.prog is None:
+                    return [fn((0, n))]
+                parts = []
+                for span in [(lo, min(n, lo + MIN_ROWS_PER_PROC)) for lo in range(0, n, MIN_ROWS_PER_PROC)]:
+                    parts.append(fn(span))
+                    bar.advance(span[1] - span[0])
+                return parts
+            import multiprocessing as mp
 
-        with mp.get_context("fork").Pool(num_proc) as pool:
-            return pool.map(fn, _spans(n, num_proc))
+            spans = _spans(n, num_proc)
+            parts = []
+            with mp.get_context("fork").Pool(num_proc) as pool:
+                for span, part in zip(spans, pool.imap(fn, spans)):
+                    parts.append(part)
+                    bar.advance(span[1] - span[0])
+            return parts
     finally:
         _WORK.clear()
 
@@ -317,7 +336,7 @@ def fit_vocabulary_parallel(base_captions: list[str], ops: Ops, stopwords: froze
         return fit_vocabulary(base_captions, ops, stopwords)
     vocab: set[str] = set()
     df: Counter = Counter()
-    for v, d in _pool_map(_fit_work, len(base_captions), num_proc, texts=base_captions):
+    for v, d in _pool_map(_fit_work, len(base_captions), num_proc, label="base vocabulary", texts=base_captions):
         vocab |= v
         df.update(d)
     top = sorted(df.items(), key=lambda kv: (-kv[1], kv[0]))[: ops.rmtopfreq or 0]
@@ -338,7 +357,7 @@ def deform_texts(
     idx = np.flatnonzero(~is_base).tolist()
     sub_texts = [texts[i] for i in idx]
     sub_ids = [ids[i] for i in idx]
-    parts = _pool_map(_deform_work, len(sub_texts), num_proc, texts=sub_texts, ids=sub_ids, ops=ops, vocab=vocab, seed=seed)
+    parts = _pool_map(_deform_work, len(sub_texts), num_proc, label="deform", texts=sub_texts, ids=sub_ids, ops=ops, vocab=vocab, seed=seed)
     removed: Counter = Counter()
     result = list(texts)
     base_words = sum(len(texts[i].split()) for i in np.flatnonzero(is_base).tolist() if texts[i])
@@ -379,11 +398,13 @@ def deform_dataset(ds, config: DeformConfig) -> tuple[object, dict]:
     base_texts = [texts[i] for i in np.flatnonzero(is_base).tolist()]
     vocab = fit_vocabulary_parallel(base_texts, ops, stopwords, config.num_proc)
     new_texts, removed, words_in, words_out = deform_texts(texts, ids, is_base, ops, vocab, config.seed, config.num_proc)
-    del texts
 
     # Build the output table with Arrow: keep the non-empty rows, swap the text column, add the new ones.
-    keep = np.fromiter((bool(t) for t in new_texts), dtype=bool, count=n) | is_base  # (n,)
+    # (a base row stays intact, but a row without text, base or not, is dropped: None, "" and whitespace are no text)
+    has_text = np.fromiter((clean_text(t) is not None for t in texts), dtype=bool, count=n)
+    keep = np.fromiter((bool(t) for t in new_texts), dtype=bool, count=n) | (is_base & has_text)  # (n,)
     kept_texts = [t for t, k in zip(new_texts, keep.tolist()) if k] if not keep.all() else new_texts
+    del texts
     table = ds.data.table if ds._indices is None else ds.flatten_indices().data.table
     if not keep.all():
         table = table.filter(pa.array(keep))
@@ -445,11 +466,13 @@ def deform(
 ) -> dict:
     """Load `data`, deform it, write it atomically to `out` with its `vltool.json`; return that record."""
     from vltool import provenance
+    from vltool.checks import require_texts
     from vltool.io import check_output, load_dataset, save_dataset
 
     timer = provenance.Timer()
     config.validate()
-    src = load_dataset(data, split=split, where=where, required=[C.ID, config.text_column])
+    src = load_dataset(data, split=split, where=where, required=[C.ID], texts=[config.text_column])
+    require_texts(sum(clean_text(t) is not None for t in column_values(src.dataset, config.text_column)), src.rows, config.text_column, data)
     out = check_output(out, overwrite, inputs=[src.path])
     ds, stats = deform_dataset(src.dataset, config)
     prov = provenance.make(

@@ -129,7 +129,12 @@ class LazyModel:
             self._loaded = load_model(str(self.model_dir), device=encode_device())
             self.fingerprint = self._loaded.fingerprint  # (self.config stays the file's: keys never depend on loading)
             if is_main():
-                write_json_atomic(self._index, {"fingerprint": self.fingerprint, "model_dir": str(self.model_dir)})
+                try:
+                    write_json_atomic(self._index, {"fingerprint": self.fingerprint, "model_dir": str(self.model_dir)})
+                except OSError as e:  # a read-only cache: the fingerprint is computed again next time
+                    from vltool.cache import cant_write
+
+                    cant_write(self._index.parents[1], e)
         return self._loaded
 
     @property
@@ -294,19 +299,24 @@ def run_batches(
 
 
 def _progress(label: str, total: int, enabled: bool):
-    if not enabled or total == 0:
+    """(bar, task) with advance(task, n), as run_batches uses it; None when off (--no-progress, or nothing to do)."""
+    from vltool.console import Bar
+
+    bar = Bar(label, total, unit="rows", enabled=enabled)
+    if bar.prog is None:
         return None
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    return _BarAdapter(bar), None
 
-    from vltool.console import err
 
-    prog = Progress(
-        TextColumn(f"[bold]{label}[/]"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-        console=err, transient=False,
-    )
-    task = prog.add_task(label, total=total)
-    prog.start()
-    return prog, task
+class _BarAdapter:
+    def __init__(self, bar):
+        self.bar = bar
+
+    def advance(self, _task, n: int) -> None:
+        self.bar.advance(n)
+
+    def stop(self) -> None:
+        self.bar.close()
 
 
 def _through_cache(cache: EmbeddingCache | None, key: CacheKey, ids: str, rows: int, compute: Callable[[], np.ndarray], extra: dict) -> tuple[np.ndarray, bool, float]:
@@ -348,9 +358,10 @@ def encode_images(
     import datasets
     import torch
 
+    from vltool.checks import image_column
+
     ds = data.dataset
-    if column not in ds.column_names:
-        raise UsageError(f"{data.spec!r} has no column {column!r} (it has: {', '.join(ds.column_names)})")
+    image_column(ds, column, data.spec)  # path strings are refused here, not decoded as bad images
     n = len(ds)
     key = dataset_key(m, data, column, image_preprocessing(m, features))
     ids = ids_digest(ds[C.ID]) if C.ID in ds.column_names else None
@@ -405,20 +416,19 @@ def _gather_rows(rows: list[int]) -> list[int]:
 
 
 def text_owner(values: Sequence) -> tuple[list[str], np.ndarray]:
-    """A text column's values (strings, or lists of strings) -> flat texts and the row of each."""
+    """A text column's values (strings, or lists of strings) -> flat texts and the row of each.
+
+    None, "" and whitespace-only texts are no text (vltool.checks.clean_text): they are left out, so a row
+    whose texts are all empty owns none."""
+    from vltool.checks import clean_text
+
     texts: list[str] = []
     owner: list[int] = []
     for i, v in enumerate(values):
-        if v is None:
-            continue
-        if isinstance(v, str):
-            texts.append(v)
-            owner.append(i)
-        else:
-            for t in v:
-                if t is None:
-                    continue
-                texts.append(str(t))
+        for t in (v if isinstance(v, (list, tuple)) else [v]):
+            t = clean_text(t)
+            if t is not None:
+                texts.append(t)
                 owner.append(i)
     return texts, np.asarray(owner, dtype=np.int64)
 
@@ -446,12 +456,12 @@ def encode_texts(
     progress: bool = True,
 ) -> Encoded:
     """Embeddings of a text column (strings, or lists of strings such as `captions`); `owner` maps texts to rows."""
+    from vltool.checks import require_texts, text_column
+
     ds = data.dataset
-    if column not in ds.column_names:
-        raise UsageError(f"{data.spec!r} has no text column {column!r} (it has: {', '.join(ds.column_names)})")
+    text_column(ds, column, data.spec, allow_list=True)
     texts, owner = text_owner(ds[column])
-    if not texts:
-        raise UsageError(f"column {column!r} of {data.spec!r} holds no text in the selected rows")
+    require_texts(len(texts), len(ds), column, data.spec)
     key = dataset_key(m, data, column, text_preprocessing(m))
     ids = texts_digest(texts)
     emb, hit, secs = _through_cache(

@@ -37,6 +37,7 @@ class EvalCommon:
     progress: bool = True
     debias: str | None = None
     debias_text: bool = False
+    group_column: str | None = None  # the bootstrap resamples whole groups of rows sharing its value
 
     def common_problems(self) -> list[str]:
         problems = []
@@ -69,30 +70,49 @@ def entry(value: float, interval: Interval | None, chance: float | None) -> dict
     }
 
 
-def bootstrap_record(n_boot: int, seed: int, unit: str) -> dict:
+def bootstrap_record(n_boot: int, seed: int, unit: str, resampling=None, group_column: str | None = None) -> dict:
+    """protocol.bootstrap; with `resampling` (a vltool.metrics.Resampling) also its group column, units, strata."""
     return {
         "resamples": n_boot,
         "seed": seed,
         "level": LEVEL,
         "method": "percentile",
         "unit": unit,
+        **(resampling.record(group_column) if resampling is not None else {}),
     }
 
 
-def check_out(out: str | Path | None, overwrite: bool, inputs: Sequence[Path]) -> Path | None:
-    """Refuse a bad --out before any work (exists without --overwrite, inside an input, a directory)."""
+def check_out(out: str | Path | None, overwrite: bool, inputs: Sequence[Path], config: EvalCommon | None = None) -> Path | None:
+    """Refuse a bad --out before any work (exists without --overwrite, a directory; equal to, inside or
+    containing an input: the data, and with `config` the model and the --debias subspace)."""
     if out is None:
         return None
-    from vltool.io import check_output
+    from vltool.io import check_output, model_inputs
+    from vltool.outcomes import examples_path
 
-    p = check_output(out, overwrite, inputs)
+    if config is not None:
+        inputs = [*inputs, *model_inputs(config.model, config.pretrained), *([Path(config.debias)] if config.debias else [])]
+    p = check_output(out, overwrite, inputs, related=[examples_path(Path(out).expanduser()).name])
     if p.is_dir():
         raise UsageError(f"--out {p} is a directory; give a file name such as results.json")
+    ex = examples_path(p)
+    if ex.exists() and not overwrite:
+        raise UsageError(f"{ex} (the per-example outcomes written beside --out) exists; pass --overwrite to replace it")
     return p
 
 
-def finish(record: dict, out: Path | None, overwrite: bool) -> dict:
-    """Write the record to --out (main process only, atomically)."""
+def finish(record: dict, out: Path | None, overwrite: bool, examples: dict | None = None) -> dict:
+    """Write the record to --out (main process only, atomically); with `examples` (the arrays of
+    vltool.outcomes) first the per-example outcomes beside it, X.examples.npz, which the record names."""
+    if out is not None and examples is not None:
+        from vltool.outcomes import FORMAT, examples_path
+
+        ex = examples_path(out)
+        record["examples"] = {"file": ex.name, "format": FORMAT, "rows": int(len(examples["id"]))}
+        if is_main():
+            from vltool.outcomes import write_examples
+
+            write_examples(ex, examples)
     if out is not None and is_main():
         from vltool.io import write_json_atomic
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Sequence
 
 from vltool import columns as C
-from vltool.errors import UsageError
+from vltool.errors import UsageError, VltoolError
 
 TARGETS = ("webdataset", "csv")
 IMAGE_FORMATS = ("jpg", "png")
@@ -75,6 +75,9 @@ def encode_image(data: bytes, image_format: str, jpeg_quality: int = 95) -> tupl
     """(bytes in `image_format`, whether it was re-encoded). Raises on an undecodable image."""
     from PIL import Image
 
+    from vltool.io import image_size_policy
+
+    image_size_policy()  # an image over the size limit raises: skipped and counted as undecodable
     with Image.open(io.BytesIO(data)) as im:
         if image_format == "jpg" and im.format == "JPEG" and im.mode in ("RGB", "L"):
             return data, False
@@ -199,14 +202,12 @@ def export(
 
     timer = provenance.Timer()
     config.validate()
-    src = load_dataset(data, split=split, where=where, required=[C.ID, C.IMAGE, C.CAPTION])
+    src = load_dataset(data, split=split, where=where, required=[C.ID], images=[C.IMAGE], texts=[C.CAPTION], text_option="the caption column")
     out = check_output(out, overwrite, inputs=[src.path])
     ds = src.dataset
     n = len(ds)
     if n == 0:
         raise UsageError(f"{data!r} has no rows to export{' after --where' if where else ''}")
-    if not isinstance(ds.features[C.IMAGE], datasets.Image):
-        raise UsageError(f"column 'image' of {data!r} is not an image column (its type is {ds.features[C.IMAGE]})")
     ds = ds.cast_column(C.IMAGE, datasets.Image(decode=False))
     label_names = {c: f.names for c, f in ds.features.items() if isinstance(f, datasets.ClassLabel)}
     keys, key_from = _keys([str(i) for i in column_values(ds, C.ID)])
@@ -236,14 +237,19 @@ def export(
                 results = pool.imap(_write_shard, shards)
             else:
                 pool, results = None, map(_write_shard, shards)
+            from vltool.console import Bar
+
+            bar = Bar(f"export ({config.to})", n, unit="rows")
             try:
-                for r in results:
+                for (_, lo, hi), r in zip(shards, results):
                     sizes[f"{r['name']}.tar"] = r["written"]
                     skipped.update(r["skipped"])
                     reencoded += r["reencoded"]
                     if writer is not None:
                         writer.writerows(r["csv_rows"])
+                    bar.advance(hi - lo)
             finally:
+                bar.close()
                 if pool is not None:
                     pool.close()
                     pool.join()
@@ -252,6 +258,9 @@ def export(
             if csv_file is not None:
                 csv_file.close()
         rows_out = sum(sizes.values())
+        if rows_out == 0:  # nothing to train on: no output, and no open_clip command
+            why = ", ".join(f"{k}: {v:,}" for k, v in sorted(skipped.items()))
+            raise VltoolError(f"no sample of {data!r} could be exported: all {n:,} rows were skipped ({why}); nothing was written")
         if config.to == "webdataset":
             write_json_atomic(tmp / SIZES_FILE, sizes)
             pattern = f"{final}/{{{0:0{width}d}..{n_shards - 1:0{width}d}}}.tar"

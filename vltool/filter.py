@@ -661,16 +661,20 @@ def filter(  # noqa: A001 - the command's name (docs/conventions.md: one name ev
 ) -> dict:
     """Load `data` and `reference`, filter `data`, write it atomically to `out`; return its `vltool.json`."""
     from vltool import provenance
+    from vltool.checks import clean_text, require_texts
     from vltool.console import log
-    from vltool.io import check_output, load_dataset, save_dataset
+    from vltool.io import check_output, column_values, load_dataset, save_dataset
 
     timer = provenance.Timer()
     config.validate()
-    src = load_dataset(data, split=split, where=where, required=[C.ID, config.text_column])
+    src = load_dataset(data, split=split, where=where, required=[C.ID], texts=[config.text_column])
     ref_column = config.reference_column or config.text_column
-    ref = load_dataset(reference, split=reference_split, where=reference_where, required=[ref_column])
+    ref = load_dataset(reference, split=reference_split, where=reference_where, texts=[ref_column], text_lists=True,
+                       text_option="--reference-column")
+    require_texts(sum(clean_text(t) is not None for t in column_values(src.dataset, config.text_column)), src.rows, config.text_column, data)
     out = check_output(out, overwrite, inputs=[src.path, ref.path])
     ref_texts = _text_column(ref.dataset, ref_column, "the reference set", allow_list=True)
+    require_texts(sum(clean_text(t) is not None for t in ref_texts.to_pylist()), ref.rows, ref_column, reference)
     log(f"filter: {src.rows:,} source rows, {len(ref_texts):,} reference captions; training the classifier")
     ds, stats = filter_dataset(src.dataset, ref_texts, config, log=log)
     options = {**provenance.jsonable(config), "resolved_threshold": config.resolved_threshold,

@@ -224,6 +224,9 @@ def prepare_image(data: bytes, max_side: int | None) -> bytes:
     """
     from PIL import Image
 
+    from vltool.io import image_size_policy
+
+    image_size_policy()  # an image over the size limit raises: skipped and counted as undecodable
     with Image.open(io.BytesIO(data)) as im:
         w, h = im.size
         if not max_side or max(w, h) <= max_side:
@@ -291,12 +294,25 @@ def _as_text(v: Any) -> str | None:
     return json.dumps(v, ensure_ascii=False) if isinstance(v, (dict, list)) else str(v)
 
 
+def _text(v: Any) -> str | None:
+    """A caption cell as text: bytes decoded as UTF-8 (never written as b'...'; undecodable bytes are no
+    caption), anything else as its string."""
+    if v is None:
+        return None
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        try:
+            return bytes(v).decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    return v if isinstance(v, str) else str(v)
+
+
 def _clean_captions(value: Any) -> list[str]:
     if value is None:
         return []
     if isinstance(value, (list, tuple)):
-        return [s for s in (str(v).strip() for v in value if v is not None) if s]
-    s = str(value).strip()
+        return [s for s in ((_text(v) or "").strip() for v in value) if s]
+    s = (_text(value) or "").strip()
     return [s] if s else []
 
 
@@ -561,13 +577,16 @@ class _ChunkWriter:
         self.multi = False
         self.labels: set[str] = set()
         self.rows = 0
+        self.image_dirs: set[str] = set()  # folders holding the image files read: inputs, never replaced
 
     def add(self, key: str, where: str, image: str | None, captions: Any, label: Any = None, extras: dict | None = None) -> None:
         if isinstance(captions, (list, tuple)):
             self.multi = True
-            caps = [None if c is None else str(c) for c in captions]
+            caps = [_text(c) for c in captions]
         else:
-            caps = None if captions is None else [str(captions)]
+            caps = None if captions is None else [_text(captions)]
+        if image:
+            self.image_dirs.add(os.path.dirname(image) or ".")
         lab = None if label is None or str(label).strip() == "" else str(label)
         if lab is not None:
             self.labels.add(lab)
@@ -593,6 +612,19 @@ class _ChunkWriter:
         pq.write_table(pa.Table.from_pylist(self.buf, schema=schema), path)
         self.units.append((len(self.units), str(path)))
         self.buf = []
+
+
+def _check_out_spares_images(out: Path, image_dirs: set[str]) -> None:
+    """The image files an import reads are inputs: --out may not be, nor contain, a folder holding them
+    (replacing it would delete them, and the files the table never listed), --overwrite or not."""
+    target = out.expanduser().resolve()
+    for d in sorted(image_dirs):
+        folder = Path(d).expanduser().resolve()
+        if folder == target or target in folder.parents:
+            raise UsageError(
+                f"--out {out} would replace {folder}, which holds the images this import reads; "
+                "inputs are never modified: choose another --out"
+            )
 
 
 def _sort_labels(names: set[str]) -> list[str]:
@@ -990,6 +1022,7 @@ def import_data(sources: Sequence[str] | str, out, config: ImportConfig, *, over
                 scan_skips.close()
             units = writer.units
             plan.multi = writer.multi
+            _check_out_spares_images(out, writer.image_dirs)
             if plan.label_names is None and (config.label_column is not None):
                 plan.label_names = _sort_labels(writer.labels)
         if plan.label_names is not None:
@@ -999,7 +1032,10 @@ def import_data(sources: Sequence[str] | str, out, config: ImportConfig, *, over
         ds = None
         if units:
             num_proc = min(config.num_proc, len(units))
-            datasets.enable_progress_bars()  # the "Generating train split" bar is the import's progress
+            from vltool.console import progress_enabled
+
+            if progress_enabled():  # the "Generating train split" bar is the import's progress (--no-progress: none)
+                datasets.enable_progress_bars()
             try:
                 ds = datasets.Dataset.from_generator(
                     _generate,
@@ -1012,6 +1048,8 @@ def import_data(sources: Sequence[str] | str, out, config: ImportConfig, *, over
             except ValueError as e:  # every row skipped: datasets refuses to build an empty split
                 if "corresponds to no data" not in str(e):
                     raise
+            finally:
+                datasets.disable_progress_bars()
         records = _merge_skips(skip_dir)
         if ds is not None:
             ds = _drop_duplicate_ids(ds, records)

@@ -265,16 +265,11 @@ def _dir_size(path: Path) -> int:
 def dataset_info(spec: str, config: InfoConfig) -> dict:
     import datasets
 
-    from vltool.io import resolve_dataset_path
+    from vltool.io import read_from_disk, resolve_dataset_path
 
     datasets.disable_progress_bars()
     path = resolve_dataset_path(spec)
-    try:
-        obj = datasets.load_from_disk(str(path))
-    except Exception as e:  # corrupt directory: datasets raises many kinds
-        from vltool.errors import VltoolError
-
-        raise VltoolError(f"cannot read dataset {spec!r}: {e}") from e
+    obj = read_from_disk(path, spec)  # (a dataset saved without rows is shown with its columns and 0 rows)
     report: dict = {"kind": "dataset", "path": str(path), "spec": spec, "bytes_on_disk": _dir_size(path)}
     if isinstance(obj, datasets.DatasetDict):
         names = list(obj)

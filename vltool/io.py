@@ -3,10 +3,16 @@
 - `load_dataset` reads a `save_to_disk` directory (or `emoji`), picks `--split`, applies `--where`.
 - `atomic_output` gives a temporary directory beside the target and renames it into place at the end,
   so a failed or interrupted run leaves nothing half-written; an existing output needs `overwrite`.
+- `check_output` refuses an output that is, contains or lies inside anything the command reads
+  (`model_inputs` names what a --model reads), checks that its directory is writable, and inside an
+  `output_scope()` (every CLI command runs in one) takes the output's lock: `.OUT.lock` beside it, an
+  advisory flock held until the command ends. A second writer gets a one-line error; the holder removes
+  the stale `.OUT.tmp-*` / `.OUT.work-*` a killed run left beside its output.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -44,6 +50,14 @@ class Where:
         col = col.strip()
         if not col:
             raise UsageError(f"--where {text!r}: the column name is empty")
+        op = "!=" if negate else "="
+        if val.lstrip().startswith(("=", "!")):
+            raise UsageError(f"--where {text!r}: write COLUMN{op}VALUE with a single {op!r}, e.g. --where {col}{op}{val.lstrip('=! ') or 'VALUE'}")
+        if val != val.strip() or text.partition(op)[0] != col:
+            raise UsageError(
+                f"--where {text!r}: no spaces around {op!r} or at the ends of the value (they would be part of it); "
+                f"write --where {col}{op}{val.strip() or 'VALUE'}"
+            )
         return cls(col, val, negate)
 
     def __str__(self) -> str:
@@ -109,12 +123,21 @@ def load_dataset(
     split: str | None = None,
     where: Sequence[str | Where] = (),
     required: Sequence[str] = (),
+    images: Sequence[str] = (),
+    texts: Sequence[str] = (),
+    text_lists: bool = False,
+    text_option: str = "--text-column",
 ) -> LoadedDataset:
     """Load a dataset directory (or the built-in `emoji`), choose a split, keep the rows matching `where`.
 
-    `where` clauses on the same column are OR-ed, on different columns AND-ed.
+    `where` clauses on the same column are OR-ed, on different columns AND-ed; a filter that matches no
+    row is an error naming it, as is a dataset without rows.
     `required` columns are checked after loading; missing ones are named with the columns found.
+    `images` must be image columns and `texts` text columns (strings; lists of strings too with
+    `text_lists`), checked here by vltool.checks so that every command refuses the same inputs alike.
     """
+    from vltool import checks
+
     import datasets
 
     datasets.disable_progress_bars()  # vltool shows its own progress; datasets' bars are noise here
@@ -122,10 +145,7 @@ def load_dataset(
     # into the input's directory. Transforms then go to a temporary directory instead.
     datasets.disable_caching()
     path = resolve_dataset_path(spec)
-    try:
-        obj = datasets.load_from_disk(str(path))
-    except Exception as e:  # corrupt directory: datasets raises many kinds
-        raise VltoolError(f"cannot read dataset {spec!r}: {e}") from e
+    obj = read_from_disk(path, spec)
     if isinstance(obj, datasets.DatasetDict):
         names = list(obj.keys())
         if split is None:
@@ -145,10 +165,60 @@ def load_dataset(
     fingerprint = ds._fingerprint
     rows_on_disk = len(ds)
     clauses = [w if isinstance(w, Where) else Where.parse(w) for w in where]
+    if rows_on_disk == 0:
+        raise UsageError(f"dataset {spec!r}{f' (split {split!r})' if split else ''} has no rows")
     if clauses:
         ds = apply_where(ds, clauses, spec)
-    require_columns(ds, required, spec)
+    require_columns(ds, [*required, *images, *texts], spec)
+    for column in images:
+        checks.image_column(ds, column, spec)
+    for column in texts:
+        checks.text_column(ds, column, spec, option=text_option, allow_list=text_lists)
     return LoadedDataset(spec, path, split, [str(w) for w in clauses], fingerprint, rows_on_disk, ds)
+
+
+def read_from_disk(path: Path | str, spec: str | None = None):
+    """datasets.load_from_disk, with a one-line error for a directory it cannot read; a dataset saved with
+    no rows (which datasets cannot load back) is read as an empty dataset with its columns."""
+    import datasets
+
+    path = Path(path)
+    spec = str(path) if spec is None else spec
+    try:
+        return datasets.load_from_disk(str(path))
+    except Exception as e:  # corrupt directory: datasets raises many kinds
+        empty = _empty_saved_dataset(path)
+        if empty is not None:
+            return empty
+        raise VltoolError(f"cannot read dataset {spec!r}: {e}") from e
+
+
+def _empty_saved_dataset(path: Path):
+    """The 0-row dataset (or DatasetDict of them) saved at `path`, or None when it is something else."""
+    import datasets
+
+    try:
+        if (path / "dataset_dict.json").is_file():
+            splits = json.loads((path / "dataset_dict.json").read_text())["splits"]
+            parts = {name: (datasets.load_from_disk(str(path / name)) if _saved_rows(path / name) else _empty_saved_dataset(path / name))
+                     for name in splits}
+            return None if any(v is None for v in parts.values()) else datasets.DatasetDict(parts)
+        if _saved_rows(path) != 0:
+            return None
+        info = json.loads((path / "dataset_info.json").read_text())
+        features = datasets.Features.from_dict(info["features"])
+        return datasets.Dataset.from_dict({name: [] for name in features}, features=features)
+    except Exception:
+        return None
+
+
+def _saved_rows(path: Path) -> int | None:
+    """0 when `path` is a dataset saved without any data file, 1 when it has data files, None otherwise."""
+    try:
+        files = json.loads((path / "state.json").read_text())["_data_files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return 1 if files else 0
 
 
 def column_values(ds, name: str) -> list:
@@ -223,25 +293,303 @@ def apply_where(ds, clauses: Sequence[Where], what: str = "the dataset"):
             m = pc.fill_null(pc.equal(arr, pa.scalar(value, type=arr.type)), False)
             m = np.asarray(m.to_numpy(zero_copy_only=False), dtype=bool)
             col_mask |= ~m if w.negate else m
+        if not col_mask.any():
+            shown = " ".join(f"--where {w}" for w in ws)
+            raise UsageError(f"{shown} matches no row of {what!r}; {column!r} holds {_some_values(arr, feature)}")
         keep &= col_mask
+    if not keep.any():
+        shown = " ".join(f"--where {w}" for w in clauses)
+        raise UsageError(f"no row of {what!r} matches {shown} (each column matches some rows, but no row matches them all)")
     if keep.all():
         return ds
     return ds.select(np.flatnonzero(keep))
 
 
-def check_output(out: Path | str, overwrite: bool, inputs: Sequence[Path] = ()) -> Path:
-    """Refuse an output that exists (unless overwrite) or that is, or lies inside, an input."""
+def _some_values(arr, feature, k: int = 5) -> str:
+    """A few distinct values of a column, as --where would write them (ClassLabel by name)."""
+    import datasets
+    import pyarrow.compute as pc
+
+    values = [v for v in pc.unique(arr).to_pylist() if v is not None]
+    if isinstance(feature, datasets.ClassLabel):
+        values = [feature.names[v] if 0 <= v < feature.num_classes else v for v in values]
+    values = [str(v).lower() if isinstance(v, bool) else v for v in values]
+    values = sorted(values, key=str)
+    more = f", ... ({len(values)} distinct values)" if len(values) > k else ""
+    return ("values such as " + ", ".join(repr(str(v)) for v in values[:k]) + more) if values else "no values (all empty)"
+
+
+def model_inputs(spec: str | Path | None, pretrained: str | Path | None = None) -> list[Path]:
+    """What a --model value reads, protected like an input dataset: a vltool RUN_DIR (or RUN_DIR/model)
+    as given, local-dir:PATH's PATH, open_clip:ARCH's --pretrained file."""
+    if spec is None or not str(spec).strip():
+        return []
+    s = str(spec)
+    if s.startswith("open_clip:"):
+        return [Path(pretrained).expanduser()] if pretrained else []
+    if s.startswith("local-dir:"):
+        return [Path(s[len("local-dir:"):]).expanduser()]
+    return [Path(s).expanduser()]
+
+
+def _overlaps(out: Path, inp: Path) -> bool:
+    """`out` equals `inp`, contains it, or lies inside it (symlinks resolved)."""
+    resolved, inp = out.resolve(), Path(inp).expanduser().resolve()
+    return resolved == inp or inp in resolved.parents or resolved in inp.parents
+
+
+def check_output(
+    out: Path | str,
+    overwrite: bool,
+    inputs: Sequence[Path | str] = (),
+    *,
+    related: Sequence[str] = (),
+    lock: bool | None = None,
+) -> Path:
+    """Refuse a bad output before any work, and (inside an output_scope) lock it for the command.
+
+    Refused always, --overwrite or not: an output that is, contains or lies inside one of `inputs` (every
+    path the command reads: datasets, models, subspaces, files), or vltool's built-in data. Refused: an
+    output whose directory cannot be written (a file on the way, read-only, no permission), and an existing
+    output without `overwrite`. `related` are the names of other files written beside `out` (stale
+    temporaries of theirs are cleaned too); `lock` (default: the main process) takes the lock.
+    """
     out = Path(out).expanduser()
-    resolved = out.resolve()
     for inp in inputs:
-        inp = Path(inp).resolve()
-        if resolved == inp or inp in resolved.parents or resolved in inp.parents:
-            raise UsageError(f"--out {out} would overwrite the input {inp}; inputs are never modified: choose another --out")
+        if inp is None or not str(inp).strip():
+            continue
+        if _overlaps(out, Path(inp)):
+            raise UsageError(
+                f"--out {out} would overwrite the input {Path(inp).expanduser().resolve()}; inputs are never modified: choose another --out"
+            )
+    resolved = out.resolve()
     if resolved == ASSETS or ASSETS in resolved.parents:
         raise UsageError(f"--out {out} is inside vltool's built-in data; choose another --out")
+    check_writable(out)
     if out.exists() and not overwrite:
         raise UsageError(f"{out} exists; pass --overwrite to replace it")
+    if _SCOPES and (lock if lock is not None else is_main_process()):
+        hold_output_lock(out, related=related)
     return out
+
+
+def check_writable(out: Path | str) -> None:
+    """A one-line error when `out` cannot be created: a file where a directory should be, or a directory
+    that is read-only or not ours to write."""
+    out = Path(out).expanduser().absolute()
+    p = out.parent
+    while not p.exists() and not p.is_symlink() and p != p.parent:
+        p = p.parent
+    if not p.is_dir():
+        raise UsageError(f"--out {out}: {p} is not a directory, so nothing can be written under it")
+    if not os.access(p, os.W_OK | os.X_OK):
+        why = "read-only file system" if _read_only_fs(p) else "permission denied"
+        raise UsageError(f"--out {out}: cannot write in {p} ({why}); choose another --out")
+
+
+def _read_only_fs(p: Path) -> bool:
+    try:
+        return bool(os.statvfs(p).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
+def is_main_process() -> bool:
+    """Whether this is the main process of a launch (`accelerate launch`, torchrun set RANK), read from the
+    environment without starting anything: only it takes output locks."""
+    return os.environ.get("RANK", "0") in ("", "0")
+
+
+# ---- output locks: one writer per output (docs/conventions.md, "Writes")
+
+_SCOPES: list[dict] = []  # output_scope() stack: the locks and directories taken inside each
+_HELD: dict[str, "_Lock"] = {}  # resolved output path -> the lock this process holds on it
+
+STALE_MARKS = (".tmp-", ".work-", ".old-")
+
+
+class OutputBusy(VltoolError):
+    """Another live process holds the output's lock."""
+
+
+@dataclass
+class _Lock:
+    out: Path
+    path: Path
+    fd: int
+
+    def release(self) -> None:
+        _HELD.pop(str(self.out.resolve()), None)
+        try:
+            os.unlink(self.path)  # while still holding it: a waiting opener re-checks the inode
+        except OSError:
+            pass
+        os.close(self.fd)
+
+
+def lock_file(out: Path | str) -> Path:
+    out = Path(out).expanduser()
+    return out.parent / f".{out.name}.lock"
+
+
+@contextmanager
+def output_scope() -> Iterator[None]:
+    """Locks taken by check_output inside the block are held until it ends; directories it created for an
+    output are removed again (when empty) if the block fails. Every CLI command runs in one."""
+    scope: dict = {"locks": [], "created": []}
+    _SCOPES.append(scope)
+    ok = False
+    try:
+        yield
+        ok = True
+    finally:
+        _SCOPES.remove(scope)
+        for lk in reversed(scope["locks"]):
+            lk.release()
+        if not ok:
+            for d in reversed(scope["created"]):
+                try:
+                    d.rmdir()
+                except OSError:
+                    pass
+
+
+def hold_output_lock(out: Path | str, *, related: Sequence[str] = (), keep: Sequence[Path] = ()) -> None:
+    """Take `out`'s lock for the innermost output_scope (re-entrant in one process) and remove stale
+    temporaries beside it. Raises OutputBusy when another live process holds it."""
+    out = Path(out).expanduser()
+    if not _SCOPES or str(out.resolve()) in _HELD:
+        return
+    _make_parents(out)
+    lk = _acquire(out)
+    _SCOPES[-1]["locks"].append(lk)
+    clean_stale(out, related=related, keep=keep)
+
+
+def _make_parents(out: Path) -> None:
+    missing = []
+    p = out.parent
+    while not p.exists() and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        try:
+            d.mkdir()
+        except FileExistsError:
+            continue
+        except OSError as e:
+            raise UsageError(f"--out {out}: cannot create {d} ({e.strerror})") from None
+        if _SCOPES:
+            _SCOPES[-1]["created"].append(d)
+
+
+def _acquire(out: Path) -> _Lock:
+    import fcntl
+
+    path = lock_file(out)
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise UsageError(f"--out {out}: cannot write in {path.parent} ({e.strerror}); choose another --out") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            holder = ""
+            try:
+                holder = os.pread(fd, 32, 0).decode().strip()
+            except OSError:
+                pass
+            os.close(fd)
+            if e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                raise OutputBusy(
+                    f"{out} is being written by another vltool process{f' (pid {holder})' if holder.isdigit() else ''}; "
+                    "wait for it to finish or choose another --out"
+                ) from None
+            raise
+        try:
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:  # else the previous holder removed the file between our open and flock: take the new one
+            break
+        os.close(fd)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    lk = _Lock(out, path, fd)
+    _HELD[str(out.resolve())] = lk
+    return lk
+
+
+def clean_stale(out: Path | str, *, related: Sequence[str] = (), keep: Sequence[Path] = ()) -> list[Path]:
+    """Remove what killed writes of `out` (and of the `related` files beside it) left: `.NAME.tmp-*`,
+    `.NAME.work-*`; a `.NAME.old-*` (an output moved aside while being replaced) is removed when NAME
+    exists and moved back when it does not. Call only while holding `out`'s lock."""
+    out = Path(out).expanduser()
+    parent = out.parent
+    keep_ = {Path(k).resolve() for k in keep}
+    removed = []
+    for name in [out.name, *related]:
+        olds = []
+        for p in parent.glob(f".{_glob_escape(name)}.*-*"):
+            mark = next((m for m in STALE_MARKS if p.name.startswith(f".{name}{m}")), None)
+            if mark is None or p.resolve() in keep_:
+                continue
+            if mark == ".old-":
+                olds.append(p)
+                continue
+            _remove(p)
+            removed.append(p)
+        target = parent / name
+        for p in sorted(olds, key=lambda q: q.stat().st_mtime, reverse=True):
+            if not target.exists() and not target.is_symlink():
+                os.rename(p, target)  # the swap was cut between its two renames: the old output comes back
+            else:
+                _remove(p)
+                removed.append(p)
+    return removed
+
+
+def _glob_escape(name: str) -> str:
+    import glob
+
+    return glob.escape(name)
+
+
+def _remove(p: Path) -> None:
+    if p.is_dir() and not p.is_symlink():
+        shutil.rmtree(p, ignore_errors=True)
+    else:
+        p.unlink(missing_ok=True)
+
+
+@contextmanager
+def _write_lock(out: Path) -> Iterator[None]:
+    """Hold `out`'s lock while writing it: the command's own when it has one, else taken for the write."""
+    if str(out.resolve()) in _HELD or not is_main_process():
+        yield
+        return
+    lk = _acquire(out)
+    try:
+        clean_stale(out)
+        yield
+    finally:
+        lk.release()
+
+
+def work_dir(out: Path | str, token: str | None = None) -> Path:
+    """A hidden sibling directory in which `out` is built before it replaces `out` (`.OUT.work-TOKEN`)."""
+    out = Path(out).expanduser()
+    return out.parent / f".{out.name}.work-{token or uuid.uuid4().hex[:8]}"
+
+
+def final_of_work_dir(path: Path | str) -> Path | None:
+    """The output a work_dir() is built for, or None when `path` is not one."""
+    path = Path(path)
+    name = path.name
+    if not name.startswith(".") or ".work-" not in name:
+        return None
+    return path.parent / name[1:].rsplit(".work-", 1)[0]
 
 
 @contextmanager
@@ -254,14 +602,19 @@ def atomic_output(out: Path | str, overwrite: bool = False) -> Iterator[Path]:
     if out.exists() and not overwrite:
         raise UsageError(f"{out} exists; pass --overwrite to replace it")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
-        yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    replace_path(tmp, out, overwrite)
+    with _write_lock(out):
+        tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+        try:
+            yield tmp
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        try:
+            replace_path(tmp, out, overwrite)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
 
 
 def replace_path(src: Path, out: Path, overwrite: bool) -> None:
@@ -283,7 +636,7 @@ def atomic_file(path: Path | str) -> Iterator[Path]:
     """Yield a temporary file path beside `path` (same suffix); on success rename it to `path`."""
     path = Path(path).expanduser()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.stem}.tmp-{uuid.uuid4().hex[:8]}{path.suffix}"
+    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}{path.suffix}"
     try:
         yield tmp
         if tmp.exists():
@@ -298,11 +651,13 @@ def write_json_atomic(path: Path | str, obj: Any, overwrite: bool = True) -> Pat
     path = Path(path).expanduser()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.write_text(json.dumps(obj, indent=2, default=str, ensure_ascii=False) + "\n")
-    if path.exists() and not overwrite:
-        tmp.unlink()
-        raise UsageError(f"{path} exists; pass --overwrite to replace it")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(obj, indent=2, default=str, ensure_ascii=False) + "\n")
+        if path.exists() and not overwrite:
+            raise UsageError(f"{path} exists; pass --overwrite to replace it")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
 
 
@@ -332,15 +687,33 @@ def default_cache_dir() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "vltool"
 
 
+_IMAGE_POLICY: list = []
+
+
+def image_size_policy() -> None:
+    """vltool's policy on huge images: one over PIL's limit (PIL.Image.MAX_IMAGE_PIXELS, about 89
+    megapixels) is a bad image, skipped and counted like an undecodable one, never a raw
+    DecompressionBombWarning. Every reader of images (decode_image, import, export) calls this first."""
+    if _IMAGE_POLICY:
+        return
+    import warnings
+
+    from PIL import Image
+
+    warnings.filterwarnings("error", category=Image.DecompressionBombWarning)
+    _IMAGE_POLICY.append(True)
+
+
 def decode_image(value):
     """datasets' undecoded image ({bytes, path}) -> RGB PIL image, or None when it cannot be decoded.
 
     Training, encoding and pseudo-labelling all read images through this, so they agree on what a bad
-    image is (skipped and counted)."""
+    image is (skipped and counted; images over the size limit too, see image_size_policy)."""
     import io
 
     from PIL import Image
 
+    image_size_policy()
     try:
         if value is None:
             return None

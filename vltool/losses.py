@@ -5,6 +5,9 @@ The contract, so that N processes train as one:
 - The trainer gathers the features of every process (`gather_keep_grad`: the local rows keep their
   gradient, the others are constants) and hands the loss the whole global batch in `LossInput`, in the
   order a single process with batch N*B would see it. A loss is written as if it ran in one process.
+  With `--accum-steps A` (gradient caching) the global batch is the A micro-batches of every process
+  (A*N*B rows, micro-batch-major, then rank), the features are leaf tensors, and the loss's gradient
+  with respect to them is sent back through each micro-batch's towers (vltool.pretrain.objectives).
 - Every process computes the same global loss. The trainer sums the tower gradients over processes
   (each process holds the gradient through its own rows) and keeps the gradient of parameters that see
   the whole batch (the logit scale, the loss's own parameters) as it is, since each process already
@@ -38,7 +41,7 @@ class LossInput:
     logit_scale: torch.Tensor  # () the multiplier exp(log scale), with gradient when learnable
     logit_bias: torch.Tensor | None = None  # () when the model has one
     extra: dict = field(default_factory=dict)  # gathered columns the loss asked for, e.g. "label": (N,)
-    local_slice: slice = field(default_factory=lambda: slice(None))  # rows of this process in the global batch
+    local_slice: slice = field(default_factory=lambda: slice(None))  # rows of this process (slice(None): every row is a leaf, --accum-steps > 1)
 
 
 class Loss(nn.Module):
@@ -104,22 +107,52 @@ def clip_loss_reference(img: torch.Tensor, txt: torch.Tensor, scale: float) -> f
     return (i2t + t2i) / 2
 
 
-def gather_keep_grad(x: torch.Tensor) -> tuple[torch.Tensor, slice]:
+def _dist_world() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+_SIZE_GROUPS: dict = {}
+
+
+def exchange_sizes(local: list[int]) -> list[list[int]]:
+    """Every process's list of host-side sizes `local` (the same length everywhere), in rank order.
+
+    A CPU collective: through the default group when it is gloo, else through a gloo group made once for
+    the default group (NCCL), so exchanging sizes never waits on the GPU (no host-device sync)."""
+    import torch.distributed as dist
+
+    world = _dist_world()
+    if world == 1:
+        return [list(local)]
+    default = dist.distributed_c10d._get_default_group()
+    group = None
+    if "gloo" not in str(dist.get_backend()):
+        group = _SIZE_GROUPS.get(id(default))
+        if group is None:
+            group = _SIZE_GROUPS[id(default)] = dist.new_group(backend="gloo")
+    t = torch.tensor(list(local), dtype=torch.long)
+    parts = [torch.empty_like(t) for _ in range(world)]
+    dist.all_gather(parts, t, group=group)
+    return [p.tolist() for p in parts]
+
+
+def gather_keep_grad(x: torch.Tensor, sizes: list[int] | None = None) -> tuple[torch.Tensor, slice]:
     """All processes' `x` concatenated in rank order, and the rows of this process.
 
     The local rows keep their gradient; the others are constants. Local batch sizes may differ (rows
-    skipped for bad images): sizes are exchanged first and the tensors padded to the largest. With one
-    process `x` is returned unchanged.
+    skipped for bad images): sizes are exchanged first (or given: `sizes[r]` rows of process r, as
+    `exchange_sizes` returns them) and the tensors padded to the largest. With one process `x` is
+    returned unchanged.
     """
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    if _dist_world() == 1:
         return x, slice(0, x.shape[0])
     world, rank = dist.get_world_size(), dist.get_rank()
-    n = torch.tensor([x.shape[0]], device=x.device)
-    sizes = [torch.zeros_like(n) for _ in range(world)]
-    dist.all_gather(sizes, n)
-    sizes = [int(s) for s in sizes]
+    if sizes is None:
+        sizes = [s[0] for s in exchange_sizes([x.shape[0]])]
     pad = max(sizes)
     xp = x.detach()
     if x.shape[0] < pad:
@@ -130,6 +163,14 @@ def gather_keep_grad(x: torch.Tensor) -> tuple[torch.Tensor, slice]:
     parts[rank] = x  # the local part, with its gradient
     start = sum(sizes[:rank])
     return torch.cat(parts), slice(start, start + sizes[rank])
+
+
+def gather_many(xs: list[torch.Tensor]) -> list[tuple[torch.Tensor, slice]]:
+    """`gather_keep_grad` of each tensor of `xs`, with one exchange of sizes for all of them."""
+    if _dist_world() == 1:
+        return [(x, slice(0, x.shape[0])) for x in xs]
+    sizes = exchange_sizes([x.shape[0] for x in xs])  # [rank][i]
+    return [gather_keep_grad(x, [s[i] for s in sizes]) for i, x in enumerate(xs)]
 
 
 def positive_mask(
@@ -321,7 +362,7 @@ class MemoryBankLoss(Loss):
         self.image_queue[idx] = image_keys.to(self.image_queue.dtype)
         self.text_queue[idx] = text_keys.to(self.text_queue.dtype)
         self.queue_ids[idx] = ids
-        self.queue_ptr.fill_(int((self.queue_ptr + n) % self.size))
+        self.queue_ptr.copy_((self.queue_ptr + n) % self.size)  # on the device: no host sync
 
     def forward(self, batch: LossInput) -> dict[str, torch.Tensor]:
         img, txt = batch.image_features, batch.text_features

@@ -19,15 +19,17 @@ every product it takes part in; two scores within `TIE_TOL` are tied.
 Average precision is scikit-learn's `average_precision_score` definition (tied scores form one threshold);
 without ties it equals CLIP_benchmark's. Classes with no positive item are left out of the mean.
 
-Bootstrap: resample the evaluated units (images) with replacement, recompute every metric, report the
-2.5th and 97.5th percentiles (`bootstrap`). A replicate is a weight vector (how often each unit was drawn),
-so no metric needs the resampled data copied.
+Bootstrap: resample the evaluated units with replacement, recompute every metric, report the 2.5th and
+97.5th percentiles (`bootstrap`). A replicate is a weight vector (how often each item was drawn), so no
+metric needs the resampled data copied. The unit is the item (image), or with groups (`Resampling`) a
+whole group of items (near-duplicates such as the skin tones of one emoji): an item's weight is then the
+number of times its group was drawn, and every metric works unchanged.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
@@ -108,14 +110,24 @@ class ClassificationItems:
     rank: np.ndarray  # (N,) expected rank of the true class
     num_classes: int
 
+    greater: np.ndarray | None = None  # (N,) classes scoring above the true class (the per-example outcome kept)
+    tied: np.ndarray | None = None  # (N,) other classes tied with it
+
     @classmethod
     def from_scores(cls, scores: np.ndarray, target: np.ndarray, num_classes: int | None = None) -> "ClassificationItems":
         scores = np.asarray(scores)
-        target = np.asarray(target, dtype=np.int64)
         c = int(num_classes if num_classes is not None else scores.shape[1])
-        greater, tied = class_ranks(scores, target)
+        greater, tied = class_ranks(scores, np.asarray(target, dtype=np.int64))
+        return cls.from_ranks(greater, tied, target, c)
+
+    @classmethod
+    def from_ranks(cls, greater: np.ndarray, tied: np.ndarray, target: np.ndarray, num_classes: int) -> "ClassificationItems":
+        """From each item's count of classes above / tied with its true class (what a per-example file keeps)."""
+        greater = np.asarray(greater, dtype=np.int64)
+        tied = np.asarray(tied, dtype=np.int64)
+        c = int(num_classes)
         top5 = hit_probability(greater, tied, 5) if c >= 5 else None
-        return cls(target, hit_probability(greater, tied, 1), top5, expected_rank(greater, tied), c)
+        return cls(np.asarray(target, dtype=np.int64), hit_probability(greater, tied, 1), top5, expected_rank(greater, tied), c, greater, tied)
 
     def metrics(self, w: np.ndarray | None = None) -> dict[str, float]:
         """The metrics on the items weighted by `w` (counts of a bootstrap draw; None = each once)."""
@@ -365,6 +377,45 @@ def weighted_median(values: np.ndarray, w: np.ndarray | None = None, order: np.n
     return (at(total // 2 - 1) + at(total // 2)) / 2
 
 
+@dataclass
+class RetrievalItems:
+    """Per-query values of both directions, from which the retrieval metrics and their bootstrap are computed."""
+
+    ks: list[int]
+    i2t_hits: dict[int, np.ndarray]  # k -> (N_i,)
+    t2i_hits: dict[int, np.ndarray]  # k -> (N_t,)
+    i2t_rank: np.ndarray  # (N_i,)
+    t2i_rank: np.ndarray  # (N_t,)
+    owner: np.ndarray  # (N_t,) image of each text
+    _i_order: np.ndarray = field(init=False, repr=False)
+    _t_order: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self):
+        self._i_order = np.argsort(self.i2t_rank, kind="stable")
+        self._t_order = np.argsort(self.t2i_rank, kind="stable")
+
+    @classmethod
+    def from_ranks(cls, ks: Sequence[int], i2t: QueryRanks, t2i: QueryRanks, owner: np.ndarray) -> "RetrievalItems":
+        ks = list(ks)
+        return cls(ks, {k: i2t.hits(k) for k in ks}, {k: t2i.hits(k) for k in ks}, i2t.rank(), t2i.rank(), np.asarray(owner))
+
+    def metrics(self, w: np.ndarray | None = None) -> dict[str, float]:
+        """Metrics with image weights `w` (a bootstrap draw; a text weighs what its image weighs)."""
+        wi = np.ones(len(self.i2t_rank)) if w is None else w
+        wt = wi[self.owner]
+        si, st = wi.sum(), wt.sum()
+        out = {}
+        for k in self.ks:
+            out[f"image_to_text_R@{k}"] = float(wi @ self.i2t_hits[k] / si)
+        out["image_to_text_mean_rank"] = float(wi @ self.i2t_rank / si)
+        out["image_to_text_median_rank"] = weighted_median(self.i2t_rank, None if w is None else wi, self._i_order)
+        for k in self.ks:
+            out[f"text_to_image_R@{k}"] = float(wt @ self.t2i_hits[k] / st)
+        out["text_to_image_mean_rank"] = float(wt @ self.t2i_rank / st)
+        out["text_to_image_median_rank"] = weighted_median(self.t2i_rank, None if w is None else wt, self._t_order)
+        return out
+
+
 # ----------------------------------------------------------------------------------------------------
 # Bootstrap
 # ----------------------------------------------------------------------------------------------------
@@ -376,6 +427,98 @@ class Interval:
     high: float
 
 
+@dataclass
+class Resampling:
+    """What one bootstrap resample draws: items, or whole groups of items; within strata, or not.
+
+    Build it with `Resampling.make(n_items, strata, groups)`:
+    - no groups: items are drawn with replacement (within their stratum when `strata` is given);
+    - groups (N,) (any hashable values, e.g. base_id): whole groups are drawn with replacement and an
+      item's weight is its group's draw count. When every group lies in one stratum, the groups are drawn
+      within their stratum (each stratum keeps its number of groups); when some group spans several strata,
+      groups are drawn without strata (`spanning` counts those groups).
+    Group codes follow the items' order of first appearance, so singleton groups draw exactly what the
+    item bootstrap draws with the same seed, and a group of identical copies draws what one copy would.
+    """
+
+    n_items: int
+    strata: np.ndarray | None = None  # (N,) stratum of each item
+    codes: np.ndarray | None = None  # (N,) group of each item, 0..G-1 in order of first appearance
+    n_groups: int = 0
+    group_strata: np.ndarray | None = None  # (G,) stratum of each group (when groups nest in strata)
+    spanning: int = 0  # groups whose items lie in several strata
+
+    @classmethod
+    def make(cls, n_items: int, strata: np.ndarray | None = None, groups: np.ndarray | None = None) -> "Resampling":
+        strata = None if strata is None else np.asarray(strata)
+        if strata is not None and len(strata) != n_items:
+            raise ValueError(f"strata has {len(strata)} values for {n_items} items")
+        if groups is None:
+            return cls(n_items, strata)
+        groups = np.asarray(groups)
+        if len(groups) != n_items:
+            raise ValueError(f"groups has {len(groups)} values for {n_items} items")
+        if n_items == 0:
+            return cls(0, strata, np.zeros(0, np.int64), 0)
+        _, first, inverse = np.unique(groups, return_index=True, return_inverse=True)
+        order = np.argsort(first, kind="stable")
+        rank = np.empty_like(order)
+        rank[order] = np.arange(len(order))
+        codes = rank[inverse.reshape(-1)].astype(np.int64)
+        g = len(first)
+        group_strata, spanning = None, 0
+        if strata is not None:
+            gs = strata[first[order]]  # the stratum of each group's first item, in code order
+            spanning = int(len(np.unique(codes[strata != gs[codes]])))
+            group_strata = gs if spanning == 0 else None
+        return cls(n_items, strata, codes, g, group_strata, spanning)
+
+    @property
+    def grouped(self) -> bool:
+        return self.codes is not None
+
+    @property
+    def stratified(self) -> bool:
+        return self.group_strata is not None if self.grouped else self.strata is not None
+
+    @property
+    def n_units(self) -> int:
+        return self.n_groups if self.grouped else self.n_items
+
+    def sampler(self, rng: np.random.Generator) -> Callable[[], np.ndarray]:
+        """A function returning the item weights (N,) float64 of one resample."""
+        n = self.n_units
+        if self.stratified:
+            draw = _stratified_draw(self.group_strata if self.grouped else self.strata, rng)
+        else:
+            def draw() -> np.ndarray:
+                return rng.integers(0, n, n)
+        if not self.grouped:
+            return lambda: np.bincount(draw(), minlength=n).astype(np.float64)
+        codes = self.codes
+        return lambda: np.bincount(draw(), minlength=n).astype(np.float64)[codes]
+
+    def unit(self, item: str = "image", group_column: str | None = None, stratum: str = "class") -> str:
+        """The resampling unit in words, for the results record: e.g. 'base_id group (333 groups), within its class'."""
+        if not self.grouped:
+            return item + (f", within its {stratum}" if self.strata is not None else "")
+        text = f"{group_column or 'group'} group ({self.n_groups} groups of {self.n_items} {item}s)"
+        if self.stratified:
+            return text + f", within its {stratum}"
+        if self.strata is not None:
+            return text + f", not stratified: {self.spanning} groups span several {stratum}es"
+        return text
+
+    def record(self, group_column: str | None = None) -> dict:
+        """The resampling's facts for the results record's protocol.bootstrap."""
+        return {
+            "group_column": group_column if self.grouped else None,
+            "units": int(self.n_units),
+            "stratified": bool(self.stratified),
+            **({"groups_spanning_strata": int(self.spanning)} if self.grouped and self.strata is not None else {}),
+        }
+
+
 def bootstrap(
     n_units: int,
     statistic: Callable[[np.ndarray | None], dict[str, float]],
@@ -383,25 +526,35 @@ def bootstrap(
     seed: int = 0,
     level: float = 0.95,
     strata: np.ndarray | None = None,
+    groups: np.ndarray | None = None,
+    resampling: Resampling | None = None,
 ) -> dict[str, Interval]:
-    """Percentile intervals of every statistic over `n_boot` resamples of `n_units` units with replacement.
+    """Percentile intervals of every statistic over `n_boot` resamples of `n_units` items with replacement.
 
-    `statistic(w)` gets the weight of each unit in one resample (w[i] = times unit i was drawn) and returns
-    a dict of values. With `strata` (N,) (the class of each item) units are resampled within their stratum,
+    `statistic(w)` gets the weight of each item in one resample (w[i] = times item i was drawn) and returns
+    a dict of values. With `strata` (N,) (the class of each item) items are resampled within their stratum,
     so every resample keeps each class and its support: per-class means (mean per-class recall, mAP of
-    single-label data) are then defined in every resample and not biased by classes that drop out.
+    single-label data) are then defined in every resample and not biased by classes that drop out. With
+    `groups` (N,) whole groups are resampled (a cluster bootstrap; `Resampling` says how strata apply).
+    `resampling` (a `Resampling.make(...)`) replaces `strata` and `groups`.
     Replicates where a value is NaN are left out of its interval. `n_boot=0` gives no intervals (NaN).
     """
     names = list(statistic(None).keys())
     if n_boot <= 0 or n_units == 0:
         return {k: Interval(float("nan"), float("nan")) for k in names}
-    rng = np.random.default_rng(seed)
-    draw = _stratified_draw(np.asarray(strata), rng) if strata is not None else (lambda: rng.integers(0, n_units, n_units))
+    plan = resampling if resampling is not None else Resampling.make(n_units, strata, groups)
+    if plan.n_items != n_units:
+        raise ValueError(f"the resampling is for {plan.n_items} items, not {n_units}")
+    weights = plan.sampler(np.random.default_rng(seed))
     reps = np.empty((n_boot, len(names)))
     for b in range(n_boot):
-        w = np.bincount(draw(), minlength=n_units).astype(np.float64)
-        vals = statistic(w)
+        vals = statistic(weights())
         reps[b] = [vals[k] for k in names]
+    return percentile_intervals(reps, names, level)
+
+
+def percentile_intervals(reps: np.ndarray, names: Sequence[str], level: float = 0.95) -> dict[str, Interval]:
+    """(n_boot, len(names)) replicates -> the percentile interval of each column (NaN replicates left out)."""
     alpha = (1 - level) / 2 * 100
     out = {}
     for j, k in enumerate(names):

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from vltool.errors import UsageError
+from vltool.errors import UsageError, VltoolError
 
 # FFF's thresholds, chosen for its model (section 4.1); p1 starts from the true pairs' mean S_it, 0.29.
 P_IT, P_II, P_TT, P_IT_TT = 0.27, 0.92, 0.99, 0.24
@@ -121,12 +121,17 @@ def mine(
     nprobe: int = 32,
     chunk: int = 2048,
     query_rows: np.ndarray | None = None,
+    pair_budget: int = 2_000_000,
 ) -> Mined:
     """All positives of M over the whole set.
 
     img: (N, D) image embeddings; txt: (N, D) text embeddings, or (N_txt, D) with owner (N_txt,) giving
     each caption's row. Embeddings are L2-normalised here. `query_rows` limits the images whose
     positives are returned (all rows by default); candidates are still every row.
+
+    Memory is bounded by `pair_budget`, not by the data: queries go in blocks of at most `chunk`, made
+    smaller when the search hits are many (a weak model puts most pairs near the thresholds), so that a
+    block holds about `pair_budget` candidate pairs; their scores are computed in slices of that size.
     """
     th = thresholds or Thresholds()
     th.validate()
@@ -136,46 +141,15 @@ def mine(
     if owner is None and len(txt) != n:
         raise UsageError(f"{n} images but {len(txt)} texts; give each caption's row")
     tmean, owner_idx = text_rows(txt, owner, n)
-    txt_index = _index(txt, index, nprobe)
-    img_index = _index(img, index, nprobe)
-    use_it, use_ii, use_tt = (t in th.enabled for t in TERMS)
-    # one image->text search gives the candidates of terms 1 and 3 (both need S_it above a threshold)
-    r_it = min([th.p_it] * use_it + [th.p_it_tt] * use_tt) if (use_it or use_tt) else None
-
+    ctx = _MineContext(img, txt, tmean, owner_idx, owner is not None, th, _index(txt, index, nprobe), _index(img, index, nprobe))
     positives, scores, terms = [], [], []
     capped = 0
     qrows = np.arange(n) if query_rows is None else np.asarray(query_rows, dtype=np.int64)
-    for lo in range(0, len(qrows), chunk):
-        q_idx = qrows[lo : lo + chunk]  # (B,) global image index of each query
-        q_img = img[q_idx]  # (B, D)
-        none = np.zeros(0, dtype=np.int64)
-        qi, cap, s = _range(txt_index, q_img, r_it) if r_it is not None else (none, none, None)  # image -> caption hits
-        rows_j = owner_idx[cap]
-        qi2, rj2, _ = _range(img_index, q_img, th.p_ii) if use_ii else (none, none, None)  # image -> image hits
-        qa = np.concatenate([qi, qi2])
-        ja = np.concatenate([rows_j, rj2])
-        pair = np.unique(qa * n + ja)  # candidate (query, row) pairs, unique
-        pq, pj = pair // n, pair % n
-        gi = q_idx[pq]  # global image index
-        keep = pj != gi  # a row is never its own positive
-        pq, pj, gi = pq[keep], pj[keep], gi[keep]
-        # the three scores of every candidate pair
-        if owner is None:
-            s_it = np.einsum("nd,nd->n", img[gi], txt[pj])
-        else:  # best caption of row j; search hits give it for hits, recompute exactly for all
-            s_it = _max_caption_score(img, txt, owner_idx, gi, pj)
-        s_ii = np.einsum("nd,nd->n", img[gi], img[pj])
-        s_tt = np.einsum("nd,nd->n", tmean[gi], tmean[pj])
-        t1 = (s_it > th.p_it) & use_it
-        t2 = (s_ii > th.p_ii) & use_ii
-        t3 = (s_tt > th.p_tt) & (s_it > th.p_it_tt) & use_tt
-        m = t1 | t2 | t3
-        pq, pj, s_it, s_ii, s_tt = pq[m], pj[m], s_it[m], s_ii[m], s_tt[m]
-        tm = np.stack([t1[m], t2[m], t3[m]], axis=1)
-        order = np.lexsort((-s_it, pq))  # by query, then S_it descending
-        pq, pj, tm = pq[order], pj[order], tm[order]
-        sc = np.stack([s_it[order], s_ii[order], s_tt[order]], axis=1).astype(np.float32)
-        bounds = np.searchsorted(pq, np.arange(len(q_img) + 1))
+    lo, size, blocks, largest = 0, min(chunk, 64), 0, 0  # a small first block measures the hits per query
+    while lo < len(qrows):
+        q_idx = qrows[lo : lo + size]  # (B,) global image index of each query
+        pq, pj, sc, tm, hits = _mine_block(ctx, q_idx, pair_budget)
+        bounds = np.searchsorted(pq, np.arange(len(q_idx) + 1))
         for a, b in zip(bounds[:-1], bounds[1:]):
             if b - a > max_positives:
                 capped += 1
@@ -183,7 +157,65 @@ def mine(
             positives.append(pj[a:b])
             scores.append(sc[a:b])
             terms.append(tm[a:b])
-    return Mined(positives, scores, terms, capped)
+        lo += len(q_idx)
+        blocks, largest = blocks + 1, max(largest, hits)
+        per_query = max(hits / max(len(q_idx), 1), 1.0)
+        size = int(max(1, min(chunk, pair_budget // per_query)))
+    return Mined(positives, scores, terms, capped, stats={"blocks": blocks, "largest_block_hits": largest})
+
+
+@dataclass
+class _MineContext:
+    img: np.ndarray  # (N, D) normalised
+    txt: np.ndarray  # (N_txt, D) normalised
+    tmean: np.ndarray  # (N, D) each row's mean caption embedding
+    owner_idx: np.ndarray  # (N_txt,) row of each caption
+    several: bool  # captions per row given by an owner array
+    th: Thresholds
+    txt_index: object
+    img_index: object
+
+
+def _mine_block(ctx: _MineContext, q_idx: np.ndarray, pair_budget: int):
+    """The positives of the queries `q_idx`, sorted by query then S_it descending: (query position (P,),
+    row (P,), scores (P, 3), terms (P, 3)), and the number of search hits (to size the next block)."""
+    th, n = ctx.th, len(ctx.img)
+    use_it, use_ii, use_tt = (t in th.enabled for t in TERMS)
+    # one image->text search gives the candidates of terms 1 and 3 (both need S_it above a threshold)
+    r_it = min([th.p_it] * use_it + [th.p_it_tt] * use_tt) if (use_it or use_tt) else None
+    q_img = ctx.img[q_idx]  # (B, D)
+    none = np.zeros(0, dtype=np.int64)
+    qi, cap, _ = _range(ctx.txt_index, q_img, r_it) if r_it is not None else (none, none, None)  # image -> caption hits
+    qi2, rj2, _ = _range(ctx.img_index, q_img, th.p_ii) if use_ii else (none, none, None)  # image -> image hits
+    hits = len(qi) + len(qi2)
+    pair = np.unique(np.concatenate([qi * n + ctx.owner_idx[cap], qi2 * n + rj2]))  # candidate (query, row) pairs
+    del qi, cap, qi2, rj2
+    pq, pj = pair // n, pair % n
+    keep = pj != q_idx[pq]  # a row is never its own positive
+    pq, pj = pq[keep], pj[keep]
+    kept_q, kept_j, kept_s, kept_t = [], [], [], []
+    for a in range(0, len(pq), pair_budget):  # the three scores of every candidate pair, a slice at a time
+        sq, sj = pq[a : a + pair_budget], pj[a : a + pair_budget]
+        gi = q_idx[sq]
+        if ctx.several:  # best caption of row j
+            s_it = _max_caption_score(ctx.img, ctx.txt, ctx.owner_idx, gi, sj)
+        else:
+            s_it = np.einsum("nd,nd->n", ctx.img[gi], ctx.txt[sj])
+        s_ii = np.einsum("nd,nd->n", ctx.img[gi], ctx.img[sj])
+        s_tt = np.einsum("nd,nd->n", ctx.tmean[gi], ctx.tmean[sj])
+        t1 = (s_it > th.p_it) & use_it
+        t2 = (s_ii > th.p_ii) & use_ii
+        t3 = (s_tt > th.p_tt) & (s_it > th.p_it_tt) & use_tt
+        m = t1 | t2 | t3
+        kept_q.append(sq[m])
+        kept_j.append(sj[m])
+        kept_s.append(np.stack([s_it[m], s_ii[m], s_tt[m]], axis=1).astype(np.float32))
+        kept_t.append(np.stack([t1[m], t2[m], t3[m]], axis=1))
+    if not kept_q:
+        return none, none, np.zeros((0, 3), np.float32), np.zeros((0, 3), bool), hits
+    pq, pj, sc, tm = np.concatenate(kept_q), np.concatenate(kept_j), np.concatenate(kept_s), np.concatenate(kept_t)
+    order = np.lexsort((-sc[:, 0], pq))  # by query, then S_it descending
+    return pq[order], pj[order], sc[order], tm[order], hits
 
 
 def _max_caption_score(img, txt, owner_idx, gi, pj) -> np.ndarray:
@@ -365,16 +397,18 @@ def mine_positives(data: str, out, config: MinePositivesConfig, *, where=(), spl
     from vltool import provenance
     from vltool.cache import EmbeddingCache
     from vltool.encode import encode_images, encode_texts, load_eval_model, model_record
-    from vltool.io import check_output, load_dataset, save_dataset
+    from vltool.checks import missing_text_warning, require_decoded
+    from vltool.io import check_output, load_dataset, model_inputs, save_dataset
+    from vltool.topology import warn
 
     timer = provenance.Timer()
     config.validate()
-    required = [C.ID, C.IMAGE, config.text_column] + ([config.group_column] if config.group_column else [])
-    src = load_dataset(data, split=split, where=where, required=required)
+    required = [C.ID] + ([config.group_column] if config.group_column else [])
+    src = load_dataset(data, split=split, where=where, required=required, images=[C.IMAGE], texts=[config.text_column], text_lists=True)
     if not config.dry_run:
         if out is None:
             raise UsageError("--out is required (or pass --dry-run)")
-        out = check_output(out, overwrite, inputs=[src.path])
+        out = check_output(out, overwrite, inputs=[src.path, *model_inputs(config.model, config.pretrained)])
     ds = src.dataset
     n = len(ds)
     if n < 2:
@@ -388,7 +422,15 @@ def mine_positives(data: str, out, config: MinePositivesConfig, *, where=(), spl
     # rows usable for mining: a decodable image and at least one text
     has_text = np.zeros(n, dtype=bool)
     has_text[txt.owner] = True
+    require_decoded(img.bad, data)
+    if img.bad.any():
+        warn(f"{int(img.bad.sum())} images could not be decoded; they are left out")
+    no_text = missing_text_warning(int((~has_text).sum()), n, config.text_column)
+    if no_text:
+        warn(no_text)
     good = ~img.bad & has_text
+    if good.sum() < 2:
+        raise VltoolError(f"mining needs at least 2 rows with a decodable image and text; {int(good.sum())} of {n} have both")
     rows = np.flatnonzero(good)  # (G,) dataset row of each mined row
     remap = -np.ones(n, dtype=np.int64)
     remap[rows] = np.arange(len(rows))

@@ -206,6 +206,64 @@ def _set_submodule(root: nn.Module, dotted: str, new: nn.Module) -> None:
     setattr(parent, child, new)
 
 
+def _bn_buffers(module: nn.Module) -> list[torch.Tensor]:
+    return [b for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) for b in m.buffers()]
+
+
+class batchnorm_stats_kept:
+    """Context: BatchNorm running statistics (and batch counts) of `module` are as before on exit, whatever
+    forward passes ran inside (a recomputation for gradient checkpointing, gradient caching's first pass)."""
+
+    def __init__(self, module: nn.Module):
+        self.buffers = _bn_buffers(module)
+
+    def __enter__(self):
+        self.saved = [b.clone() for b in self.buffers]
+        return self
+
+    def __exit__(self, *exc):
+        with torch.no_grad():
+            for b, s in zip(self.buffers, self.saved):
+                b.copy_(s)
+        return False
+
+
+def _checkpointed(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """module(x) whose activations are recomputed in the backward pass (the RNG state is replayed, and the
+    recomputation leaves BatchNorm running statistics alone, so the result is the plain forward's)."""
+    from torch.utils.checkpoint import checkpoint
+
+    calls = []
+
+    def run(inp):
+        calls.append(1)
+        if len(calls) == 1:
+            return module(inp)
+        with batchnorm_stats_kept(module):
+            return module(inp)
+
+    return checkpoint(run, x, use_reentrant=False)
+
+
+class CheckpointedSequential(nn.Sequential):
+    """nn.Sequential whose children each keep only their input for the backward pass while gradients are
+    being recorded. Set as the __class__ of an existing Sequential, so state-dict keys do not change."""
+
+    def forward(self, x):
+        if not torch.is_grad_enabled():
+            return super().forward(x)
+        for m in self:
+            x = _checkpointed(m, x)
+        return x
+
+
+def set_sequential_checkpointing(seqs: Sequence[nn.Module], enable: bool) -> None:
+    for s in seqs:
+        if type(s) not in (nn.Sequential, CheckpointedSequential):
+            raise UsageError(f"--grad-checkpointing: {type(s).__name__} is not a sequence of blocks vltool can checkpoint")
+        s.__class__ = CheckpointedSequential if enable else nn.Sequential
+
+
 class TorchvisionTower(nn.Module):
     """A torchvision classifier without its last linear layer: image (B,3,H,W) -> features (B, width)."""
 
@@ -251,6 +309,22 @@ class TorchvisionTower(nn.Module):
             return list(net.encoder.layers.children())
         return [m for m in net.children() if any(p.numel() for p in m.parameters())]
 
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Checkpoint each block of the network's stage sequence(s) (torchvision's equivalent of
+        checkpoint_sequential with one segment per block)."""
+        net = self.net
+        if hasattr(net, "features") and isinstance(net.features, nn.Sequential):
+            seqs = [net.features]
+        elif all(hasattr(net, f"layer{i}") for i in range(1, 5)):
+            seqs = [net.layer1, net.layer2, net.layer3, net.layer4]
+        elif hasattr(net, "trunk_output"):
+            seqs = [net.trunk_output]
+        elif hasattr(net, "encoder") and hasattr(net.encoder, "layers"):
+            seqs = [net.encoder.layers]
+        else:
+            raise UsageError(f"--grad-checkpointing: vltool does not know the blocks of torchvision's {type(net).__name__}")
+        set_sequential_checkpointing(seqs, enable)
+
 
 class HFTextTower(nn.Module):
     """A Hugging Face encoder: tokens {input_ids, attention_mask} -> pooled features (B, width)."""
@@ -272,6 +346,15 @@ class HFTextTower(nn.Module):
             return h[:, 0]
         m = mask.unsqueeze(-1).to(h.dtype)  # (B, T, 1)
         return (h * m).sum(1) / m.sum(1).clamp_min(1.0)
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        enc, kw = self.encoder, {"use_reentrant": False}
+        if hasattr(enc, "activation_checkpointing_enable"):  # transformers >= 5.x's name
+            enc.activation_checkpointing_enable(activation_checkpointing_kwargs=kw) if enable else enc.activation_checkpointing_disable()
+        elif enable:
+            enc.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
+        else:
+            enc.gradient_checkpointing_disable()
 
     def blocks(self) -> list[nn.Module]:
         enc = self.encoder
@@ -384,15 +467,55 @@ class TwoTower(nn.Module):
             img, txt = self.image_critic(img), self.text_critic(txt)
         return F.normalize(img, dim=-1), F.normalize(txt, dim=-1)
 
+    channels_last = False  # convolutional image tower in channels_last memory format (set_channels_last)
+
+    def _images(self, images: torch.Tensor) -> torch.Tensor:
+        return images.contiguous(memory_format=torch.channels_last) if self.channels_last and images.dim() == 4 else images
+
+    def convolutional_image_tower(self) -> bool:
+        """A torchvision or ResNet image tower (where channels_last helps), not a ViT."""
+        return isinstance(self.visual, TorchvisionTower) or hasattr(self.visual, "layer4")
+
+    def set_channels_last(self, enable: bool = True) -> None:
+        """Keep the image tower's weights and inputs in channels_last layout (faster convolutions on GPUs)."""
+        self.channels_last = bool(enable)
+        self.visual.to(memory_format=torch.channels_last if enable else torch.contiguous_format)
+
+    def attention_length(self) -> int:
+        """The longest sequence the towers' attention sees (0 without attention): ViT patches + class token,
+        the text context."""
+        n = 0
+        grid = getattr(self.visual, "grid_size", None)
+        if grid is not None and hasattr(self.visual, "transformer"):
+            n = int(grid[0]) * int(grid[1]) + 1
+        tok = self.config.get("tokenizer") or {}
+        ctx = getattr(self.text, "context_length", None) or tok.get("context_length") or tok.get("max_length")
+        return max(n, int(ctx or 0))
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute each block's activations in the backward pass instead of keeping them, in both towers:
+        open_clip's set_grad_checkpointing (its ModifiedResNet by vltool: its layers' blocks), Hugging
+        Face's gradient_checkpointing_enable, torchvision's stage sequences block by block. Same gradients
+        (and BatchNorm statistics), less activation memory."""
+        for tower in (self.visual, self.text):
+            if isinstance(tower, (TorchvisionTower, HFTextTower)):
+                tower.set_grad_checkpointing(enable)
+            elif hasattr(tower, "layer4"):  # open_clip ModifiedResNet (its own method is a no-op)
+                set_sequential_checkpointing([tower.layer1, tower.layer2, tower.layer3, tower.layer4], enable)
+            elif hasattr(tower, "set_grad_checkpointing"):  # open_clip VisionTransformer / TextTransformer
+                tower.set_grad_checkpointing(enable)
+            else:
+                raise UsageError(f"--grad-checkpointing: vltool does not know how to checkpoint {type(tower).__name__}")
+
     # Features before the projection ("trunk") and after it; a frozen trunk's output can be cached.
     def image_trunk(self, images: torch.Tensor) -> torch.Tensor:
-        return self.visual(images)
+        return self.visual(self._images(images))
 
     def text_trunk(self, tokens) -> torch.Tensor:
         return self.text(tokens)
 
     def encode_image(self, images: torch.Tensor, normalize: bool = True) -> torch.Tensor:
-        f = self.image_proj(self.visual(images))  # (B, D)
+        f = self.image_proj(self.visual(self._images(images)))  # (B, D)
         if self.image_critic is not None:
             f = self.image_critic(f)
         return F.normalize(f, dim=-1) if normalize else f
@@ -408,7 +531,7 @@ class TwoTower(nn.Module):
         head=False: the projections before the critic and normalisation (the trainer gathers them and
         applies `apply_critic` to the global batch, so the critic's BatchNorm sees the whole batch)."""
         if image_trunk is None:
-            image_trunk = self.visual(images)
+            image_trunk = self.visual(self._images(images))
         if text_trunk is None:
             text_trunk = self.text(tokens)
         img, txt = self.image_proj(image_trunk), self.text_proj(text_trunk)  # (B, D)
@@ -747,9 +870,11 @@ class LoadedModel:
 
 
 def to_device(tokens, device):
+    """Tokens (a tensor, or a dict of tensors) on `device`; to a GPU asynchronously (from pinned memory)."""
+    nb = torch.device(device).type == "cuda"
     if isinstance(tokens, dict):
-        return {k: v.to(device) for k, v in tokens.items()}
-    return tokens.to(device)
+        return {k: v.to(device, non_blocking=nb) for k, v in tokens.items()}
+    return tokens.to(device, non_blocking=nb)
 
 
 def _finish(model: TwoTower, tokenizer: Tokenizer, device, source: str) -> LoadedModel:

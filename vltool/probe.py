@@ -377,11 +377,13 @@ def probe(
     """Fit a linear probe on `train_data`'s image features and evaluate it on `eval_data`."""
     from vltool import provenance
     from vltool.cache import EmbeddingCache
+    from vltool.checks import image_column, require_decoded
     from vltool.encode import encode_images, load_eval_model, model_record
     from vltool.evaluation import bootstrap_record, check_out, debias_edit, entry, finish
     from vltool.topology import is_main, process_state, warn
     from vltool.io import load_dataset
-    from vltool.metrics import AveragePrecision, ClassificationItems, bootstrap, majority_rate, per_class_recall, topk_chance
+    from vltool.metrics import AveragePrecision, ClassificationItems, Resampling, bootstrap, majority_rate, per_class_recall, topk_chance
+    from vltool.outcomes import base_arrays, example_ids, read_groups
     from vltool.zeroshot import read_labels
 
     timer = provenance.Timer()
@@ -390,7 +392,9 @@ def probe(
     normalize = preset.normalize if config.normalize is None else config.normalize
     train = load_dataset(train_data, split=split, where=where, required=[C.IMAGE])
     evald = load_dataset(eval_data, split=eval_split, where=eval_where, required=[C.IMAGE])
-    out_path = check_out(out, overwrite, [train.path, evald.path])
+    image_column(train.dataset, C.IMAGE, train_data)
+    image_column(evald.dataset, C.IMAGE, eval_data)
+    out_path = check_out(out, overwrite, [train.path, evald.path], config)
     if train.rows == 0 or evald.rows == 0:
         raise UsageError(f"no rows selected: {train.rows} training rows (--where {list(where)}), {evald.rows} eval rows (--eval-where {list(eval_where)})")
     if C.ID in train.dataset.column_names and C.ID in evald.dataset.column_names:
@@ -402,6 +406,7 @@ def probe(
             )
     lab_tr = read_labels(train.dataset, config.label_column, None, train_data)
     lab_ev = read_labels(evald.dataset, lab_tr.column, None, eval_data)
+    groups = read_groups(evald.dataset, config.group_column, eval_data)
     if lab_tr.classnames != lab_ev.classnames or lab_tr.multilabel != lab_ev.multilabel:
         raise UsageError(f"the label column {lab_tr.column!r} has different classes in the training and the eval data")
     if lab_tr.multilabel and preset.optimizer != "svm":
@@ -414,6 +419,8 @@ def probe(
     enc_tr = encode_images(m, train, features=features, cache=cache, batch_size=config.batch_size, workers=config.workers, progress=config.progress)
     enc_ev = encode_images(m, evald, features=features, cache=cache, batch_size=config.batch_size, workers=config.workers, progress=config.progress)
     k_tr, k_ev = ~enc_tr.bad, ~enc_ev.bad
+    require_decoded(enc_tr.bad, train_data)
+    require_decoded(enc_ev.bad, eval_data)
     if (~k_tr).any() or (~k_ev).any():
         warn(f"{int((~k_tr).sum())} training and {int((~k_ev).sum())} eval images could not be decoded and are left out")
     x_tr, x_ev = enc_tr.embeddings[k_tr], enc_ev.embeddings[k_ev]
@@ -434,6 +441,9 @@ def probe(
             _log(msg)
 
     n = len(x_ev)
+    kept_groups = groups[k_ev] if groups is not None else None
+    plan = Resampling.make(n, None if lab_ev.multilabel else y_ev, kept_groups)
+    examples = base_arrays("linear-probe", "map" if preset.optimizer == "svm" else "classification", example_ids(evald.dataset)[k_ev], kept_groups, config.group_column)
     if preset.optimizer == "svm":
         yt = y_tr if lab_tr.multilabel else np.eye(n_cls, dtype=bool)[y_tr]
         ye = y_ev if lab_ev.multilabel else np.eye(n_cls, dtype=bool)[y_ev]
@@ -441,7 +451,10 @@ def probe(
         has_clf = np.isfinite(fit.scores[0]).all(axis=0)
         ap = AveragePrecision(np.nan_to_num(fit.scores[0][:, has_clf], nan=0.0), ye[:, has_clf])
         value = ap.mean()
-        iv = bootstrap(n, lambda w: {"mAP": ap.mean(w)}, config.bootstrap, config.seed, strata=None if lab_ev.multilabel else y_ev)
+        iv = bootstrap(n, lambda w: {"mAP": ap.mean(w)}, config.bootstrap, config.seed, resampling=plan)
+        examples.update(scores=np.nan_to_num(fit.scores[0][:, has_clf], nan=0.0), targets=ye[:, has_clf])
+        if not lab_ev.multilabel:
+            examples["class"] = y_ev
         prevalence = ye[:, has_clf].mean(axis=0)
         present = ye[:, has_clf].any(axis=0)
         chance = {"mAP": float(prevalence[present].mean()) if present.any() else None}
@@ -469,7 +482,9 @@ def probe(
             return items[int(seed_rng.integers(len(items)))].metrics(w)  # resample the seeds too
 
         value = point()
-        iv = bootstrap(n, replicate, config.bootstrap, config.seed, strata=y_ev)
+        iv = bootstrap(n, replicate, config.bootstrap, config.seed, resampling=plan)
+        examples.update({"class": y_ev, "greater": np.stack([it.greater for it in items]).astype(np.int32),
+                         "tied": np.stack([it.tied for it in items]).astype(np.int32), "num_classes": np.asarray(n_cls, dtype=np.int64)})
         chance = {
             "top1": 1 / n_cls,
             "top5": topk_chance(n_cls, 5) if n_cls >= 5 else None,
@@ -511,7 +526,7 @@ def probe(
             "metrics": metric_note,
             "bootstrap": bootstrap_record(
                 config.bootstrap, config.seed,
-                ("eval image" if lab_ev.multilabel else "eval image, within its class") + (", and seed" if len(fit.scores) > 1 else ""),
+                plan.unit("eval image", config.group_column) + (", and seed" if len(fit.scores) > 1 else ""), plan, config.group_column,
             ),
         },
         "classnames": classnames,
@@ -520,4 +535,4 @@ def probe(
         "per_class": per_class,
     })
     record["wall_time_s"] = round(timer.seconds, 3)
-    return finish(record, out_path, overwrite)
+    return finish(record, out_path, overwrite, examples)

@@ -237,28 +237,35 @@ def pseudolabel(
     from vltool import provenance
     from vltool.cache import EmbeddingCache
     from vltool.encode import encode_texts, load_eval_model, model_record
-    from vltool.io import check_output, load_dataset, save_dataset
+    from vltool.checks import clean_texts, missing_text_warning, require_decoded, text_column
+    from vltool.io import check_output, load_dataset, model_inputs, save_dataset
+    from vltool.topology import warn
 
     timer = provenance.Timer()
     config.validate()
-    usrc = load_dataset(unaligned, split=split, where=where, required=[C.ID, C.IMAGE])
+    usrc = load_dataset(unaligned, split=split, where=where, required=[C.ID], images=[C.IMAGE])
     asrc = load_dataset(aligned, split=aligned_split, where=aligned_where, required=[C.ID])
     text_col = C.CAPTION_ORIGINAL if C.CAPTION_ORIGINAL in asrc.dataset.column_names else C.CAPTION
     if text_col not in asrc.dataset.column_names:
         raise UsageError(f"the aligned data {aligned!r} has no caption column (it has: {', '.join(asrc.dataset.column_names)})")
+    text_column(asrc.dataset, text_col, aligned, option="the aligned caption column")
     overlap = set(usrc.dataset[C.ID]) & set(asrc.dataset[C.ID])
     if overlap:
         raise UsageError(f"{len(overlap)} ids are in both the unaligned and the aligned data (e.g. {sorted(overlap)[0]!r}); "
                          "an image cannot be both")
-    out = check_output(out, overwrite, inputs=[usrc.path, asrc.path])
+    out = check_output(out, overwrite, inputs=[usrc.path, asrc.path, *model_inputs(config.model, config.pretrained)])
     if len(asrc.dataset) == 0 or len(usrc.dataset) == 0:
         raise UsageError("the unaligned and the aligned data both need rows after their filters")
 
     m = load_eval_model(config.model, config.pretrained, config.cache_dir)
     cache = EmbeddingCache(config.cache_dir)
-    captions = asrc.dataset[text_col]
-    txt = encode_texts(m, asrc, column=text_col, cache=cache)
+    captions = clean_texts(asrc.dataset[text_col])
+    txt = encode_texts(m, asrc, column=text_col, cache=cache)  # (empty captions are left out)
+    no_text = missing_text_warning(sum(c_ is None for c_ in captions), len(captions), text_col)
+    if no_text:
+        warn(no_text)
     views, bad = encode_views(m, usrc, config, cache)  # (N, c, D)
+    require_decoded(bad, unaligned)
     n, c, d = views.shape
 
     # nearest aligned captions of every view, over the whole aligned set
@@ -288,7 +295,7 @@ def pseudolabel(
 
     check = None
     if C.CAPTION in usrc.dataset.column_names and keep:
-        truth = [content_words(t, english_stopwords()[0]) for t in usrc.dataset.select(keep)[C.CAPTION]]
+        truth = [content_words(t if isinstance(t, str) else "", english_stopwords()[0]) for t in usrc.dataset.select(keep)[C.CAPTION]]
         check = agreement_with_withheld(pseudo, truth, config.seed)
 
     ds = usrc.dataset.select(keep)

@@ -626,12 +626,12 @@ def _progress():
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
         TimeRemainingColumn
 
-    from vltool.console import err
+    from vltool.console import err, progress_enabled
 
     return Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
         TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-        console=err,
+        console=err, disable=not progress_enabled(),
     )
 
 
@@ -837,12 +837,13 @@ def recaption(
     if config.restart and (num_processes or process_state().num_processes) > 1:
         raise UsageError("--restart with several processes is not supported: delete OUT.partial and relaunch")
     input_column = config.text_column if config.paraphrase else C.IMAGE
-    src = load_dataset(data, split=split, where=where, required=[C.ID, input_column])
+    src = load_dataset(data, split=split, where=where, required=[C.ID],
+                       **({"texts": [input_column]} if config.paraphrase else {"images": [input_column]}))
     if config.paraphrase:
-        feature = src.dataset.features[input_column]
-        if getattr(feature, "dtype", None) not in ("string", "large_string"):
-            raise UsageError(f"--text-column {input_column!r} is not a text column (its type is {feature})")
-    out = check_output(out, overwrite, inputs=[src.path])
+        from vltool.checks import clean_text, require_texts
+
+        require_texts(sum(clean_text(t) is not None for t in src.dataset[input_column]), src.rows, input_column, data)
+    out = check_output(out, overwrite, inputs=[src.path, *[Path(f) for f in (config.model, config.lm, config.examples) if f]])
     info = inspect_model(config.model_path, config.paraphrase)
     examples = load_examples(config.examples) if config.paraphrase else ()
     dist = distributed(config, process_index, num_processes)

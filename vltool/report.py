@@ -6,8 +6,12 @@ JSONs of `zeroshot`, `retrieve`, `probe`, or any vltool.json). The report reads 
 
   STEM.json  every number, per seed and summarised, the commands that made them, the machine
   STEM.md    the table: mean +- standard deviation over seeds, the mean 95% bootstrap interval of a
-             single run, the chance level, and the paired difference against a baseline variant
+             single run, the chance level, and the difference from a baseline variant with its paired
+             bootstrap interval over the same test examples (vltool.outcomes.paired_difference)
   STEM.png   one panel per metric: a bar per variant, a dot per seed, the chance level dashed
+
+The paired interval needs each run's per-example outcomes (the X.examples.npz its results JSON names);
+a metric without them (a run older than the file, or a plain number) gets "-" and a note.
 
 A metric is named RELPATH:KEY. RELPATH is a JSON file relative to the run directory (".json" may be
 left off); KEY is first looked up in the file's "metrics" (an evaluation entry: value, 95% interval,
@@ -53,6 +57,8 @@ class ReportConfig:
     recipe: str | None = None
     paper: dict[str, str] = field(default_factory=dict)  # variant -> the paper's finding for the same comparison
     notes: list[str] = field(default_factory=list)
+    bootstrap: int = 1000  # resamples of the paired bootstrap
+    seed: int = 0  # its seed
 
 
 def parse_metric(spec: str) -> Metric:
@@ -191,6 +197,7 @@ def build_report(runs_dir: str | Path, config: ReportConfig) -> dict:
         raise UsageError(f"--baseline {config.baseline!r} is not one of the variants ({', '.join(v for v, _ in order)})")
 
     variants = []
+    sources: dict[tuple[str, str, str], tuple[Path, dict]] = {}  # (variant, seed, metric) -> its JSON file and record
     for name, label in order:
         runs: dict[str, dict] = {}
         for seed, d in sorted(found[name].items()):
@@ -201,9 +208,11 @@ def build_report(runs_dir: str | Path, config: ReportConfig) -> dict:
                     p = p.with_name(p.name + ".json")
                 if not p.exists():
                     continue
-                e = lookup(_read_json(p), m.key)
+                record = _read_json(p)
+                e = lookup(record, m.key)
                 if e is not None and e["value"] is not None:
                     row[m.name] = e
+                    sources[(name, str(seed), m.name)] = (p, record)
             runs[str(seed)] = row
         variants.append({"name": name, "label": label, "paper": config.paper.get(name), "runs": runs})
 
@@ -242,6 +251,8 @@ def build_report(runs_dir: str | Path, config: ReportConfig) -> dict:
             summary[m.name] = s
         v["summary"] = summary
 
+    paired_notes = paired_comparisons(variants, base, config, sources) if base is not None else []
+    units = sorted({u for _, r in sources.values() if (u := _bootstrap_unit(r))})
     commands, wall = collect_commands(runs_dir)
     seeds = sorted({int(s) for v in variants for s in v["runs"]})
     return {
@@ -256,10 +267,103 @@ def build_report(runs_dir: str | Path, config: ReportConfig) -> dict:
         "baseline": config.baseline,
         "metrics": [{"name": m.name, "label": m.label, "file": m.relpath, "key": m.key} for m in config.metrics],
         "variants": variants,
+        "bootstrap_units": units,
+        "paired": {
+            "method": "paired bootstrap of the difference from the baseline over the same test examples: "
+                      "delta = mean over seeds of metric(variant, seed) - metric(baseline, seed); each resample draws "
+                      "whole groups of examples (the runs' --group-column; within classes when the groups nest in them), "
+                      "the same draw for every seed and both variants; 95% percentile interval; 'differs' when it excludes 0",
+            "resamples": config.bootstrap, "seed": config.seed, "level": 0.95,
+        } if base is not None else None,
+        "paired_notes": paired_notes,
         "notes": config.notes,
         "wall_time_s": {**wall, "total": round(sum(wall.values()), 1)},
         "commands": commands,
     }
+
+
+def _bootstrap_unit(record: dict) -> str | None:
+    """protocol.bootstrap.unit of an evaluation's results record (None for other files)."""
+    proto = record.get("protocol")
+    b = proto.get("bootstrap") if isinstance(proto, dict) else None
+    u = b.get("unit") if isinstance(b, dict) else None
+    return u if isinstance(u, str) else None
+
+
+def _examples_file(json_path: Path, record: dict) -> Path | None:
+    ex = record.get("examples")
+    if not isinstance(ex, dict) or not isinstance(ex.get("file"), str):
+        return None
+    p = json_path.parent / ex["file"]
+    return p if p.exists() else None
+
+
+def paired_comparisons(variants: list[dict], base: dict, config: ReportConfig, sources: dict) -> list[str]:
+    """Each variant's paired difference from the baseline, with its bootstrap interval, into
+    summary[metric]["paired"] (None, with "paired_note", where it cannot be computed); returns the notes."""
+    from vltool.outcomes import Outcomes, paired_difference
+
+    cache: dict[Path, Outcomes] = {}
+    notes: list[str] = []
+
+    def outcomes(key) -> Outcomes | None:
+        json_path, record = sources[key]
+        p = _examples_file(json_path, record)
+        if p is None:
+            return None
+        if p not in cache:
+            cache[p] = Outcomes.read(p)
+        return cache[p]
+
+    def note(text: str) -> None:
+        if text not in notes:
+            notes.append(text)
+
+    for v in variants:
+        if v is base:
+            continue
+        todo: dict[tuple, list[str]] = {}  # (file, seeds) -> metric names computed together
+        for m in config.metrics:
+            s = v["summary"].get(m.name)
+            if s is None:
+                continue
+            s["paired"] = None
+            seeds = sorted((k for k in s["values"] if m.name in base["runs"].get(k, {})), key=int)
+            if not seeds:
+                continue
+            if s["kind"] != "eval":
+                s["paired_note"] = "a plain number: no per-example outcomes"
+                note(f"{m.label}: a plain number, not an outcome per test example.")
+                continue
+            missing = [k for k in seeds for who in (v, base) if outcomes((who["name"], k, m.name)) is None]
+            if missing:
+                s["paired_note"] = "no per-example outcomes (.examples.npz) for seed(s) " + ", ".join(sorted(set(missing), key=int))
+                note(f"{m.label}: no paired interval, some runs have no per-example outcomes (evaluated before they were "
+                     "written, or the file was moved); re-run their evaluation to get it.")
+                continue
+            names = outcomes((v["name"], seeds[0], m.name)).statistic()(None)
+            if m.key not in names:
+                s["paired_note"] = f"{m.key} is not recomputed from the per-example outcomes"
+                continue
+            todo.setdefault((m.relpath, tuple(seeds)), []).append(m.name)
+        for (relpath, seeds), mnames in todo.items():
+            keys = {n: next(m.key for m in config.metrics if m.name == n) for n in mnames}
+            pairs = []
+            for k in seeds:
+                pair = (outcomes((v["name"], k, mnames[0])), outcomes((base["name"], k, mnames[0])))
+                for who, o in zip((v, base), pair):  # an outcomes file must reproduce its own JSON
+                    got = o.statistic()(None)
+                    for n, key in keys.items():
+                        want = who["runs"][k][n]["value"]
+                        if not (abs(got[key] - want) <= 1e-9 * max(1.0, abs(want))):
+                            raise VltoolError(f"{o.path}: its outcomes give {key} = {got[key]!r}, its results JSON {want!r}; "
+                                              "the two files come from different runs (re-run the evaluation)")
+                pairs.append(pair)
+            res = paired_difference(pairs, sorted(set(keys.values())), config.bootstrap, config.seed)
+            for n, key in keys.items():
+                r = res["metrics"][key]
+                v["summary"][n]["paired"] = {**r, "seeds": [int(k) for k in seeds], "unit": res["unit"], "resampling": res["resampling"]}
+    return notes
 
 
 def _scale(kind: str, key: str) -> float:
@@ -277,6 +381,20 @@ def _fmt(x: float | None, scale: float, digits: int = 1, plain: bool = False) ->
     return f"{x:.{digits}f}"
 
 
+def _signed(x: float, scale: float, plain: bool) -> str:
+    return ("+" if x >= 0 else "−") + _fmt(abs(x), scale, plain=plain)
+
+
+def _units_in_words(units: list[str]) -> str:
+    """The runs' bootstrap units, briefly: 'whole base_id groups of test images' or 'the test images'."""
+    cols = sorted({u.split(" group (")[0] for u in units if " group (" in u})
+    if cols and all(" group (" in u for u in units):
+        return "whole " + "/".join(cols) + " groups of test images"
+    if cols:
+        return "the test images (whole " + "/".join(cols) + " groups for some metrics)"
+    return "the test images"
+
+
 def render_markdown(report: dict) -> str:
     metrics = report["metrics"]
     lines = []
@@ -285,7 +403,7 @@ def render_markdown(report: dict) -> str:
     n = len(report["seeds"])
     lines.append(f"Seeds {', '.join(map(str, report['seeds']))}: each cell is the mean ± standard deviation over "
                  f"{n} seed{'s' if n != 1 else ''}; below it, ±h is the mean half-width of one run's 95% bootstrap interval "
-                 "over the test images. Percent unless the metric is a rank or a count.")
+                 f"over {_units_in_words(report.get('bootstrap_units') or [])}. Percent unless the metric is a rank or a count.")
     if report.get("incomplete_seeds"):
         lines.append(f"Seed{'s' if len(report['incomplete_seeds']) > 1 else ''} {', '.join(map(str, report['incomplete_seeds']))} "
                      "left out: not every variant has results for it (the recipe was stopped part-way).")
@@ -318,8 +436,13 @@ def render_markdown(report: dict) -> str:
     base = report["baseline"]
     if base is not None and len(report["variants"]) > 1:
         blabel = next(v["label"] for v in report["variants"] if v["name"] == base)
-        lines += ["", f"Paired by seed, difference from **{blabel}** (mean ± sd of the per-seed differences; "
-                      "k/n: seeds where the variant is higher):", ""]
+        seeds = ", ".join(map(str, report["seeds"]))
+        paired = [s["paired"] for v in report["variants"] for s in v["summary"].values() if s.get("paired")]
+        unit = _units_in_words(sorted({p["unit"] for p in paired})) if paired else "the test images"
+        lines += ["", f"Difference from **{blabel}** on the same test examples, Δ = the mean over seeds {seeds} of "
+                      f"(variant − {blabel}), with its 95% paired bootstrap interval (resampling {unit}, the same draw for "
+                      "every seed and both variants): **differs** when the interval excludes 0, else *within noise*. "
+                      "Below it, the sd of the per-seed differences (training noise, which the interval does not include).", ""]
         lines.append("| Variant | " + " | ".join(m["label"] for m in metrics) + " |")
         lines.append("|---|" + "---:|" * len(metrics))
         for v in report["variants"]:
@@ -333,11 +456,19 @@ def render_markdown(report: dict) -> str:
                     cells.append("-")
                     continue
                 sc = _scale(s["kind"], m["key"])
-                sign = "+" if d["mean"] >= 0 else ""
                 pl = s["kind"] == "value"
-                cells.append(f"{sign}{_fmt(d['mean'], sc, plain=pl)}" + (f" ± {_fmt(d['sd'], sc, plain=pl)}" if d["sd"] is not None else "")
-                             + f" ({d['positive_seeds']}/{d['seeds']})")
+                pr = s.get("paired")
+                if pr is not None and pr["ci_low"] is not None:
+                    cell = (f"{_signed(pr['delta'], sc, pl)} [{_signed(pr['ci_low'], sc, pl)}, {_signed(pr['ci_high'], sc, pl)}] "
+                            + ("**differs**" if pr["differs"] else "*within noise*"))
+                else:
+                    cell = f"{_signed(d['mean'], sc, pl)} [-]"
+                if d["sd"] is not None:
+                    cell += f"<br>sd {_fmt(d['sd'], sc, plain=pl)}"
+                cells.append(cell)
             lines.append("| " + " | ".join(cells) + " |")
+        if any(s.get("paired") is None and s.get("delta_vs_baseline") for v in report["variants"] for s in v["summary"].values()):
+            lines += ["", "[-]: no paired interval. " + " ".join(report.get("paired_notes") or [])]
     if report["notes"]:
         lines.append("")
         lines += [f"{note}" if note.startswith(("- ", "* ")) else f"- {note}" for note in report["notes"]]
@@ -405,13 +536,29 @@ def render_chart(report: dict, path: Path) -> str | None:
     return path.name
 
 
+def report_stem(out_stem: str | Path) -> Path:
+    stem = Path(out_stem).expanduser()
+    return stem.with_suffix("") if stem.suffix in (".json", ".md", ".png") else stem
+
+
+def check_report_out(runs_dir: str | Path, out_stem: str | Path) -> Path:
+    """Refuse a --out whose files would replace a run the report reads (RUNS_DIR/<variant>/seed<N>), or
+    that cannot be written; in the CLI, lock it. STEM.json, .md and .png are replaced (no --overwrite)."""
+    from vltool.io import check_output
+
+    stem = report_stem(out_stem)
+    runs = [d for seeds in find_runs(Path(runs_dir)).values() for d in seeds.values()] if Path(runs_dir).is_dir() else []
+    names = [stem.name + ext for ext in (".json", ".md", ".png")]
+    for name in names:
+        check_output(stem.with_name(name), True, inputs=runs, lock=False)
+    return check_output(stem, True, inputs=runs, related=names)
+
+
 def write_report(report: dict, out_stem: str | Path, *, chart: bool = True, overwrite: bool = True) -> dict[str, str]:
     """Write STEM.json, STEM.md and (with matplotlib) STEM.png atomically; returns the files written."""
     from vltool.io import atomic_file, write_json_atomic
 
-    stem = Path(out_stem)
-    if stem.suffix in (".json", ".md", ".png"):
-        stem = stem.with_suffix("")
+    stem = report_stem(out_stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     files = {}
     md_path = stem.with_name(stem.name + ".md")

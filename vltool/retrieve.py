@@ -11,7 +11,7 @@ ranking scores (docs/evaluation.md).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -20,6 +20,7 @@ import numpy as np
 from vltool import columns as C
 from vltool.errors import UsageError, check
 from vltool.evaluation import EvalCommon
+from vltool.metrics import RetrievalItems  # (defined in vltool.metrics; still importable from here)
 
 DIRECTIONS = ("image_to_text", "text_to_image")
 
@@ -62,42 +63,6 @@ class RetrieveConfig(EvalCommon):
         return ks
 
 
-@dataclass
-class RetrievalItems:
-    """Per-query values of both directions, from which the metrics and their bootstrap are computed."""
-
-    ks: list[int]
-    i2t_hits: dict[int, np.ndarray]  # k -> (N_i,)
-    t2i_hits: dict[int, np.ndarray]  # k -> (N_t,)
-    i2t_rank: np.ndarray  # (N_i,)
-    t2i_rank: np.ndarray  # (N_t,)
-    owner: np.ndarray  # (N_t,) image of each text
-    _i_order: np.ndarray = field(init=False, repr=False)
-    _t_order: np.ndarray = field(init=False, repr=False)
-
-    def __post_init__(self):
-        self._i_order = np.argsort(self.i2t_rank, kind="stable")
-        self._t_order = np.argsort(self.t2i_rank, kind="stable")
-
-    def metrics(self, w: np.ndarray | None = None) -> dict[str, float]:
-        """Metrics with image weights `w` (a bootstrap draw; a text weighs what its image weighs)."""
-        from vltool.metrics import weighted_median
-
-        wi = np.ones(len(self.i2t_rank)) if w is None else w
-        wt = wi[self.owner]
-        si, st = wi.sum(), wt.sum()
-        out = {}
-        for k in self.ks:
-            out[f"image_to_text_R@{k}"] = float(wi @ self.i2t_hits[k] / si)
-        out["image_to_text_mean_rank"] = float(wi @ self.i2t_rank / si)
-        out["image_to_text_median_rank"] = weighted_median(self.i2t_rank, None if w is None else wi, self._i_order)
-        for k in self.ks:
-            out[f"text_to_image_R@{k}"] = float(wt @ self.t2i_hits[k] / st)
-        out["text_to_image_mean_rank"] = float(wt @ self.t2i_rank / st)
-        out["text_to_image_median_rank"] = weighted_median(self.t2i_rank, None if w is None else wt, self._t_order)
-        return out
-
-
 def retrieval_chance_levels(ks: Sequence[int], n_images: int, n_texts: int, per_image: np.ndarray) -> dict[str, float]:
     """What a uniformly random ranking scores (per query, then averaged like the metric).
 
@@ -133,18 +98,21 @@ def retrieve(
     """Evaluate image-text retrieval of `config.model` on `data`; returns the results record."""
     from vltool import provenance
     from vltool.cache import EmbeddingCache
+    from vltool.checks import missing_text_warning, require_decoded
     from vltool.encode import encode_images, encode_texts, load_eval_model, model_record
     from vltool.evaluation import bootstrap_record, check_out, debias_edit, entry, finish
     from vltool.topology import process_state, warn
     from vltool.io import load_dataset
-    from vltool.metrics import bootstrap, retrieval_ranks
+    from vltool.metrics import Resampling, bootstrap, retrieval_ranks
+    from vltool.outcomes import base_arrays, example_ids, read_groups
 
     timer = provenance.Timer()
     ks = config.validate()
-    loaded = load_dataset(data, split=split, where=where, required=[C.IMAGE, config.text_column])
-    out_path = check_out(out, overwrite, [loaded.path])
+    loaded = load_dataset(data, split=split, where=where, images=[C.IMAGE], texts=[config.text_column], text_lists=True)
+    out_path = check_out(out, overwrite, [loaded.path], config)
     if loaded.rows == 0:
         raise UsageError(f"no rows of {data!r} are selected (--where {list(where)})")
+    groups = read_groups(loaded.dataset, config.group_column, data)
 
     m = load_eval_model(config.model, config.pretrained, config.cache_dir)
     cache = EmbeddingCache(config.cache_dir)
@@ -155,10 +123,12 @@ def retrieve(
     n_rows = loaded.rows
     per_row = np.bincount(txt.owner, minlength=n_rows)
     keep = ~img.bad & (per_row > 0)
+    require_decoded(img.bad, data)
     if (img.bad).any():
         warn(f"{int(img.bad.sum())} images could not be decoded; they and their texts are left out")
-    if ((per_row == 0) & ~img.bad).any():
-        warn(f"{int(((per_row == 0) & ~img.bad).sum())} rows have no text in {config.text_column!r}; their images are left out")
+    no_text = missing_text_warning(int((per_row == 0).sum()), n_rows, config.text_column)
+    if no_text:
+        warn(no_text)
     new_index = np.cumsum(keep) - 1
     t_keep = keep[txt.owner]
     images = img.embeddings[keep]
@@ -177,16 +147,17 @@ def retrieve(
     finally:
         if bar:
             bar[0].stop()
-    items = RetrievalItems(
-        ks,
-        {k: i2t.hits(k) for k in ks},
-        {k: t2i.hits(k) for k in ks},
-        i2t.rank(),
-        t2i.rank(),
-        owner,
-    )
+    items = RetrievalItems.from_ranks(ks, i2t, t2i, owner)
     point = items.metrics()
-    iv = bootstrap(n_i, items.metrics, config.bootstrap, config.seed)
+    kept_groups = groups[keep] if groups is not None else None
+    plan = Resampling.make(n_i, None, kept_groups)
+    iv = bootstrap(n_i, items.metrics, config.bootstrap, config.seed, resampling=plan)
+    examples = base_arrays("retrieval", "retrieval", example_ids(loaded.dataset)[keep], kept_groups, config.group_column)
+    examples.update(
+        i2t_greater=i2t.greater, i2t_tied=i2t.tied, i2t_tied_pos=i2t.tied_pos, text_owner=owner,
+        t2i_greater=t2i.greater, t2i_tied=t2i.tied, recall_k=np.asarray(ks, dtype=np.int64),
+    )
+    unit = plan.unit("image", config.group_column) + (", each image with all its texts" if plan.grouped else " (with all its texts)")
     per_image = np.bincount(owner, minlength=n_i)
     chance = retrieval_chance_levels(ks, n_i, n_t, per_image)
     metrics = {k: entry(v, iv[k], chance[k]) for k, v in point.items()}
@@ -220,25 +191,22 @@ def retrieve(
             "score": "cosine similarity of L2-normalised embeddings (float64)",
             "ties": "broken uniformly at random; metrics are the expectation (exact when no ties)",
             "chance": "a uniformly random ranking: K/N_images (text->image); mean over images of 1 - C(N_texts-p, K)/C(N_texts, K) for p correct texts (image->text)",
-            "bootstrap": bootstrap_record(config.bootstrap, config.seed, "image (with all its texts)"),
+            "bootstrap": bootstrap_record(config.bootstrap, config.seed, unit, plan, config.group_column),
         },
         "metrics": metrics,
         "chance": chance,
     })
     record["wall_time_s"] = round(timer.seconds, 3)
-    return finish(record, out_path, overwrite)
+    return finish(record, out_path, overwrite, examples)
 
 
 def _bar(total: int, enabled: bool):
+    from vltool.console import Bar
     from vltool.topology import is_main
 
     if not enabled or not is_main():
         return None
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    from vltool.console import err
-
-    prog = Progress(TextColumn("[bold]ranking[/]"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=err)
-    task = prog.add_task("ranking", total=total)
-    prog.start()
-    return prog, task
+    bar = Bar("ranking", total, unit="texts")
+    if bar.prog is None:
+        return None
+    return bar.prog, bar.task

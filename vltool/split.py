@@ -23,6 +23,7 @@ class SplitConfig:
     part_column: str = "part"
     seed: int = 0
     separate: bool = False
+    replace_column: bool = False  # --part-column may name an existing column only with this
 
     def parsed(self) -> list[tuple[str, float]]:
         out = []
@@ -69,6 +70,11 @@ def split(data: str, out, config: SplitConfig, *, where=(), split_name=None, ove
     groups = ds[config.by] if config.by else ds[C.ID]
     assigned = assign_parts(list(groups), parts, config.seed)
     if config.part_column in ds.column_names:
+        if config.part_column in (C.ID, config.by) or not config.replace_column:
+            why = ("it is the rows' id" if config.part_column == C.ID else "it is the --by column" if config.part_column == config.by
+                   else "pass --replace-column to replace it")
+            raise UsageError(f"--part-column {config.part_column!r}: {data!r} already has a column {config.part_column!r} ({why}); "
+                             "name a new column, e.g. --part-column part")
         ds = ds.remove_columns([config.part_column])
     ds = ds.add_column(config.part_column, assigned, feature=datasets.Value("string"))
     counts = {n: assigned.count(n) for n, _ in parts}

@@ -37,3 +37,17 @@ def warn(message: str) -> None:
     """A warning on stderr, printed once: by the main process only."""
     if is_main():
         print(f"warning: {message}", file=sys.stderr)
+
+
+def launch_token() -> str:
+    """A short name every process of this launch computes alike (no communication needed) and no other live
+    launch shares: from the launcher's rendezvous (MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID) under
+    `accelerate launch` / torchrun, else from this process's id."""
+    import hashlib
+    import os
+
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+        key = "|".join(os.environ.get(k, "") for k in ("TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT"))
+    else:
+        key = f"pid:{os.getpid()}"
+    return hashlib.sha1(key.encode()).hexdigest()[:8]

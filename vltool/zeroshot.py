@@ -143,18 +143,22 @@ def zeroshot(
     """Evaluate zero-shot classification of `config.model` on `data`; returns the results record."""
     from vltool import provenance
     from vltool.cache import EmbeddingCache
+    from vltool.checks import require_decoded
     from vltool.encode import encode_images, encode_prompts, load_eval_model, model_record
     from vltool.evaluation import bootstrap_record, check_out, debias_edit, entry, finish
     from vltool.topology import process_state, warn
     from vltool.io import load_dataset
-    from vltool.metrics import AveragePrecision, ClassificationItems, bootstrap, majority_rate, per_class_recall, topk_chance
+    from vltool.metrics import AveragePrecision, ClassificationItems, Resampling, bootstrap, majority_rate, per_class_recall, topk_chance
+    from vltool.outcomes import base_arrays, example_ids, read_groups
     from vltool.templates import class_prompts, load_class_prompts, load_templates
 
     timer = provenance.Timer()
     config.validate()
-    loaded = load_dataset(data, split=split, where=where, required=[C.IMAGE])
-    out_path = check_out(out, overwrite, [loaded.path])
+    loaded = load_dataset(data, split=split, where=where, images=[C.IMAGE])
+    files = [config.classnames, config.class_prompts, config.templates if Path(config.templates).expanduser().is_file() else None]
+    out_path = check_out(out, overwrite, [loaded.path, *[Path(f) for f in files if f]], config)
     labels = read_labels(loaded.dataset, config.label_column, config.classnames, data)
+    groups = read_groups(loaded.dataset, config.group_column, data)
     if loaded.rows == 0:
         raise UsageError(f"no rows of {data!r} are selected (--where {list(where)})")
     all_classes = len(labels.classnames)
@@ -177,6 +181,7 @@ def zeroshot(
         cls = edit.texts(cls)
 
     keep = ~img.bad
+    require_decoded(img.bad, data)
     if not keep.all():
         warn(f"{int((~keep).sum())} images could not be decoded and are left out")
     x = img.embeddings[keep]
@@ -187,12 +192,17 @@ def zeroshot(
     n_cls = len(labels.classnames)
     target = labels.target[keep]
     n = len(x)
+    task = "zeroshot-multilabel" if labels.multilabel else "zeroshot"
+    kept_groups = groups[keep] if groups is not None else None
+    plan = Resampling.make(n, None if labels.multilabel else target, kept_groups)
+    examples = base_arrays(task, "map" if labels.multilabel else "classification", example_ids(loaded.dataset)[keep], kept_groups, config.group_column)
 
     if labels.multilabel:
         ap = AveragePrecision(scores, target)
         per_ap = ap.per_class()
         value = ap.mean()
-        iv = bootstrap(n, lambda w: {"mAP": ap.mean(w)}, config.bootstrap, config.seed)
+        iv = bootstrap(n, lambda w: {"mAP": ap.mean(w)}, config.bootstrap, config.seed, resampling=plan)
+        examples.update(scores=scores, targets=target)
         prevalence = target.mean(axis=0)
         chance_map = float(np.mean(prevalence[target.any(axis=0)])) if target.any() else float("nan")
         metrics = {"mAP": entry(value, iv["mAP"], chance_map)}
@@ -204,7 +214,9 @@ def zeroshot(
     else:
         items = ClassificationItems.from_scores(scores, target, n_cls)
         point = items.metrics()
-        iv = bootstrap(n, items.metrics, config.bootstrap, config.seed, strata=target)
+        iv = bootstrap(n, items.metrics, config.bootstrap, config.seed, resampling=plan)
+        examples.update({"class": target, "greater": items.greater[None].astype(np.int32), "tied": items.tied[None].astype(np.int32),
+                         "num_classes": np.asarray(n_cls, dtype=np.int64)})
         chance = {
             "top1": 1 / n_cls,
             "top5": topk_chance(n_cls, 5) if n_cls >= 5 else None,
@@ -238,7 +250,7 @@ def zeroshot(
         "zeroshot", config, [loaded], rows_in=loaded.rows, rows_out=int(n), stats=stats, timer=timer, argv=argv
     )
     record.update({
-        "task": "zeroshot-multilabel" if labels.multilabel else "zeroshot",
+        "task": task,
         "model": model_record(m, config.model, config.pretrained),
         "data": {"spec": data, "fingerprint": loaded.fingerprint, "split": loaded.split, "where": loaded.where, "rows": loaded.rows, "rows_evaluated": int(n), "label_column": labels.column},
         "protocol": {
@@ -251,7 +263,7 @@ def zeroshot(
             "score": "cosine similarity of L2-normalised embeddings (float64)",
             "ties": "broken uniformly at random; metrics are the expectation (exact when no ties)",
             "metrics": "CLIP_benchmark zeroshot_classification: acc1, acc5 (>= 5 classes), mean_per_class_recall; mAP for multi-label",
-            "bootstrap": bootstrap_record(config.bootstrap, config.seed, "image" if labels.multilabel else "image, within its class"),
+            "bootstrap": bootstrap_record(config.bootstrap, config.seed, plan.unit("image", config.group_column), plan, config.group_column),
         },
         "classnames": labels.classnames,
         "metrics": metrics,
@@ -259,4 +271,4 @@ def zeroshot(
         "per_class": per_class,
     })
     record["wall_time_s"] = round(timer.seconds, 3)
-    return finish(record, out_path, overwrite)
+    return finish(record, out_path, overwrite, examples)

@@ -33,6 +33,7 @@ CacheDirOpt = Annotated[
     Optional[Path],
     typer.Option("--cache-dir", help="Derived data such as embeddings [default: $VLTOOL_CACHE, else ~/.cache/vltool]."),
 ]
+NoProgressOpt = Annotated[bool, typer.Option("--no-progress", help="No progress bars on stderr.")]
 ModelOpt = Annotated[Path, typer.Option("--model", help="A trained vltool model (RUN_DIR or RUN_DIR/model).")]
 DataArg = Annotated[str, typer.Argument(help="A dataset saved with save_to_disk, or 'emoji' (the built-in data).", show_default=False)]
 
@@ -63,19 +64,57 @@ def renamed(ctx: typer.Context, old: str, new: str, old_value, new_value, *, mea
 
 
 def handle_errors(fn: Callable) -> Callable:
-    """Print a VltoolError on one line and exit with its code; VLTOOL_DEBUG=1 shows the traceback."""
+    """Run a command the way every command runs (docs/conventions.md, "Output and errors"):
+
+    - a VltoolError prints `error: <message>` on one line and exits with its code (1, or 2 for usage);
+    - an OSError (disk full, a file that vanished, permission denied while writing) prints one line too;
+    - anything else is a bug: one line naming it, exit 1; VLTOOL_DEBUG=1 shows every traceback;
+    - the outputs it checks (vltool.io.check_output) stay locked until it ends (vltool.io.output_scope);
+    - `--no-progress` turns every progress bar off (vltool.console.progress_setting).
+    """
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        import click
+
+        from vltool.console import progress_setting
+        from vltool.io import output_scope
+
+        debug = bool(os.environ.get("VLTOOL_DEBUG"))
         try:
-            return fn(*args, **kwargs)
+            with output_scope(), progress_setting(not kwargs.get("no_progress", False)):
+                return fn(*args, **kwargs)
         except VltoolError as e:
-            if os.environ.get("VLTOOL_DEBUG"):
+            if debug:
                 raise
-            print(f"error: {e}", file=sys.stderr)
+            print(f"error: {one_line(str(e))}", file=sys.stderr)
             raise typer.Exit(e.exit_code) from None
         except KeyboardInterrupt:
             print("interrupted: nothing was written", file=sys.stderr)
             raise typer.Exit(130) from None
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
+            raise
+        except OSError as e:
+            if debug:
+                raise
+            print(f"error: {os_error(e)}", file=sys.stderr)
+            raise typer.Exit(1) from None
+        except Exception as e:
+            if debug:
+                raise
+            print(f"error: internal error ({type(e).__name__}: {one_line(str(e))[:300]}); this is a bug in vltool, "
+                  "please report it with the output of VLTOOL_DEBUG=1", file=sys.stderr)
+            raise typer.Exit(1) from None
 
     return wrapper
+
+
+def one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def os_error(e: OSError) -> str:
+    """An OSError as one line: what failed, on which file."""
+    what = e.strerror or one_line(str(e)) or type(e).__name__
+    files = [f for f in (e.filename, getattr(e, "filename2", None)) if f]
+    return f"{what}: {' -> '.join(map(str, files))}" if files else what

@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from vltool.commands.common import (
+    NoProgressOpt,
     CacheDirOpt, JsonOpt, OldEvalOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors, renamed,
 )
 from vltool.commands.evaluation import EvalModelOpt, PretrainedOpt
@@ -46,7 +47,7 @@ def debias_command(
     queries: Annotated[Optional[Path], typer.Option("--queries", help="Report mode: GROUP<TAB>QUERY lines [default: the pairs in the templates].")] = None,
     top: Annotated[int, typer.Option("--top", min=1, help="Report mode: images per query and group.")] = 10,
     debias_text: Annotated[bool, typer.Option("--debias-text", help="Edit the query embeddings too.")] = False,
-    zeroshot_label: Annotated[Optional[str], typer.Option("--zeroshot-label", help="Report mode: zero-shot accuracy on this ClassLabel column before/after.")] = "label",
+    zeroshot_label: Annotated[Optional[str], typer.Option("--zeroshot-label", help="Report mode: zero-shot accuracy on this ClassLabel column before/after ('' for none) [default: label, when the data has it].")] = None,
     where: WhereOpt = None,
     split: SplitOpt = None,
     batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Images per encoding batch.")] = 64,
@@ -55,6 +56,7 @@ def debias_command(
     overwrite: OverwriteOpt = False,
     as_json: JsonOpt = False,
     old_eval: OldEvalOpt = None,
+    no_progress: NoProgressOpt = False,
 ) -> None:
     from vltool.debias import DebiasConfig, compute_subspace, measure
     from vltool.errors import UsageError

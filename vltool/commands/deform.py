@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from vltool.commands.common import (
+    NoProgressOpt,
     DataArg,
     JsonOpt,
     NumProcOpt,
@@ -55,6 +56,7 @@ def deform_command(
     overwrite: OverwriteOpt = False,
     as_json: JsonOpt = False,
     column: OldColumnOpt = None,
+    no_progress: NoProgressOpt = False,
 ) -> None:
     from vltool.deform import deform
 

@@ -7,6 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from vltool.commands.common import NoProgressOpt  # noqa: F401  (shared by every command; re-exported)
+
 EVAL_PANEL = "Evaluation"
 
 EvalModelOpt = Annotated[
@@ -34,7 +36,16 @@ DebiasOpt = Annotated[
     typer.Option("--debias", help="A concept subspace from `vltool debias --out`: remove it from the image embeddings.", rich_help_panel=EVAL_PANEL),
 ]
 DebiasTextOpt = Annotated[bool, typer.Option("--debias-text", help="With --debias: edit the text embeddings too.", rich_help_panel=EVAL_PANEL)]
-NoProgressOpt = Annotated[bool, typer.Option("--no-progress", help="No progress bars on stderr.")]
+GroupColumnOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--group-column",
+        help="The group of each row (e.g. base_id: the skin tones and forms of one emoji): the bootstrap resamples "
+        "whole groups, within their class when each group lies in one, and the per-example outcomes record it "
+        "[default: each image is its own unit].",
+        rich_help_panel=EVAL_PANEL,
+    ),
+]
 
 
 def emit(record: dict, title: str, as_json: bool) -> None:

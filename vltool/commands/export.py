@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from vltool.commands.common import DataArg, JsonOpt, NumProcOpt, OutOpt, OverwriteOpt, SplitOpt, WhereOpt, handle_errors
+from vltool.commands.common import NoProgressOpt, DataArg, JsonOpt, NumProcOpt, OutOpt, OverwriteOpt, SplitOpt, WhereOpt, handle_errors
 
 HELP = """Write a dataset as WebDataset shards or open_clip's CSV layout, for open_clip's trainer as is.
 
@@ -39,6 +39,7 @@ def export_command(
     num_proc: NumProcOpt = 1,
     overwrite: OverwriteOpt = False,
     as_json: JsonOpt = False,
+    no_progress: NoProgressOpt = False,
 ) -> None:
     from vltool.export import ExportConfig, export
 

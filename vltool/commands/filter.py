@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from vltool.commands.common import (
+    NoProgressOpt,
     BatchSizeOpt,
     DataArg,
     JsonOpt,
@@ -80,6 +81,7 @@ def filter_command(
     overwrite: OverwriteOpt = False,
     as_json: JsonOpt = False,
     column: OldColumnOpt = None,
+    no_progress: NoProgressOpt = False,
 ) -> None:
     from vltool.filter import FilterConfig, filter as run_filter
 

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from vltool.commands.common import JsonOpt, NumProcOpt, OutOpt, OverwriteOpt, handle_errors
+from vltool.commands.common import NoProgressOpt, JsonOpt, NumProcOpt, OutOpt, OverwriteOpt, handle_errors
 
 HELP = """Read image-text data into a vltool dataset (id, image, caption, optional captions and label).
 
@@ -67,6 +67,7 @@ def import_command(
     num_proc: NumProcOpt = 1,
     overwrite: OverwriteOpt = False,
     as_json: JsonOpt = False,
+    no_progress: NoProgressOpt = False,
 ) -> None:
     from vltool.importer import ImportConfig, import_data
 

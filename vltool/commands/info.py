@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from vltool.commands.common import JsonOpt, SplitOpt, handle_errors
+from vltool.commands.common import NoProgressOpt, JsonOpt, SplitOpt, handle_errors
 
 HELP = """Describe a dataset or a model directory, and how it was made.
 
@@ -32,6 +32,7 @@ def info_command(
     split: SplitOpt = None,
     max_labels: Annotated[int, typer.Option("--max-labels", min=0, help="Label classes listed, most frequent first (--json lists all).")] = 20,
     as_json: JsonOpt = False,
+    no_progress: NoProgressOpt = False,
 ) -> None:
     from vltool.info import InfoConfig, info
 

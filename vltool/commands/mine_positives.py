@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from vltool.commands.common import (
+    NoProgressOpt,
     CacheDirOpt, DataArg, JsonOpt, OldNumProcOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors, renamed,
 )
 from vltool.commands.evaluation import EncodeBatchOpt, EvalModelOpt, PretrainedOpt, WorkersOpt
@@ -60,6 +61,7 @@ def mine_positives_command(
     overwrite: OverwriteOpt = False,
     as_json: JsonOpt = False,
     num_proc: OldNumProcOpt = None,
+    no_progress: NoProgressOpt = False,
 ) -> None:
     from vltool.mine_positives import MinePositivesConfig, mine_positives
 

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from vltool.commands.common import DataArg, JsonOpt, OutOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors
+from vltool.commands.common import NoProgressOpt, DataArg, JsonOpt, OutOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors
 
 HELP = """One caption per image, chosen from a list column: the single-caption data CLIP trains on.
 
@@ -34,6 +34,7 @@ def pick_caption_command(
     seed: SeedOpt = 0,
     overwrite: OverwriteOpt = False,
     as_json: JsonOpt = False,
+    no_progress: NoProgressOpt = False,
 ) -> None:
     from vltool.pick_caption import PickConfig, pick_caption
 

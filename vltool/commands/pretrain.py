@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from vltool.commands.common import JsonOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors, renamed
+from vltool.commands.common import JsonOpt, NoProgressOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors, renamed
 
 HELP = """Train a two-tower image-text model with a contrastive loss (CLIP's symmetric InfoNCE).
 
@@ -17,7 +17,8 @@ checkpoints/, metrics.jsonl, loss.png and vltool.json.
 
 Several DATA inputs are concatenated (the columns they share; clashing ids are refused unless
 --prefix-ids). --batch-size is per process: under `accelerate launch` with N processes the loss uses the
-global batch of N x batch-size rows as negatives, and the run equals one process with that batch.
+global batch of N x batch-size rows as negatives, and the run equals one process with that batch. With
+--accum-steps A the negatives are the A x N x batch-size rows of the accumulated batch (gradient caching).
 
 Examples:
 
@@ -89,7 +90,7 @@ def pretrain_command(
     eval_data: Annotated[Optional[list[str]], typer.Option("--eval-data", help="Held-out data evaluated during training (repeatable).", rich_help_panel="Data")] = None,
     eval_where: Annotated[Optional[list[str]], typer.Option("--eval-where", help="--where clauses for --eval-data.", rich_help_panel="Data")] = None,
     # optimisation
-    batch_size: Annotated[int, typer.Option("--batch-size", help="Rows per process per step.", rich_help_panel="Optimisation")] = 64,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Rows per process per micro-batch; the global batch is batch-size x processes x accum-steps.", rich_help_panel="Optimisation")] = 64,
     epochs: Annotated[Float, typer.Option("--epochs", help="Passes over the data [default: 1 unless --steps].", rich_help_panel="Optimisation")] = None,
     steps: Annotated[Int, typer.Option("--steps", help="Optimizer steps (instead of --epochs).", rich_help_panel="Optimisation")] = None,
     optimizer: Annotated[str, typer.Option("--optimizer", help="adamw | sgd.", rich_help_panel="Optimisation")] = "adamw",
@@ -103,7 +104,9 @@ def pretrain_command(
     eps: Annotated[float, typer.Option("--eps", rich_help_panel="Optimisation")] = 1e-6,
     momentum: Annotated[float, typer.Option("--momentum", help="SGD momentum.", rich_help_panel="Optimisation")] = 0.9,
     grad_clip_norm: Annotated[Float, typer.Option("--grad-clip-norm", help="Clip the gradient norm.", rich_help_panel="Optimisation")] = None,
-    accum_steps: Annotated[int, typer.Option("--accum-steps", help="Micro-batches per optimizer step.", rich_help_panel="Optimisation")] = 1,
+    accum_steps: Annotated[int, typer.Option("--accum-steps", help="Micro-batches per optimizer step, by gradient caching (GradCache): the loss's negatives are the whole accumulated batch of accum-steps x batch-size x processes rows, exactly as one batch that size; each micro-batch is encoded twice (once without gradient), so activation memory is that of one micro-batch.", rich_help_panel="Optimisation")] = 1,
+    grad_checkpointing: Annotated[bool, typer.Option("--grad-checkpointing", help="Recompute each tower block's activations in the backward pass instead of keeping them (open_clip, Hugging Face and torchvision towers): same gradients, less activation memory, about one more forward pass of time.", rich_help_panel="Optimisation")] = False,
+    compile: Annotated[bool, typer.Option("--compile", help="torch.compile the two towers (the first steps are slow while it compiles; CPU needs a C++ compiler).", rich_help_panel="Optimisation")] = False,
     precision: Annotated[str, typer.Option("--precision", help="no | bf16 | fp16 mixed precision (bf16 works on CPU).", rich_help_panel="Optimisation")] = "no",
     seed: SeedOpt = 0,
     device: Annotated[str, typer.Option("--device", help="auto (each process's GPU when there is one, else CPU) | cpu | cuda. Under `accelerate launch` each process takes the GPU of its local rank.", rich_help_panel="Optimisation")] = "auto",
@@ -114,7 +117,7 @@ def pretrain_command(
     keep_checkpoints: Annotated[int, typer.Option("--keep-checkpoints", help="Most recent checkpoints kept.", rich_help_panel="Logging")] = 2,
     eval_every: Annotated[int, typer.Option("--eval-every", help="Steps between evaluations on --eval-data (0: at the end only).", rich_help_panel="Logging")] = 0,
     stop_after_steps: Annotated[Int, typer.Option("--stop-after-steps", help="Stop with a checkpoint after N steps of this invocation (continue with --resume).", rich_help_panel="Logging")] = None,
-    no_progress: Annotated[bool, typer.Option("--no-progress", help="No progress bar.", rich_help_panel="Logging")] = False,
+    no_progress: NoProgressOpt = False,
     overwrite: OverwriteOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -168,7 +171,7 @@ def print_stats(s: dict) -> None:
     rows = [
         ("steps", f"{s['steps']:,} ({s['epochs']} epochs)"),
         ("samples seen", f"{s['samples_seen']:,}"),
-        ("global batch", f"{s['global_batch']} x {s['accum_steps']} accumulation, {s['num_processes']} process(es)"),
+        ("global batch", f"{s['global_batch']} ({s['num_processes']} process(es) x {s['accum_steps']} micro-batch(es))"),
         ("loss first -> final", f"{s['first_loss']:.4f} -> {s['final_loss']:.4f}" if s["first_loss"] is not None and s["final_loss"] is not None else "-"),
         ("logit scale", f"{s['final_logit_scale']:.2f}"),
         ("parameters (trainable)", f"{s['parameters']:,} ({s['trainable_parameters']:,})"),

@@ -10,7 +10,7 @@ from vltool.commands.common import (
     CacheDirOpt, JsonOpt, OldEvalOpt, OldNumProcOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors, renamed,
 )
 from vltool.commands.evaluation import (
-    BootstrapOpt, EncodeBatchOpt, EvalModelOpt, DebiasOpt, DebiasTextOpt, NoProgressOpt, PretrainedOpt, ResultsOutOpt, emit,
+    BootstrapOpt, EncodeBatchOpt, EvalModelOpt, DebiasOpt, DebiasTextOpt, GroupColumnOpt, NoProgressOpt, PretrainedOpt, ResultsOutOpt, emit,
 )
 
 HELP = """Linear probe: a linear classifier on frozen image features, with the papers' protocols.
@@ -66,6 +66,7 @@ def probe_command(
     out: ResultsOutOpt = None,
     overwrite: OverwriteOpt = False,
     as_json: JsonOpt = False,
+    group_column: GroupColumnOpt = None,
     debias: DebiasOpt = None,
     debias_text: DebiasTextOpt = False,
     no_progress: NoProgressOpt = False,
@@ -84,6 +85,7 @@ def probe_command(
         val_frac=val_frac, fewshot_k=fewshot_k, label_column=label_column, epochs=epochs, lr=lr,
         bootstrap=bootstrap, seed=seed, batch_size=batch_size, workers=workers,
         cache_dir=str(cache_dir) if cache_dir else None, progress=not no_progress, debias=str(debias) if debias else None, debias_text=debias_text,
+        group_column=group_column,
     )
     record = probe(
         train_data, eval_data, config, where=where or [], split=split, eval_where=eval_where or [],

@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from vltool.commands.common import CacheDirOpt, DataArg, JsonOpt, OutOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors
+from vltool.commands.common import NoProgressOpt, CacheDirOpt, DataArg, JsonOpt, OutOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors
 from vltool.commands.evaluation import EvalModelOpt, PretrainedOpt
 
 HELP = """Pseudo bag-of-words captions for images that have none ("A Fistful of Words", 2.3).
@@ -47,6 +47,7 @@ def pseudolabel_command(
     seed: SeedOpt = 0,
     overwrite: OverwriteOpt = False,
     as_json: JsonOpt = False,
+    no_progress: NoProgressOpt = False,
 ) -> None:
     from vltool.pseudolabel import PseudolabelConfig, pseudolabel
 

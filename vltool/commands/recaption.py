@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from vltool.commands.common import (
+    NoProgressOpt,
     DataArg,
     JsonOpt,
     OldColumnOpt,
@@ -113,6 +114,7 @@ def recaption_command(
     overwrite: OverwriteOpt = False,
     as_json: JsonOpt = False,
     column: OldColumnOpt = None,
+    no_progress: NoProgressOpt = False,
 ) -> None:
     from vltool.recaption import RecaptionConfig, recaption
 

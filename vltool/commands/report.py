@@ -7,7 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from vltool.commands.common import handle_errors
+from vltool.commands.common import NoProgressOpt, SeedOpt, handle_errors
+from vltool.commands.evaluation import BootstrapOpt
 
 HELP = """Gather a recipe's runs into one table over seeds, paired by seed, as JSON, Markdown and a PNG chart.
 
@@ -15,7 +16,10 @@ RUNS_DIR holds one directory per run, RUNS_DIR/<variant>/seed<N>/, with the JSON
 evaluations (zeroshot, retrieve, probe) or any vltool.json. A metric is [LABEL=]RELPATH:KEY: the file
 RELPATH in each run directory (".json" may be left off) and KEY in its "metrics", else a dotted path
 into the file. The table gives mean +- sd over seeds, the mean 95% bootstrap half-width of one run, the
-chance level, and with --baseline the per-seed paired differences. See docs/recipes.md.
+chance level, and with --baseline each variant's difference from the baseline with its 95% paired
+bootstrap interval over the same test examples (from the runs' per-example outcomes, X.examples.npz;
+whole groups resampled when the runs were evaluated with --group-column; pooled over seeds), marked
+"differs" when the interval excludes 0. See docs/evaluation.md.
 
 Examples:
 
@@ -32,15 +36,18 @@ def report_command(
     out: Annotated[Path, typer.Option("--out", "-o", help="Path stem: writes STEM.json, STEM.md, STEM.png (replaced atomically).")],
     metric: Annotated[list[str], typer.Option("--metric", help="[LABEL=]RELPATH:KEY, repeatable, in column order.")],
     variant: Annotated[Optional[list[str]], typer.Option("--variant", help="DIR[=LABEL], repeatable, in row order [default: every variant found].")] = None,
-    baseline: Annotated[Optional[str], typer.Option("--baseline", help="The variant the others are compared with, seed by seed.")] = None,
+    baseline: Annotated[Optional[str], typer.Option("--baseline", help="The variant the others are compared with, on the same test examples and seeds.")] = None,
     paper: Annotated[Optional[list[str]], typer.Option("--paper", help="VARIANT=TEXT: the paper's finding for the same comparison (a column).")] = None,
     note: Annotated[Optional[list[str]], typer.Option("--note", help="A line below the table (repeatable).")] = None,
     title: Annotated[Optional[str], typer.Option("--title", help="The table's heading.")] = None,
     recipe: Annotated[Optional[str], typer.Option("--recipe", help="The recipe that made the runs (recorded).")] = None,
     chart: Annotated[bool, typer.Option("--chart/--no-chart", help="Draw STEM.png.")] = True,
+    bootstrap: BootstrapOpt = 1000,
+    seed: SeedOpt = 0,
+    no_progress: NoProgressOpt = False,
 ) -> None:
     from vltool.console import out as console
-    from vltool.report import ReportConfig, build_report, parse_metric, parse_pairs, render_markdown, write_report
+    from vltool.report import ReportConfig, build_report, check_report_out, parse_metric, parse_pairs, render_markdown, write_report
 
     config = ReportConfig(
         metrics=[parse_metric(m) for m in metric],
@@ -50,7 +57,10 @@ def report_command(
         recipe=recipe,
         paper=dict(parse_pairs(paper or [], "--paper")),
         notes=list(note or []),
+        bootstrap=bootstrap,
+        seed=seed,
     )
+    check_report_out(runs_dir, out)
     report = build_report(runs_dir, config)
     files = write_report(report, out, chart=chart)
     console.print(render_markdown(report), markup=False, highlight=False, soft_wrap=True)

@@ -10,7 +10,7 @@ from vltool.commands.common import (
     CacheDirOpt, DataArg, JsonOpt, OldNumProcOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors, renamed,
 )
 from vltool.commands.evaluation import (
-    BootstrapOpt, EncodeBatchOpt, EvalModelOpt, DebiasOpt, DebiasTextOpt, NoProgressOpt, PretrainedOpt, ResultsOutOpt, WorkersOpt, emit,
+    BootstrapOpt, EncodeBatchOpt, EvalModelOpt, DebiasOpt, DebiasTextOpt, GroupColumnOpt, NoProgressOpt, PretrainedOpt, ResultsOutOpt, WorkersOpt, emit,
 )
 
 HELP = """Image-to-text and text-to-image retrieval: Recall@K, mean and median rank.
@@ -50,6 +50,7 @@ def retrieve_command(
     out: ResultsOutOpt = None,
     overwrite: OverwriteOpt = False,
     as_json: JsonOpt = False,
+    group_column: GroupColumnOpt = None,
     debias: DebiasOpt = None,
     debias_text: DebiasTextOpt = False,
     no_progress: NoProgressOpt = False,
@@ -62,6 +63,7 @@ def retrieve_command(
         model=model, pretrained=pretrained, text_column=text_column, recall_k=recall_k, bootstrap=bootstrap, seed=seed,
         batch_size=batch_size, text_batch_size=text_batch_size, workers=workers, block_mb=block_mb, cache_dir=str(cache_dir) if cache_dir else None,
         progress=not no_progress, debias=str(debias) if debias else None, debias_text=debias_text,
+        group_column=group_column,
     )
     record = retrieve(data, config, where=where or [], split=split, out=out, overwrite=overwrite)
     d = record["data"]

@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from vltool.commands.common import (
+    NoProgressOpt,
     DataArg, JsonOpt, OldColumnOpt, OutOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors, renamed,
 )
 
@@ -33,6 +34,7 @@ def split_command(
     parts: Annotated[str, typer.Option("--parts", help="NAME=FRACTION,... summing to 1.")] = "a=0.5,b=0.5",
     by: Annotated[Optional[str], typer.Option("--by", help="Group column: rows sharing a value go to the same part.")] = None,
     part_column: Annotated[str, typer.Option("--part-column", help="The column written: each row's part name.")] = "part",
+    replace_column: Annotated[bool, typer.Option("--replace-column", help="Let --part-column replace a column the data already has (refused otherwise).")] = False,
     separate: Annotated[bool, typer.Option("--separate", help="Write each part as its own dataset, OUT/NAME (instead of one dataset).")] = False,
     where: WhereOpt = None,
     split_name: SplitOpt = None,
@@ -40,11 +42,12 @@ def split_command(
     overwrite: OverwriteOpt = False,
     as_json: JsonOpt = False,
     column: OldColumnOpt = None,
+    no_progress: NoProgressOpt = False,
 ) -> None:
     from vltool.split import SplitConfig, split
 
     part_column = renamed(ctx, "--column", "--part-column", column, part_column)
-    prov = split(data, out, SplitConfig(parts=parts, by=by, part_column=part_column, seed=seed, separate=separate), where=where or [],
+    prov = split(data, out, SplitConfig(parts=parts, by=by, part_column=part_column, seed=seed, separate=separate, replace_column=replace_column), where=where or [],
                  split_name=split_name, overwrite=overwrite)
     s = prov["stats"]
     if as_json:

@@ -11,7 +11,7 @@ from vltool.commands.common import (
     CacheDirOpt, DataArg, JsonOpt, OldNumProcOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors, renamed,
 )
 from vltool.commands.evaluation import (
-    BootstrapOpt, EncodeBatchOpt, EvalModelOpt, DebiasOpt, DebiasTextOpt, NoProgressOpt, PretrainedOpt, ResultsOutOpt, WorkersOpt, emit,
+    BootstrapOpt, EncodeBatchOpt, EvalModelOpt, DebiasOpt, DebiasTextOpt, GroupColumnOpt, NoProgressOpt, PretrainedOpt, ResultsOutOpt, WorkersOpt, emit,
 )
 
 HELP = """Zero-shot classification: each image goes to the class whose prompt embedding is closest.
@@ -57,6 +57,7 @@ def zeroshot_command(
     out: ResultsOutOpt = None,
     overwrite: OverwriteOpt = False,
     as_json: JsonOpt = False,
+    group_column: GroupColumnOpt = None,
     debias: DebiasOpt = None,
     debias_text: DebiasTextOpt = False,
     no_progress: NoProgressOpt = False,
@@ -70,6 +71,7 @@ def zeroshot_command(
         classnames=str(classnames) if classnames else None, class_prompts=str(class_prompts) if class_prompts else None,
         label_column=label_column, per_class=per_class, present_classes_only=present_only, bootstrap=bootstrap, seed=seed, batch_size=batch_size,
         workers=workers, cache_dir=str(cache_dir) if cache_dir else None, progress=not no_progress, debias=str(debias) if debias else None, debias_text=debias_text,
+        group_column=group_column,
     )
     record = zeroshot(data, config, where=where or [], split=split, out=out, overwrite=overwrite)
     n_cls = len(record["classnames"])

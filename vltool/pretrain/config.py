@@ -84,6 +84,8 @@ class PretrainConfig:
     momentum: float = 0.9
     grad_clip_norm: float | None = None
     accum_steps: int = 1
+    grad_checkpointing: bool = False
+    compile: bool = False
     precision: str = "no"
     seed: int = 0
     # Logging and checkpoints.

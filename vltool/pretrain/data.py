@@ -3,8 +3,8 @@
 - `load_train_data` / `load_unicl_data`: the inputs concatenated, their columns checked, rows without text
   dropped (counted), and what an objective needs per row (mined positives, UniCL labels) attached.
 - `EpochBatches` / `BalancedEpochBatches`: global micro-batch k of epoch e is a slice of a permutation that
-  depends on (seed, e) only; process r takes its r-th part. So N processes see what one process with
-  batch N x B sees, and a resumed run continues exactly.
+  depends on (seed, e) only; process r takes its r-th part. So N processes with --accum-steps A see what
+  one process with batch A x N x B sees, and a resumed run continues exactly.
 - `PairDataset` + `Collate`: item (epoch, row) -> image tensor and text(s); each row's augmentation and
   caption draw come from a generator seeded by (seed, epoch, row), whatever the number of workers.
 """
@@ -221,10 +221,10 @@ class BalancedEpochBatches:
     """UniCL B.2: epoch e holds every image-label row and min(#label, #text) image-text rows drawn anew
     (without replacement, seeded by (seed, e)), shuffled together; batching as EpochBatches."""
 
-    def __init__(self, label_rows, text_rows, batch: int, world: int, rank: int, seed: int, start: int, stop: int):
+    def __init__(self, label_rows, text_rows, batch: int, world: int, rank: int, seed: int, start: int, stop: int, accum: int = 1):
         self.label_rows, self.text_rows = np.asarray(label_rows), np.asarray(text_rows)
         self.n = len(self.label_rows) + min(len(self.label_rows), len(self.text_rows))
-        self.inner = EpochBatches(self.n, batch, world, rank, seed, start, stop)
+        self.inner = EpochBatches(self.n, batch, world, rank, seed, start, stop, accum)
         self.inner.perm = self.perm
         self.per_epoch = self.inner.per_epoch
 
@@ -243,8 +243,9 @@ class BalancedEpochBatches:
 def make_sampler(train: TrainData, config: PretrainConfig, world: int, rank: int, start: int, stop: int):
     if config.balanced and train.templated is not None:
         rows = np.arange(len(train.dataset))
-        return BalancedEpochBatches(rows[train.templated], rows[~train.templated], config.batch_size, world, rank, config.seed, start, stop)
-    return EpochBatches(len(train.dataset), config.batch_size, world, rank, config.seed, start, stop)
+        return BalancedEpochBatches(rows[train.templated], rows[~train.templated], config.batch_size, world, rank, config.seed, start,
+                                    stop, config.accum_steps)
+    return EpochBatches(len(train.dataset), config.batch_size, world, rank, config.seed, start, stop, config.accum_steps)
 
 
 def row_seed(seed: int, epoch: int, row: int) -> int:
@@ -345,13 +346,15 @@ class Collate:
 class EpochBatches:
     """Micro-batches of this process from micro-batch `start` to `stop` (exclusive).
 
-    Global micro-batch k of epoch e is rows perm_e[k*G:(k+1)*G] (G = batch * processes, the last
-    incomplete one dropped); process r takes its r-th slice of B rows. perm_e depends on (seed, e) only.
+    Global micro-batch k of epoch e is rows perm_e[k*G:(k+1)*G] (G = batch * processes); process r takes
+    its r-th slice of B rows. perm_e depends on (seed, e) only. An epoch holds whole optimizer steps of
+    `accum` micro-batches (the last incomplete step dropped), so step s takes exactly the rows, in order,
+    that one process with batch accum * processes * B takes at its step s.
     """
 
-    def __init__(self, n: int, batch: int, world: int, rank: int, seed: int, start: int, stop: int):
+    def __init__(self, n: int, batch: int, world: int, rank: int, seed: int, start: int, stop: int, accum: int = 1):
         self.n, self.batch, self.world, self.rank, self.seed = n, batch, world, rank, seed
-        self.per_epoch = n // (batch * world)
+        self.per_epoch = n // (batch * world * accum) * accum
         self.start, self.stop = start, stop
 
     def perm(self, epoch: int) -> np.ndarray:

@@ -36,8 +36,8 @@ class FrozenText:
 
     def __call__(self, batch: dict, device):
         if self.per_row is not None:
-            return self.per_row[batch["rows"]].to(device)  # (B, W)
-        return self.table[batch["text_index"]].to(device)  # (B*k, W)
+            return self.per_row[batch["rows"]].to(device, non_blocking=True)  # (B, W)
+        return self.table[batch["text_index"]].to(device, non_blocking=True)  # (B*k, W)
 
 
 @dataclass
@@ -88,9 +88,9 @@ def model_inputs(batch: dict, features: FrozenFeatures, tokenizer, image_size: i
     tokens or cached text trunk features (empty tensors for a process whose rows were all bad images)."""
     kw = {}
     if features.image is not None:
-        kw["image_trunk"] = features.image[batch["rows"]].to(device)  # (B, W)
+        kw["image_trunk"] = features.image[batch["rows"]].to(device, non_blocking=True)  # (B, W)
     else:
-        kw["images"] = batch.get("images", torch.zeros(0, 3, image_size, image_size)).to(device)  # (B, 3, H, W)
+        kw["images"] = batch.get("images", torch.zeros(0, 3, image_size, image_size)).to(device, non_blocking=True)  # (B, 3, H, W)
     if features.text is not None:
         kw["text_trunk"] = features.text(batch, device)  # (B*k, W)
     elif "tokens" in batch:

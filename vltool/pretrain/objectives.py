@@ -24,17 +24,35 @@ The interface (the trainer calls these, in this order):
   the critic, the SimCLR head); `attach(model, device)` after the model is on its device (the EMA copy).
 - `uses_text`, `two_views`: what the data must provide (simclr: no text, two views of each image).
 - `init_bias(...)`: sigmoid with --bias-init search only (FFF 4.4).
+- A step is split in two, so that gradient caching (`--accum-steps`) works for every objective:
+  `local(model, batch, inputs)`: this process's features of one micro-batch that carry the gradient (the
+  towers' forward pass); `side(model, batch, inputs)`: the per-row inputs without gradient (rows, labels,
+  EMA keys); `loss_input(model, features, side)`: the loss's input from the global batch's gathered
+  features and side inputs (the critic, the positive mask, the logit scale and bias).
 - `__call__(model, batch, inputs) -> (metrics, n)`: the loss over the global batch of this micro-batch
-  (metrics["loss"] carries the gradient), and how many samples it saw.
+  (metrics["loss"] carries the gradient), and how many samples it saw; `cached_backward(...)` (below):
+  the same over `--accum-steps` micro-batches, with the gradients accumulated.
 - `after_backward()`, `after_step(model)`: the memory bank's enqueue and EMA update.
 - `loss`: the nn.Module whose state_dict the checkpoints keep; `export(model, config)`: the model to save.
+
+Gradient caching (GradCache, Gao et al. 2021; open_clip's --accum-freq): with A micro-batches per step,
+(a) every micro-batch is encoded without gradient (`local` and `side`; the RNG state before each forward
+is kept, and BatchNorm running statistics are left as they were), (b) the features of all micro-batches
+of all processes are gathered into one global batch (micro-batch-major, then rank: exactly the rows, in
+order, that one process with batch A x processes x B takes), made leaf tensors, and the loss of that batch
+is back-propagated to them and to the parameters that act on the whole batch (logit scale and bias, the
+critic, the loss's own), (c) each micro-batch is encoded again with gradient under its saved RNG state and
+its rows of the cached feature gradient are back-propagated through the towers. So A micro-batches of B
+give the loss and the gradients of one batch of A x B, for every objective whose loss is over the batch.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from vltool.losses import LOSSES, LossInput, MemoryBankLoss, SigmoidLoss, build_loss, gather_keep_grad, positive_mask, search_logit_bias
+from vltool.losses import LOSSES, LossInput, MemoryBankLoss, SigmoidLoss, build_loss, gather_many, positive_mask, search_logit_bias
 from vltool.pretrain.data import TrainData
 
 
@@ -63,17 +81,57 @@ class Objective:
     def attach(self, model, device) -> None:
         self.loss.to(device)
 
-    def extra(self, batch: dict, device) -> dict:
-        """Per-row inputs of the loss over the global batch (gathered like the features)."""
+    # ---- one micro-batch of this process
+
+    def local(self, model, batch: dict, inputs: dict) -> list[torch.Tensor]:
+        """The micro-batch's features that carry the gradient: the projections before the critic and the
+        normalisation, [(B, D) images, (B*k, D) texts]."""
+        return list(model(**inputs, head=False))
+
+    def side(self, model, batch: dict, inputs: dict) -> dict[str, torch.Tensor]:
+        """Per-row inputs of the loss without gradient, gathered like the features (the same keys in every
+        process and micro-batch)."""
         return {}
 
+    # ---- the global batch
+
+    def extra(self, side: dict) -> dict:
+        """The loss's `extra` from the gathered side inputs."""
+        return side
+
+    def loss_input(self, model, feats: list[torch.Tensor], side: dict, local: slice = slice(None)) -> LossInput:
+        """The loss's input from the global batch's features (gathered `local` outputs) and side inputs."""
+        img_g, txt_g = model.apply_critic(feats[0], feats[1])
+        return LossInput(img_g, txt_g, model.logit_scale.exp(), model.logit_bias, extra=self.extra(side), local_slice=local)
+
+    def global_batch(self, model, encoded: list[tuple[list, dict]]) -> tuple[list, dict, list[list[slice]]]:
+        """Gather the (features, side inputs) of micro-batches over processes: the global batch's features
+        and side inputs (micro-batch-major, then rank), and the rows of each micro-batch of this process
+        in each feature tensor. One exchange of sizes for all of them."""
+        nf = len(encoded[0][0])
+        keys = list(encoded[0][1])
+        flat = [t for feats, side in encoded for t in (*feats, *(side[k] for k in keys))]
+        got = gather_many(flat)
+        per = nf + len(keys)
+        feats, sides, rows = [], {}, [[] for _ in encoded]
+        for i in range(per):
+            parts = [got[a * per + i] for a in range(len(encoded))]
+            offset = 0
+            for a, (g, sl) in enumerate(parts):
+                if i < nf:
+                    rows[a].append(slice(offset + sl.start, offset + sl.stop))
+                offset += g.shape[0]
+            whole = parts[0][0] if len(parts) == 1 else torch.cat([g for g, _ in parts])
+            if i < nf:
+                feats.append(whole)
+            else:
+                sides[keys[i - nf]] = whole
+        return feats, sides, rows
+
     def features(self, model, batch: dict, inputs: dict) -> LossInput:
-        """The global batch's normalised features (local rows with gradient), and the loss's other inputs."""
-        img, txt = model(**inputs, head=False)  # (B, D), (B*k, D)
-        img_g, local = gather_keep_grad(img)  # (N, D)
-        txt_g, _ = gather_keep_grad(txt)  # (N*k, D)
-        img_g, txt_g = model.apply_critic(img_g, txt_g)
-        return LossInput(img_g, txt_g, model.logit_scale.exp(), model.logit_bias, extra=self.extra(batch, img.device), local_slice=local)
+        """The global batch of one micro-batch per process (local rows with gradient), as the loss's input."""
+        feats, side, rows = self.global_batch(model, [(self.local(model, batch, inputs), self.side(model, batch, inputs))])
+        return self.loss_input(model, feats, side, rows[0][0])
 
     def __call__(self, model, batch: dict, inputs: dict) -> tuple[dict, int]:
         x = self.features(model, batch, inputs)
@@ -89,13 +147,77 @@ class Objective:
         return model
 
 
+@dataclass
+class _Cached:
+    batch: dict
+    rng: tuple  # (CPU RNG state, CUDA RNG state or None) before the micro-batch's forward pass
+    feats: list  # its features, without gradient
+    side: dict
+
+
+def _rng_state(device) -> tuple:
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return torch.get_rng_state(), cuda
+
+
+def _set_rng_state(state: tuple, device) -> None:
+    torch.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state(state[1], device)
+
+
+def cached_backward(objective: Objective, model, batches, inputs_of, autocast, backward, before_last=None) -> tuple[dict, int]:
+    """Gradient caching over the micro-batches `batches` (module docstring): the loss of their global
+    batch, its gradient accumulated into every parameter; returns (metrics, global batch size).
+
+    `inputs_of(batch)`: the model inputs; `autocast()`: the precision context; `backward(loss)`: the
+    trainer's backward (Accelerate's, which scales an fp16 loss: the cached feature gradients are then
+    scaled too, like every other gradient); `before_last()`: called before the last backward pass (the
+    gradient synchronisation over processes overlaps it)."""
+    from vltool.model import batchnorm_stats_kept
+
+    device = model.logit_scale.device
+    cached = []
+    with torch.no_grad(), batchnorm_stats_kept(model):  # (a): the running statistics move in (c), once per micro-batch
+        for batch in batches:
+            rng = _rng_state(device)
+            inputs = inputs_of(batch)
+            with autocast():
+                feats = objective.local(model, batch, inputs)
+                side = objective.side(model, batch, inputs)
+            cached.append(_Cached(batch, rng, [f.detach() for f in feats], side))
+    after_a = _rng_state(device)
+    # (b) the loss of the global batch, with its features as leaves
+    feats, side, rows = objective.global_batch(model, [(c.feats, c.side) for c in cached])
+    leaves = [f.detach().requires_grad_(True) for f in feats]
+    with autocast():
+        x = objective.loss_input(model, leaves, side)
+        out = objective.loss(x)
+    backward(out["loss"])
+    grads = [leaf.grad for leaf in leaves]
+    # (c) each micro-batch again, with gradient, under the RNG state of its first pass
+    for a, c in enumerate(cached):
+        _set_rng_state(c.rng, device)
+        with autocast():
+            local = objective.local(model, c.batch, inputs_of(c.batch))
+        pairs = [(f, g[rows[a][i]]) for i, (f, g) in enumerate(zip(local, grads)) if f.requires_grad and g is not None]
+        if a == len(cached) - 1 and before_last is not None:
+            before_last()
+        if pairs:
+            torch.autograd.backward([f for f, _ in pairs], [g.to(f.dtype) for f, g in pairs])
+    _set_rng_state(after_a, device)
+    return out, x.image_features.shape[0]
+
+
 class SigmoidObjective(Objective):
     """Sigmoid loss with many positives: a learnable logit bias, and a positive mask over the global batch
     when an image has several positive texts (k captions per image, mined positives)."""
 
     logit_bias_init = SigmoidLoss.logit_bias_init
+    several_texts = False  # --captions-per-image > 1
 
     def adapt(self, model, config, resume: bool) -> None:
+        self.several_texts = config.captions_per_image > 1
         given = config.bias_init not in (None, "search")
         if model.logit_bias is None:  # a learnable bias on the model, saved in the model format
             b0 = float(config.bias_init) if given else self.logit_bias_init
@@ -105,21 +227,32 @@ class SigmoidObjective(Objective):
             with torch.no_grad():
                 model.logit_bias.fill_(float(config.bias_init))
 
-    def extra(self, batch: dict, device) -> dict:
-        rows_g, _ = gather_keep_grad(batch["rows"].to(device))  # (N,)
-        text_rows_g, _ = gather_keep_grad(batch.get("text_rows", batch["rows"]).to(device))  # (N*k,)
-        if self.train.positives or not torch.equal(rows_g, text_rows_g):
-            return {"positive_mask": positive_mask(rows_g, text_rows_g, self.train.positives)}  # (N, N*k)
+    def side(self, model, batch: dict, inputs: dict) -> dict:
+        device = model.logit_scale.device
+        return {"rows": batch["rows"].to(device, non_blocking=True),  # (B,)
+                "text_rows": batch.get("text_rows", batch["rows"]).to(device, non_blocking=True)}  # (B*k,)
+
+    def extra(self, side: dict) -> dict:
+        if self.train.positives or self.several_texts:
+            return {"positive_mask": positive_mask(side["rows"], side["text_rows"], self.train.positives)}  # (N, N*k)
         return {}
 
     @torch.no_grad()
     def init_bias(self, model, batches, inputs_of, autocast) -> float:
-        """FFF 4.4: the logit bias minimising the summed initial loss of `batches` (encoded once by the
-        fresh model in eval mode, under `autocast()`); written to the model."""
+        """FFF 4.4: the logit bias minimising the summed initial loss of `batches` (each a list of the
+        micro-batches of one global batch, encoded once by the fresh model in eval mode, under
+        `autocast()`); written to the model."""
         was_training = model.training
         model.eval()
         with autocast():
-            encoded = [self.features(model, b, inputs_of(b)) for b in batches]
+            encoded = []
+            for group in batches:
+                parts = []
+                for b in group:
+                    inputs = inputs_of(b)
+                    parts.append((self.local(model, b, inputs), self.side(model, b, inputs)))
+                feats, side, _ = self.global_batch(model, parts)
+                encoded.append(self.loss_input(model, feats, side))
         model.train(was_training)
         scale = model.logit_scale.detach().exp().float()
 
@@ -137,10 +270,10 @@ class SigmoidObjective(Objective):
 class UniCLObjective(Objective):
     """UniCL: each row's label goes with the batch (image-label rows share their class's label)."""
 
-    def extra(self, batch: dict, device) -> dict:
+    def side(self, model, batch: dict, inputs: dict) -> dict:
         if self.train.labels is None:
             return {}
-        return {"label": gather_keep_grad(torch.as_tensor(self.train.labels)[batch["rows"]].to(device))[0]}  # (N,)
+        return {"label": torch.as_tensor(self.train.labels)[batch["rows"]].to(model.logit_scale.device, non_blocking=True)}  # (B,)
 
 
 class JSDObjective(Objective):
@@ -153,7 +286,11 @@ class JSDObjective(Objective):
 
 class MemoryBankObjective(Objective):
     """InfoNCE against a queue of keys from EMA towers (A Fistful of Words, 2.1). Owns the EMA copy of the
-    model and the queue (both in the loss's state dict); the logit scale is 1/temperature, fixed."""
+    model and the queue (both in the loss's state dict); the logit scale is 1/temperature, fixed.
+
+    With --accum-steps A the EMA keys of all A micro-batches are computed in the first pass, the loss is
+    over the whole accumulated batch against the queue as it was at the start of the step, and the
+    accumulated batch's keys join the queue once, after the step's backward (as one batch of A x B would)."""
 
     def __init__(self, config, train: TrainData):
         super().__init__(None, train)
@@ -172,13 +309,13 @@ class MemoryBankObjective(Objective):
         self.loss.init_ema(model)
         self.loss.to(device)
 
-    def features(self, model, batch: dict, inputs: dict) -> LossInput:
-        x = super().features(model, batch, inputs)
+    def side(self, model, batch: dict, inputs: dict) -> dict:
         ik, tk = self.loss.encode_keys(**inputs)  # (B, D) each, no gradient
-        x.extra.update(image_keys=gather_keep_grad(ik)[0], text_keys=gather_keep_grad(tk)[0],
-                       ids=gather_keep_grad(batch["rows"].to(ik.device))[0])
-        self._keys = x.extra
-        return x
+        return {"image_keys": ik, "text_keys": tk, "ids": batch["rows"].to(ik.device, non_blocking=True)}
+
+    def loss_input(self, model, feats, side, local=slice(None)) -> LossInput:
+        self._keys = side
+        return super().loss_input(model, feats, side, local)
 
     def after_backward(self) -> None:  # the global batch's keys join the queue after its loss
         self.loss.enqueue(self._keys["image_keys"], self._keys["text_keys"], self._keys["ids"])
@@ -202,15 +339,16 @@ class SimCLRObjective(Objective):
             p.requires_grad_(False)
         self.loss.build_head(int(model.config["embed_dim"]))
 
-    def __call__(self, model, batch: dict, inputs: dict) -> tuple[dict, int]:
+    def local(self, model, batch: dict, inputs: dict) -> list[torch.Tensor]:
         size = int(model.config["preprocess"]["size"])
         device = model.logit_scale.device
-        x = torch.cat([batch["images"], batch["images2"]]).to(device) if "images" in batch else torch.zeros(0, 3, size, size, device=device)
-        f = model.image_proj(model.visual(x))  # (2B, D): both views
+        x = torch.cat([batch["images"], batch["images2"]]).to(device, non_blocking=True) if "images" in batch else torch.zeros(0, 3, size, size, device=device)
+        f = model.image_proj(model.image_trunk(x))  # (2B, D): both views
         nb = f.shape[0] // 2
-        v1, local = gather_keep_grad(f[:nb])  # (N, D)
-        v2, _ = gather_keep_grad(f[nb:])  # (N, D)
-        return self.loss(LossInput(v1, v2, model.logit_scale.exp(), None, local_slice=local)), v1.shape[0]
+        return [f[:nb], f[nb:]]  # (B, D) each
+
+    def loss_input(self, model, feats, side, local=slice(None)) -> LossInput:
+        return LossInput(feats[0], feats[1], model.logit_scale.exp(), None, local_slice=local)
 
 
 OBJECTIVES = {"clip": Objective, "sigmoid": SigmoidObjective, "unicl": UniCLObjective, "jsd": JSDObjective, "simclr": SimCLRObjective}

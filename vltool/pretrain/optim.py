@@ -1,4 +1,5 @@
-"""Freezing, train mode, parameter groups, the optimizer, gradient sums over processes, the schedule."""
+"""Freezing, train mode, parameter groups, the optimizer, gradient sums over processes (overlapping the
+backward pass: GradientSync), the schedule."""
 
 from __future__ import annotations
 
@@ -90,6 +91,84 @@ def sum_gradients(params) -> None:
         p.grad.copy_(g)
 
 
+class GradientSync:
+    """Sums the gradients of `params` over processes while the backward pass runs (DDP's overlap, with
+    DDP's bucketing, but a sum instead of a mean: the loss is already that of the global batch).
+
+    Each parameter's gradient is copied into its bucket (about `bucket_mb` MB of parameters, in reverse
+    registration order, which is roughly the order the backward pass produces them) by a post-accumulate
+    hook; a bucket whose gradients are all there is all-reduced asynchronously, and buckets are launched in
+    index order, so every process issues the same collectives in the same order. `arm()` before the last
+    backward pass of a step (with gradient caching, the earlier passes only accumulate), `finish()` after
+    it: what was not launched yet (a parameter without a gradient in this pass: zeros if it has none at
+    all) is reduced, every reduction is waited for and copied back. With one process it does nothing."""
+
+    def __init__(self, params, bucket_mb: float = 25.0):
+        import torch.distributed as dist
+
+        self.world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        self.params = [p for p in params if p.requires_grad]
+        self.buckets: list[list] = []
+        self.armed, self.handles, self.hooks = False, [], []
+        if self.world == 1 or not self.params:
+            return
+        cap, size = bucket_mb * 2**20, 0.0
+        for p in reversed(self.params):
+            nbytes = p.numel() * p.element_size()
+            if not self.buckets or size + nbytes > cap:
+                self.buckets.append([])
+                size = 0.0
+            self.buckets[-1].append(p)
+            size += nbytes
+        self.bucket_of = {id(p): b for b, ps in enumerate(self.buckets) for p in ps}
+        self.hooks = [p.register_post_accumulate_grad_hook(self._ready) for p in self.params]
+
+    def arm(self) -> None:
+        """The next backward pass is the step's last: reduce gradients as they become ready."""
+        if not self.buckets:
+            return
+        self.armed, self.handles, self.next = True, [], 0
+        self.waiting = [len(b) for b in self.buckets]
+
+    def _ready(self, p) -> None:
+        if not self.armed:
+            return
+        self.waiting[self.bucket_of[id(p)]] -= 1
+        while self.next < len(self.buckets) and self.waiting[self.next] == 0:
+            self._launch(self.next)
+
+    def _launch(self, b: int) -> None:
+        import torch.distributed as dist
+
+        ps = self.buckets[b]
+        flat = torch._utils._flatten_dense_tensors([p.grad if p.grad is not None else torch.zeros_like(p) for p in ps])
+        self.handles.append((b, flat, dist.all_reduce(flat, async_op=True)))
+        self.next = b + 1
+
+    def finish(self) -> None:
+        """Reduce what is left, wait for every reduction, and write the sums back into the gradients."""
+        if not self.buckets:
+            return
+        if not self.armed:
+            self.arm()
+        while self.next < len(self.buckets):
+            self._launch(self.next)
+        for b, flat, handle in self.handles:
+            handle.wait()
+            ps = self.buckets[b]
+            for p, g in zip(ps, torch._utils._unflatten_dense_tensors(flat, ps)):
+                if p.grad is None:
+                    p.grad = g.clone()
+                else:
+                    p.grad.copy_(g)
+        self.armed, self.handles = False, []
+
+    def remove(self) -> None:
+        for h in self.hooks:
+            h.remove()
+        self.hooks = []
+
+
 def lr_at(step: int, total: int, config: PretrainConfig) -> float:
     """Learning rate of optimizer step `step` (0-based): linear warmup, then cosine to min_lr or constant."""
     if config.warmup_steps and step < config.warmup_steps:
@@ -101,14 +180,21 @@ def lr_at(step: int, total: int, config: PretrainConfig) -> float:
     return config.min_lr + 0.5 * (config.lr - config.min_lr) * (1 + math.cos(math.pi * t))
 
 
-def build_optimizer(model, loss, config: PretrainConfig):
+def optimizer_impl(device) -> str:
+    """AdamW's implementation: torch's fused kernel (one pass over each tensor) on CUDA and CPU, where it is
+    ~6x faster than the multi-tensor one (the same update up to float rounding); foreach elsewhere."""
+    return "fused" if torch.device(device).type in ("cuda", "cpu") else "foreach"
+
+
+def build_optimizer(model, loss, config: PretrainConfig, device=None):
     """AdamW or SGD over the trainable parameters of the model and the loss; (optimizer, trainable params)."""
     named = list(model.named_parameters()) + [(f"loss.{n}", p) for n, p in loss.named_parameters()]
     groups = param_groups(named, config.weight_decay)
-    # torch picks the per-tensor loop on CPU; the multi-tensor (foreach) update is the same arithmetic in
-    # a few fused calls, and on CPU it saves a Python loop over every parameter at every step.
+    # torch picks the per-tensor loop on CPU; AdamW's fused kernel does the whole update in one pass over
+    # each tensor (on CPU ~6x faster than the multi-tensor update, which SGD keeps).
+    impl = optimizer_impl(device if device is not None else next(model.parameters()).device)
     if config.optimizer == "adamw":
-        optimizer = torch.optim.AdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=config.eps, foreach=True)
+        optimizer = torch.optim.AdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=config.eps, **{impl: True})
     else:
         optimizer = torch.optim.SGD(groups, lr=config.lr, momentum=config.momentum, foreach=True)
     trainable = [p for g in groups for p in g["params"]]

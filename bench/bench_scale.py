@@ -1,0 +1,191 @@
+"""Benchmark: how start-up time and peak memory grow with the number of rows, for every command that reads
+a whole dataset.
+
+A synthetic image-text set is built on the fly (32x32 PNGs, five-to-ten-word captions, a list of two
+captions, a 100-class label) at each size, and a fresh `vltool-micro` model is saved once. Each command runs
+in its own process under `/usr/bin/time`, with an empty cache directory, and the benchmark prints its wall
+time (for pretrain: two optimizer steps, i.e. the time to the first steps), its throughput (rows per
+second) and its peak resident memory, then the ratio of the largest size to the smallest. Target (issue 22):
+time to first step and peak memory within 2x from 10k to 1M rows (10M with --big).
+
+    python bench/bench_scale.py                                  # 10k, 100k, 1M rows; all five commands
+    python bench/bench_scale.py --rows 10000,100000 --commands pretrain,deform
+    python bench/bench_scale.py --big                            # adds 10M rows (about 3 GB of disk)
+
+Writes OUT/scale.json and OUT/scale.png (time and memory against rows, one line per command).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+WORDS = ("red blue green small large happy face hand heart cat dog bird tree house car sun moon star flag "
+         "person man woman child old young sitting standing running smiling food cake cup water fire").split()
+COMMANDS = ("pretrain", "deform", "zeroshot", "retrieve", "mine-positives")
+
+
+def build_dataset(path: Path, rows: int, chunk: int = 200_000) -> None:
+    """`rows` synthetic rows saved with save_to_disk: id, image (PNG bytes), caption, captions, label."""
+    import io
+
+    import datasets
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    pngs = []
+    for k in range(256):  # 256 distinct images, reused: decoding cost is real, building them is not
+        buf = io.BytesIO()
+        Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(buf, format="PNG")
+        pngs.append(buf.getvalue())
+    features = datasets.Features({
+        "id": datasets.Value("string"), "image": datasets.Image(), "caption": datasets.Value("string"),
+        "captions": datasets.List(datasets.Value("string")),
+        "label": datasets.ClassLabel(names=[f"{WORDS[k % len(WORDS)]} thing {k}" for k in range(100)]),
+    })
+    parts = []
+    for lo in range(0, rows, chunk):
+        n = min(chunk, rows - lo)
+        lengths = rng.integers(5, 11, n)
+        words = rng.integers(0, len(WORDS), (n, 10))
+        caps = [" ".join(WORDS[w] for w in words[i, : lengths[i]]) for i in range(n)]
+        parts.append(datasets.Dataset.from_dict({
+            "id": [f"r{lo + i:09d}" for i in range(n)],
+            "image": [{"bytes": pngs[(lo + i) % 256], "path": None} for i in range(n)],
+            "caption": caps,
+            "captions": [[c, c[::-1]] for c in caps],
+            "label": [(lo + i) % 100 for i in range(n)],
+        }, features=features))
+    ds = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+    ds.save_to_disk(str(path), num_shards=max(1, rows // 500_000))
+
+
+def build_model(path: Path) -> Path:
+    import torch
+
+    from vltool.model import ModelSpec, create_model, save_model
+
+    torch.manual_seed(0)
+    model, tok = create_model(ModelSpec(arch="vltool-micro"))
+    save_model(model, tok, path / "model")
+    return path
+
+
+def command_line(command: str, data: Path, model: Path, out: Path) -> list[str]:
+    common = ["--no-progress"]
+    if command == "pretrain":
+        return ["vltool", "pretrain", str(data), "--arch", "vltool-micro", "--steps", "2", "--batch-size", "64",
+                "--device", "cpu", "--out", str(out), *common]
+    if command == "deform":
+        return ["vltool", "deform", str(data), "--out", str(out)]
+    if command in ("zeroshot", "retrieve"):
+        return ["vltool", command, str(data), "--model", str(model), "--bootstrap", "100", "--out", str(out) + ".json", *common]
+    if command == "mine-positives":
+        return ["vltool", "mine-positives", str(data), "--model", str(model), "--out", str(out)]
+    raise SystemExit(f"unknown command {command}")
+
+
+def measure(cmd: list[str], cache: Path) -> dict:
+    """Wall seconds and peak RSS (GB) of one command in a fresh process, with its own empty cache."""
+    env = {**os.environ, "VLTOOL_CACHE": str(cache), "HF_DATASETS_CACHE": str(cache / "hf"), "PYTHONWARNINGS": "ignore"}
+    t0 = time.perf_counter()
+    r = subprocess.run(["/usr/bin/time", "-f", "VLTOOL_TIME %e %M", *cmd], env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    line = [ln for ln in r.stderr.splitlines() if ln.startswith("VLTOOL_TIME ")]
+    if r.returncode != 0 or not line:
+        said = [ln for ln in r.stderr.strip().splitlines() if not ln.startswith("VLTOOL_TIME ")]
+        return {"ok": False, "error": said[-1] if said else f"exit {r.returncode}", "seconds": round(wall, 2)}
+    _, secs, kb = line[-1].split()
+    return {"ok": True, "seconds": float(secs), "peak_rss_gb": round(int(kb) / 1024**2, 3)}
+
+
+def accepted(command: str, rows: int, big: bool) -> bool:
+    """Encoding every image of 1M rows on 2 CPU cores takes minutes per command: at the default sizes the
+    encoding commands stop at 100k rows unless --big asks for everything."""
+    return big or command in ("pretrain", "deform") or rows <= 100_000
+
+
+def plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for command in dict.fromkeys(r["command"] for r in results):
+        pts = [r for r in results if r["command"] == command and r["ok"]]
+        if pts:
+            axes[0].plot([p["rows"] for p in pts], [p["seconds"] for p in pts], "o-", label=command)
+            axes[1].plot([p["rows"] for p in pts], [p["peak_rss_gb"] for p in pts], "o-", label=command)
+    for ax, ylabel in zip(axes, ("seconds (pretrain: to 2 steps)", "peak RSS (GB)")):
+        ax.set_xscale("log")
+        ax.set_xlabel("rows")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    axes[1].legend()
+    fig.suptitle("vltool at scale: time and peak memory against rows (bench/bench_scale.py)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", default="10000,100000,1000000")
+    ap.add_argument("--big", action="store_true", help="add 10M rows, and run the encoding commands at every size")
+    ap.add_argument("--commands", default=",".join(COMMANDS))
+    ap.add_argument("--out", default="bench-scale")
+    ap.add_argument("--work", default=None, help="where the synthetic data go [default: a temporary directory]")
+    args = ap.parse_args()
+    sizes = [int(s) for s in args.rows.split(",")] + ([10_000_000] if args.big else [])
+    commands = args.commands.split(",")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = []
+    with tempfile.TemporaryDirectory(dir=args.work) as tmp:
+        work = Path(tmp)
+        model = build_model(work / "m")
+        for rows in sizes:
+            data = work / f"data-{rows}"
+            t0 = time.perf_counter()
+            build_dataset(data, rows)
+            print(f"built {rows:,} rows in {time.perf_counter() - t0:.1f} s", flush=True)
+            for command in commands:
+                if not accepted(command, rows, args.big):
+                    continue
+                res = measure(command_line(command, data, model, work / f"out-{command}-{rows}"), work / f"cache-{command}-{rows}")
+                res.update(command=command, rows=rows)
+                if res["ok"]:
+                    res["rows_per_s"] = round(rows / res["seconds"], 1)
+                results.append(res)
+                print(json.dumps(res), flush=True)
+            subprocess.run(["rm", "-rf", str(data)] + [str(p) for p in work.glob(f"out-*-{rows}*")] + [str(p) for p in work.glob(f"cache-*-{rows}")])
+    print("\n| command | rows | seconds | rows/s | peak RSS (GB) |\n|---|---|---|---|---|")
+    for r in results:
+        if r["ok"]:
+            print(f"| {r['command']} | {r['rows']:,} | {r['seconds']:.1f} | {r['rows_per_s']:,.0f} | {r['peak_rss_gb']:.2f} |")
+        else:
+            print(f"| {r['command']} | {r['rows']:,} | failed: {r['error']} | | |")
+    print("\ngrowth from the smallest to the largest size measured (target: within 2x):")
+    for command in commands:
+        pts = [r for r in results if r["command"] == command and r["ok"]]
+        if len(pts) >= 2:
+            a, b = pts[0], pts[-1]
+            print(f"  {command}: {a['rows']:,} -> {b['rows']:,} rows: time x{b['seconds'] / a['seconds']:.2f}, "
+                  f"peak RSS x{b['peak_rss_gb'] / a['peak_rss_gb']:.2f}")
+    (out / "scale.json").write_text(json.dumps({"results": results, "sizes": sizes}, indent=2))
+    plot(results, out / "scale.png")
+    print(f"wrote {out / 'scale.json'}, {out / 'scale.png'}")
+
+
+if __name__ == "__main__":
+    main()

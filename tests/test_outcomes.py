@@ -1,0 +1,125 @@
+"""--group-column on zeroshot, retrieve and probe (the bootstrap resamples whole groups), the per-example
+outcomes written beside the results JSON (X.examples.npz), and `vltool report`'s paired interval from them."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from _eval_helpers import make_colors, make_model
+from vltool.metrics import bootstrap
+from vltool.outcomes import FORMAT, Outcomes, examples_path, resampling_of
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("models")
+    return [str(make_model(d / f"m{s}", seed=s)) for s in (0, 1)]
+
+
+@pytest.fixture(scope="module")
+def grouped(tmp_path_factory):
+    """The colour squares with a base_id: each class's test rows are one group of two (near-duplicates)."""
+    import datasets
+
+    d = tmp_path_factory.mktemp("grouped")
+    ds = datasets.load_from_disk(make_colors(d / "plain", per_class=6))
+    ds = ds.add_column("base_id", [f"g{i // 2}" for i in range(len(ds))])
+    ds.save_to_disk(str(d / "data"))
+    return str(d / "data")
+
+
+def _check_outcomes(record, out):
+    ex = examples_path(out)
+    assert record["examples"]["file"] == ex.name and record["examples"]["format"] == FORMAT
+    o = Outcomes.read(ex)
+    got = o.statistic()(None)
+    assert set(got) == set(record["metrics"])
+    for k, v in got.items():
+        assert v == pytest.approx(record["metrics"][k]["value"], abs=1e-12), k
+    raw = np.load(ex, allow_pickle=False)  # numpy alone reads it
+    assert raw["id"].dtype.kind == "U" and len(raw["id"]) == len(raw["group"])
+    # the run's intervals are those of its resampling plan (groups, strata) on these outcomes: the groups were used
+    b = record["protocol"]["bootstrap"]
+    iv = bootstrap(len(o), o.statistic(), b["resamples"], b["seed"], resampling=resampling_of(o))
+    for k, e in record["metrics"].items():
+        assert (iv[k].low, iv[k].high) == pytest.approx((e["ci_low"], e["ci_high"]), abs=1e-12), k
+    return o
+
+
+def test_group_column_on_every_evaluation(models, grouped, tmp_path):
+    from vltool.probe import ProbeConfig, probe
+    from vltool.retrieve import RetrieveConfig, retrieve
+    from vltool.zeroshot import ZeroshotConfig, zeroshot
+
+    common = dict(model=models[0], group_column="base_id", bootstrap=50, progress=False)
+    zs = zeroshot(grouped, ZeroshotConfig(**common), where=["split=test"], out=tmp_path / "zs.json")
+    b = zs["protocol"]["bootstrap"]
+    assert b["unit"] == "base_id group (6 groups of 12 images), within its class"
+    assert (b["group_column"], b["units"], b["stratified"]) == ("base_id", 6, True)
+    o = _check_outcomes(zs, tmp_path / "zs.json")
+    assert o.group_column == "base_id" and o.groups.tolist() == [f"g{3 * c + 2}" for c in range(6) for _ in range(2)]
+    assert o.arrays["greater"].shape == (1, 12)
+
+    rt = retrieve(grouped, RetrieveConfig(**common, text_column="captions"), where=["split=test"], out=tmp_path / "rt.json")
+    assert rt["protocol"]["bootstrap"]["unit"] == "base_id group (6 groups of 12 images), each image with all its texts"
+    o = _check_outcomes(rt, tmp_path / "rt.json")
+    assert len(o.arrays["text_owner"]) == 24 and len(o.arrays["t2i_greater"]) == 24
+
+    for protocol in ("fff", "voc07-svm"):
+        pr = probe(grouped, grouped, ProbeConfig(**common, protocol=protocol, epochs=2), where=["split=train"], eval_where=["split=test"],
+                   out=tmp_path / f"{protocol}.json")
+        assert pr["protocol"]["bootstrap"]["unit"].startswith("base_id group (6 groups of 12 eval images)")
+        _check_outcomes(pr, tmp_path / f"{protocol}.json")
+
+
+def test_without_group_column_the_bootstrap_is_unchanged_and_each_example_is_its_own_group(models, grouped, tmp_path):
+    from vltool.zeroshot import ZeroshotConfig, zeroshot
+
+    zs = zeroshot(grouped, ZeroshotConfig(model=models[0], bootstrap=50, progress=False), where=["split=test"], out=tmp_path / "zs.json")
+    assert zs["protocol"]["bootstrap"]["unit"] == "image, within its class" and zs["protocol"]["bootstrap"]["group_column"] is None
+    o = _check_outcomes(zs, tmp_path / "zs.json")
+    assert o.group_column == "" and np.array_equal(o.groups, o.ids)
+
+
+def test_cli_group_column_errors_and_the_examples_file_is_never_clobbered(cli, models, grouped, tmp_path):
+    r = cli("zeroshot", grouped, "--where", "split=test", "--model", models[0], "--group-column", "nope", "--no-progress")
+    assert r.exit_code == 2 and "--group-column 'nope'" in r.stderr
+    out = tmp_path / "zs.json"
+    examples_path(out).write_bytes(b"someone else's file")
+    r = cli("zeroshot", grouped, "--where", "split=test", "--model", models[0], "--no-progress", "--out", out)
+    assert r.exit_code == 2 and "zs.examples.npz" in r.stderr and "--overwrite" in r.stderr
+    r = cli("zeroshot", grouped, "--where", "split=test", "--model", models[0], "--group-column", "base_id", "--bootstrap", "20",
+            "--no-progress", "--out", out, "--overwrite")
+    assert r.exit_code == 0, r.output
+    assert json.loads(out.read_text())["protocol"]["bootstrap"]["group_column"] == "base_id"
+    assert Outcomes.read(examples_path(out)).group_column == "base_id"
+
+
+def test_report_pairs_real_runs(models, grouped, tmp_path):
+    """Two models x two seeds of runs from the commands: the report's Δ is the mean of the per-seed differences,
+    its interval brackets it and resamples base_id groups."""
+    from vltool.report import ReportConfig, build_report, parse_metric, render_markdown
+    from vltool.retrieve import RetrieveConfig, retrieve
+    from vltool.zeroshot import ZeroshotConfig, zeroshot
+
+    runs = tmp_path / "runs"
+    for name, model in (("a", models[0]), ("b", models[1])):
+        for seed in (0, 1):
+            d = runs / name / f"seed{seed}"
+            common = dict(model=model, group_column="base_id", bootstrap=20, seed=seed, progress=False)
+            zeroshot(grouped, ZeroshotConfig(**common), where=["split=test"], out=d / "zeroshot.json")
+            retrieve(grouped, RetrieveConfig(**common), where=["split=test"], out=d / "retrieve.json")
+    metrics = [parse_metric(m) for m in ("zeroshot:top1", "zeroshot:mean_per_class_recall", "retrieve:image_to_text_R@1",
+                                         "retrieve:text_to_image_mean_rank")]
+    r = build_report(runs, ReportConfig(metrics=metrics, baseline="a", bootstrap=200))
+    s = r["variants"][1]["summary"]
+    for m in metrics:
+        p = s[m.name]["paired"]
+        assert p["delta"] == pytest.approx(s[m.name]["delta_vs_baseline"]["mean"], abs=1e-12)
+        assert p["ci_low"] <= p["delta"] + 1e-12 and p["delta"] <= p["ci_high"] + 1e-12
+        assert p["resampling"]["group_column"] == "base_id" and p["resampling"]["units"] == 6
+    assert s["zeroshot:top1"]["paired"]["unit"].endswith("within its class")
+    assert "resampling whole base_id groups of test images" in render_markdown(r)

@@ -1,0 +1,144 @@
+"""Checks every command shares on what it reads: the type of a text or image column, what counts as a
+text, and results that would be meaningless (docs/conventions.md, "Bad input").
+
+    text_column(ds, "caption", spec)          # a string column (or, with allow_list, a list of strings)
+    image_column(ds, "image", spec)           # a datasets.Image column; path strings are named as such
+    clean_text(value) / clean_texts(values)   # None, "" and whitespace are all "no text"
+    require_rows(n, "...")                    # an error with the reason when nothing is left to compute on
+    finite(x, "...")                          # an error instead of a NaN metric
+
+A leaf module: it imports only vltool.errors (and `datasets` inside the functions).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable
+
+from vltool.errors import UsageError, VltoolError
+
+IMPORT_HINT = "make an image dataset from files with `vltool import` (e.g. a CSV with filepath and caption columns)"
+
+
+def _is_string(feature) -> bool:
+    import datasets
+
+    return isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")
+
+
+def _is_bytes(feature) -> bool:
+    import datasets
+
+    return isinstance(feature, datasets.Value) and feature.dtype in ("binary", "large_binary")
+
+
+def _list_inner(feature):
+    """The item feature of a list column (datasets.List / Sequence / LargeList / [feature]), else None."""
+    import datasets
+
+    if isinstance(feature, list) and len(feature) == 1:
+        return feature[0]
+    kinds = tuple(k for k in (getattr(datasets, "List", None), getattr(datasets, "LargeList", None), datasets.Sequence) if k is not None)
+    if isinstance(feature, kinds):
+        return feature.feature
+    return None
+
+
+def text_column(ds, column: str, what: str, *, option: str = "--text-column", allow_list: bool = False) -> bool:
+    """Check that `column` of `ds` holds text: one string per row, or (allow_list) a list of strings.
+
+    Returns True for a list column. Bytes are refused (decode them to UTF-8 strings first): a caption is
+    never written as b'...'. `what` names the dataset in the message.
+    """
+    if column not in ds.column_names:
+        raise UsageError(f"{what!r} has no column {column!r} (it has: {', '.join(ds.column_names)})")
+    feature = ds.features[column]
+    if _is_string(feature):
+        return False
+    inner = _list_inner(feature)
+    if allow_list and inner is not None and _is_string(inner):
+        return True
+    kinds = "text (strings, or lists of strings)" if allow_list else "text (one string per row)"
+    if _is_bytes(feature) or (inner is not None and _is_bytes(inner)):
+        raise UsageError(f"{option} {column!r} of {what!r} holds bytes, not {kinds}; decode it to UTF-8 strings first")
+    raise UsageError(f"{option} {column!r} of {what!r} is not a text column: it must hold {kinds}, not {_describe(feature)}")
+
+
+def image_column(ds, column: str, what: str) -> None:
+    """Check that `column` of `ds` is a datasets.Image column (path strings are named as such)."""
+    import datasets
+
+    if column not in ds.column_names:
+        raise UsageError(f"{what!r} has no column {column!r} (it has: {', '.join(ds.column_names)})")
+    feature = ds.features[column]
+    if isinstance(feature, datasets.Image):
+        return
+    if _is_string(feature):
+        raise UsageError(f"column {column!r} of {what!r} holds strings (file paths?), not images: it is not an image column; {IMPORT_HINT}")
+    raise UsageError(f"column {column!r} of {what!r} is not an image column (it holds {_describe(feature)}); {IMPORT_HINT}")
+
+
+def _describe(feature) -> str:
+    import datasets
+
+    if isinstance(feature, datasets.Value):
+        return {"binary": "bytes", "large_binary": "bytes"}.get(feature.dtype, feature.dtype)
+    inner = _list_inner(feature)
+    if inner is not None:
+        return f"lists of {_describe(inner)}"
+    return type(feature).__name__
+
+
+def clean_text(value: Any) -> str | None:
+    """A text, or None when there is none: None, "" and whitespace-only strings all count as missing."""
+    if isinstance(value, str) and value.strip():
+        return value
+    return None
+
+
+def clean_texts(values: Iterable) -> list:
+    """clean_text of each value; a list value (several texts of a row) keeps its real texts only."""
+    out = []
+    for v in values:
+        if isinstance(v, (list, tuple)):
+            out.append([t for t in (clean_text(x) for x in v) if t is not None])
+        else:
+            out.append(clean_text(v))
+    return out
+
+
+def missing_text_warning(n_missing: int, n: int, column: str) -> str | None:
+    """The one wording every command uses for rows without text (empty, whitespace-only or None)."""
+    if n_missing == 0:
+        return None
+    return f"{n_missing} of {n} rows have no text in {column!r} (empty, whitespace or missing); they are left out"
+
+
+def require_texts(n_with_text: int, n: int, column: str, what: str) -> None:
+    """An error when no row has text: every caption empty gives no meaningful result."""
+    if n_with_text == 0:
+        raise UsageError(f"no row of {what!r} has text in {column!r} ({n} rows; every one is empty, whitespace or missing)")
+
+
+def require_rows(n: int, message: str, error: type[VltoolError] = VltoolError) -> None:
+    """An error with `message` when `n` is zero: nothing to compute a result on."""
+    if n == 0:
+        raise error(message)
+
+
+def finite(value: float | None, what: str) -> float | None:
+    """`value`, or an error naming `what` when it is NaN or infinite (never a NaN in a result)."""
+    if value is not None and not math.isfinite(float(value)):
+        raise VltoolError(f"{what} is undefined ({value})")
+    return value
+
+
+def require_decoded(bad, what: str) -> None:
+    """An error when not one image of `what` could be decoded (`bad`: the mask of undecodable images):
+    every metric would be computed on zero rows."""
+    n = len(bad)
+    if n and int(sum(bool(b) for b in bad)) == n:
+        raise VltoolError(
+            f"none of the {n} images of {what!r} could be decoded (corrupt, missing files, or over the size limit); "
+            "there is nothing to compute on"
+        )

@@ -159,6 +159,43 @@ def test_sigmoid_trains_with_caption_augmentation_positives_and_bias_search(tmp_
     assert m.logit_scale == pytest.approx(s["final_logit_scale"])
 
 
+def test_trainer_bias_search_finds_the_brute_force_minimum_inside_the_logged_bracket(tmp_path, pairs):
+    """Through the trainer (a fresh vltool-micro at logit scale 100): the searched bias is the brute-force
+    minimum of the summed loss over the same encoded search batches, inside the bracket metrics.jsonl logs.
+    (Below -20 is covered on random features by test_bias_search_widens_the_bracket_until_the_minimum_is_interior.)"""
+    from vltool.losses import LossInput, SigmoidLoss
+    from vltool.pretrain.loop import resolve_run, setup
+    from vltool.pretrain.objectives import SigmoidObjective
+
+    calls = []
+    real = SigmoidObjective.loss_input
+
+    def keep(self, model, feats, side, local=slice(None)):  # the search batches' features, as the search sees them
+        x = real(self, model, feats, side, local)
+        calls.append(x)
+        return x
+
+    SigmoidObjective.loss_input = keep
+    try:
+        cfg = micro(loss="sigmoid", bias_init="search", bias_search_batches=2, logit_scale_init=100.0, augment="none")
+        spec, run_dir, config = resolve_run([pairs], tmp_path / "run", cfg, (), None, (), (), None)
+        run = setup(spec, run_dir, config, overwrite=False, resumed=False, progress=False)
+    finally:
+        SigmoidObjective.loss_input = real
+    (logged,) = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if '"bias_search"' in line]
+    b = logged["logit_bias"]
+    assert b == run.searched_bias and logged["bracket"][0] < b - 1 and b + 1 < logged["bracket"][1]
+    assert logged["evaluations"] >= 21 and len(calls) == 2
+    scale = torch.tensor(100.0)
+
+    def loss_at(v):
+        return sum(float(SigmoidLoss()(LossInput(x.image_features.float(), x.text_features.float(), scale, torch.tensor(v), extra=x.extra))["loss"])
+                   for x in calls[:2])
+
+    grid = np.round(np.arange(-150.0, 10.0 + 1e-9, 0.1), 6)
+    assert b == pytest.approx(float(grid[int(np.argmin([loss_at(float(v)) for v in grid]))]), abs=1e-9)
+
+
 def test_sigmoid_options_are_checked(pairs):
     from vltool.pretrain import PretrainConfig
 

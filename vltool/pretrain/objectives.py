@@ -9,7 +9,7 @@ the trainer must know about it, so that the loop has no per-objective branches:
 | sigmoid | a learnable logit bias (init -10, or searched) | a positive mask: k captions per image, mined positives | |
 | unicl | | each row's label | |
 | jsd | CLIP-Lite's critic projections | | |
-| clip --memory-bank K | a fixed logit scale 1/temperature | EMA keys of the batch | the EMA towers and the key queue |
+| clip --memory-bank K | a fixed logit scale 1/temperature; the run's length (EMA momentum) | EMA keys of the batch | the EMA towers and the key queue |
 | simclr | the image tower only (text frozen) | two augmented views per image | the projection head |
 
 The papers: sigmoid with many positives is from "FFF: Fixing Flawed Foundations in contrastive

@@ -245,8 +245,8 @@ def search_logit_bias(losses_at, lo: float = -20.0, hi: float = 0.0, step: float
 
     `losses_at(b)` returns the loss (summed over the search batches) with bias b. The grid starts on the
     integers of [lo, hi] and widens adaptively: while its minimum is on an edge, the bracket grows past that
-    edge by its own width (so a model whose logit scale starts at 100, with its optimum near -31, is not
-    cut off at -20). The sigmoid loss is convex in b (a sum of softplus of affine functions of b), so once
+    edge by its own width (so a logit scale of 100, whose optimum can lie well below -20, is not cut off
+    at -20). The sigmoid loss is convex in b (a sum of softplus of affine functions of b), so once
     the integer minimum g is interior the true minimum lies in [g - 1, g + 1], which the `step` grid then
     searches. A bracket that outgrows +-`limit` means the loss has no finite minimum (the batches hold only
     positives or only negatives): VltoolError.

@@ -29,6 +29,7 @@ if [ "${SMOKE:-0}" = "1" ]; then
     BATCH=8
     BOOTSTRAP=20
     RESULTS="$OUT/results"
+    # its own part column, so that the recipes' own splits of these rows can add `part`
     vltool split "$DATA" --by base_id --parts smoke=0.08,rest=0.92 --separate --seed 0 --part-column smoke_part \
         --out "$OUT/smoke-data" --overwrite > /dev/null
     DATA="$OUT/smoke-data/smoke"

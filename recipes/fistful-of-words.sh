@@ -6,7 +6,8 @@
 #     half (its captions withheld) with each word-ranking strategy, train on the union for the same steps,
 #     and compare with the aligned-only model and the aligned-only model trained twice as long.
 # The objective is the paper's: InfoNCE with a memory bank of EMA keys (K below the training set size;
-# emoji has about 3,000 training rows), towers initialised from pretrained unimodal models, here locked
+# emoji has about 3,000 training rows; the EMA momentum follows each run's length, docs/objectives.md),
+# towers initialised from pretrained unimodal models, here locked
 # with trainable projections so that a seed fits in minutes on 2 CPU cores (docs/recipes.md). The paper trains
 # both towers; its closest setting to ours is Table 3's frozen text encoder, quoted beside Tables 2 and 4.
 # Usage: bash recipes/fistful-of-words.sh      SEEDS="0 1 2" (default) | SMOKE=1 for a quick end-to-end check
@@ -74,7 +75,9 @@ for SEED in $SEEDS; do
     for strategy in rmtop-rand rmtop-maxcount maxcount weighted-count; do
         dir="$OUT/pl-$strategy/seed$SEED"
         say "seed $SEED: pseudo-labels by $strategy"
-        vltool pseudolabel "$halves/unaligned" --aligned "$aligned" --model "$OUT/aligned-only/seed$SEED/run" \
+        # the retrieval pool is the intact aligned half (section 2.3: "The set of captions used for retrieval are
+        # intact and come from the set S_a"), all its rows: the deformed half lost the rows RmTopFreq emptied
+        vltool pseudolabel "$halves/unaligned" --aligned "$halves/aligned" --model "$OUT/aligned-only/seed$SEED/run" \
             --strategy "$strategy" --top-t "$TOPFREQ" --seed "$SEED" --out "$dir/data" --overwrite > /dev/null
         train "$dir/run" "$SEED" "$SEMI_MEMORY_BANK" --steps "$SEMI_STEPS" -- "$aligned" "$dir/data"
         evaluate "$dir/run" "$dir"

@@ -36,7 +36,11 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "sigmoid-k": ("pairs", dict(loss="sigmoid", captions_per_image=2, caption_sampling="random")),
     "unicl": ("unicl", dict(loss="unicl")),
     "jsd": ("pairs", dict(loss="jsd")),
-    "memory-bank": ("pairs", dict(loss="clip", memory_bank=32, batch_size=8, optimizer="sgd", lr=0.1, weight_decay=0.0)),
+    "memory-bank": ("pairs", dict(loss="clip", memory_bank=32, batch_size=8, optimizer="sgd", lr=0.1, weight_decay=0.0,
+                                  ema_momentum=0.999)),
+    # the default momentum: from the run's length (0.5^(10/4) for these 4 steps)
+    "memory-bank-momentum-rule": ("pairs", dict(loss="clip", memory_bank=32, batch_size=8, optimizer="sgd", lr=0.1,
+                                                weight_decay=0.0)),
     "simclr": ("pairs", dict(loss="simclr", augment="simclr")),
     "sigmoid-bias-search": ("pairs", dict(loss="sigmoid", bias_init="search", bias_search_batches=2, batch_size=8)),
 }

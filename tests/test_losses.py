@@ -105,8 +105,40 @@ def test_bias_search_finds_grid_minimum():
         calls.append(b)
         return (b + 7.33) ** 2
 
-    assert search_logit_bias(f) == pytest.approx(-7.3)
-    assert min(calls) >= -20 and max(calls) <= 0
+    found = search_logit_bias(f)
+    assert found.bias == pytest.approx(-7.3)
+    assert (found.lo, found.hi) == (-20, 0) and min(calls) >= -20 and max(calls) <= 0  # interior: no widening
+    assert found.evaluations == len(set(calls)) == len(calls)  # each bias's loss computed once
+
+
+def test_bias_search_widens_the_bracket_until_the_minimum_is_interior():
+    """A model initialised with logit scale 100 has its optimum far below -20 (the old bracket's edge, which
+    the search used to return silently): the widened search must agree with a brute-force grid."""
+    from vltool.losses import LossInput, SigmoidLoss, search_logit_bias
+
+    img, txt = unit(64, 64, 20), unit(64, 64, 21)  # random features of a fresh model: (N, D) each
+    scale = torch.tensor(100.0, dtype=torch.float64)
+
+    def loss_at(b):
+        return float(SigmoidLoss()(LossInput(img, txt, scale, torch.tensor(b, dtype=torch.float64)))["loss"])
+
+    found = search_logit_bias(loss_at)
+    grid = np.round(np.arange(-100.0, 20.0 + 1e-9, 0.1), 6)  # brute force: every multiple of 0.1 in [-100, 20]
+    brute = float(grid[int(np.argmin([loss_at(float(b)) for b in grid]))])
+    assert found.bias == pytest.approx(brute, abs=1e-9)
+    assert found.bias < -21 and found.lo < found.bias - 1 and found.bias + 1 < found.hi  # interior, past the old edge
+    assert loss_at(-20.0) > 1.2 * loss_at(found.bias)  # what stopping at -20 cost
+    assert found.evaluations < 120  # the widened grid, not a brute-force search
+
+
+def test_bias_search_widens_upwards_and_refuses_a_loss_without_minimum():
+    from vltool.errors import VltoolError
+    from vltool.losses import search_logit_bias
+
+    found = search_logit_bias(lambda b: (b - 33.46) ** 2)
+    assert found.bias == pytest.approx(33.5) and found.hi > 34.5
+    with pytest.raises(VltoolError, match="no minimum"):  # a loss that falls forever as b grows
+        search_logit_bias(lambda b: -b)
 
 
 def test_sigmoid_trains_with_caption_augmentation_positives_and_bias_search(tmp_path, pairs_pos):
@@ -125,6 +157,43 @@ def test_sigmoid_trains_with_caption_augmentation_positives_and_bias_search(tmp_
     assert m.config["logit_bias_init"] == s["searched_logit_bias"]
     assert float(m.model.logit_bias.detach()) == pytest.approx(s["final_logit_bias"])
     assert m.logit_scale == pytest.approx(s["final_logit_scale"])
+
+
+def test_trainer_bias_search_finds_the_brute_force_minimum_inside_the_logged_bracket(tmp_path, pairs):
+    """Through the trainer (a fresh vltool-micro at logit scale 100): the searched bias is the brute-force
+    minimum of the summed loss over the same encoded search batches, inside the bracket metrics.jsonl logs.
+    (Below -20 is covered on random features by test_bias_search_widens_the_bracket_until_the_minimum_is_interior.)"""
+    from vltool.losses import LossInput, SigmoidLoss
+    from vltool.pretrain.loop import resolve_run, setup
+    from vltool.pretrain.objectives import SigmoidObjective
+
+    calls = []
+    real = SigmoidObjective.loss_input
+
+    def keep(self, model, feats, side, local=slice(None)):  # the search batches' features, as the search sees them
+        x = real(self, model, feats, side, local)
+        calls.append(x)
+        return x
+
+    SigmoidObjective.loss_input = keep
+    try:
+        cfg = micro(loss="sigmoid", bias_init="search", bias_search_batches=2, logit_scale_init=100.0, augment="none")
+        spec, run_dir, config = resolve_run([pairs], tmp_path / "run", cfg, (), None, (), (), None)
+        run = setup(spec, run_dir, config, overwrite=False, resumed=False, progress=False)
+    finally:
+        SigmoidObjective.loss_input = real
+    (logged,) = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if '"bias_search"' in line]
+    b = logged["logit_bias"]
+    assert b == run.searched_bias and logged["bracket"][0] < b - 1 and b + 1 < logged["bracket"][1]
+    assert logged["evaluations"] >= 21 and len(calls) == 2
+    scale = torch.tensor(100.0)
+
+    def loss_at(v):
+        return sum(float(SigmoidLoss()(LossInput(x.image_features.float(), x.text_features.float(), scale, torch.tensor(v), extra=x.extra))["loss"])
+                   for x in calls[:2])
+
+    grid = np.round(np.arange(-150.0, 10.0 + 1e-9, 0.1), 6)
+    assert b == pytest.approx(float(grid[int(np.argmin([loss_at(float(v)) for v in grid]))]), abs=1e-9)
 
 
 def test_sigmoid_options_are_checked(pairs):
@@ -463,6 +532,55 @@ def test_memory_bank_options_are_checked():
         assert msg in str(e.value)
     with pytest.raises(UsageError, match="--export-ema needs"):
         PretrainConfig(export_ema=True).validate()
+
+
+def test_ema_momentum_rule_follows_the_run_length():
+    from vltool.pretrain.objectives import MOCO_MOMENTUM, ema_initial_share, ema_momentum_for
+
+    assert ema_momentum_for(460) == 0.5 ** (1 / 46)  # half-life 46 steps, a tenth of the run
+    assert ema_momentum_for(460) == pytest.approx(0.985045, abs=1e-6)
+    assert ema_momentum_for(250) == pytest.approx(0.972655, abs=1e-6)
+    assert ema_momentum_for(4) == 0.5 ** 2.5
+    for t in (1, 4, 250, 460, 6000):  # the initial weights keep 2^-10 of the EMA at the end of the run
+        assert ema_initial_share(ema_momentum_for(t), t) == pytest.approx(2 ** -10, rel=1e-9)
+    assert ema_momentum_for(8000) == ema_momentum_for(10 ** 5) == MOCO_MOMENTUM == 0.999  # long runs: MoCo's
+    assert ema_initial_share(0.999, 460) == pytest.approx(0.6311, abs=1e-4)  # the handicap of MoCo's value here
+    with pytest.raises(ValueError):
+        ema_momentum_for(0)
+
+
+def _setup_run(tmp_path, data, cfg):
+    from vltool.pretrain.loop import resolve_run, setup
+
+    spec, run_dir, config = resolve_run([data], tmp_path, cfg, (), None, (), (), None)
+    return setup(spec, run_dir, config, overwrite=False, resumed=False, progress=False)
+
+
+def test_memory_bank_momentum_from_the_run_length_is_used_and_logged(tmp_path, pairs, capsys):
+    from vltool.pretrain import pretrain
+    from vltool.pretrain.objectives import ema_momentum_for
+
+    run = _setup_run(tmp_path / "setup", pairs, micro(memory_bank=16, steps=6))
+    assert run.objective.loss.momentum == ema_momentum_for(6) == 0.5 ** (10 / 6)
+    r = pretrain([pairs], tmp_path / "run", micro(memory_bank=16, steps=3), progress=False)
+    assert r["stats"]["ema_momentum"] == ema_momentum_for(3)
+    (logged,) = metrics(tmp_path / "run", kind="ema")
+    assert logged["ema_momentum"] == ema_momentum_for(3) and logged["given"] is False
+    assert logged["initial_share_at_end"] == pytest.approx(2 ** -10)
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_memory_bank_warns_when_the_ema_stays_at_its_initial_weights(tmp_path, pairs, capsys):
+    from vltool.pretrain import PretrainConfig
+
+    run = _setup_run(tmp_path / "a", pairs, micro(memory_bank=16, steps=6, ema_momentum=0.999))
+    err = capsys.readouterr().err
+    assert run.objective.loss.momentum == 0.999  # a given momentum is used as given
+    assert "warning: --ema-momentum 0.999 over 6 steps leaves the EMA key towers 99% at their initial weights" in err
+    _setup_run(tmp_path / "b", pairs, micro(memory_bank=16, steps=6, ema_momentum=0.8))  # 0.8^6 = 26%: no warning
+    assert "warning" not in capsys.readouterr().err
+    with pytest.raises(UsageError, match="--ema-momentum needs --memory-bank"):
+        PretrainConfig(ema_momentum=0.99).validate()
 
 
 @pytest.mark.slow

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from vltool.errors import UsageError
+from vltool.errors import UsageError, VltoolError
 
 
 @dataclass
@@ -229,18 +229,52 @@ class SigmoidLoss(Loss):
         return {"loss": loss, "acc_i2t": acc}
 
 
-def search_logit_bias(losses_at, lo: float = -20.0, hi: float = 0.0, step: float = 0.1) -> float:
-    """FFF 4.4: the bias minimising the initial loss, by a grid of step 1 over [lo, hi] refined to `step`.
+@dataclass
+class BiasSearch:
+    """The result of `search_logit_bias`: the bias, the integer bracket the grid finally covered (the
+    bias's grid minimum is inside it, not on its edge), and how many losses were computed."""
 
-    `losses_at(b)` returns the loss (summed over the search batches) with bias b.
+    bias: float
+    lo: float
+    hi: float
+    evaluations: int
+
+
+def search_logit_bias(losses_at, lo: float = -20.0, hi: float = 0.0, step: float = 0.1, limit: float = 1e4) -> BiasSearch:
+    """FFF 4.4: the bias minimising the initial loss, by a grid of step 1 refined to `step`.
+
+    `losses_at(b)` returns the loss (summed over the search batches) with bias b. The grid starts on the
+    integers of [lo, hi] and widens adaptively: while its minimum is on an edge, the bracket grows past that
+    edge by its own width (so a logit scale of 100, whose optimum can lie well below -20, is not cut off
+    at -20). The sigmoid loss is convex in b (a sum of softplus of affine functions of b), so once
+    the integer minimum g is interior the true minimum lies in [g - 1, g + 1], which the `step` grid then
+    searches. A bracket that outgrows +-`limit` means the loss has no finite minimum (the batches hold only
+    positives or only negatives): VltoolError.
     """
-    grid = [lo + i for i in range(int(round(hi - lo)) + 1)]
-    vals = [losses_at(b) for b in grid]
-    best = grid[min(range(len(grid)), key=vals.__getitem__)]
+    vals: dict[float, float] = {}
+
+    def at(b: float) -> float:
+        if b not in vals:
+            vals[b] = losses_at(b)
+        return vals[b]
+
+    lo, hi = float(math.floor(lo)), float(math.ceil(hi))
+    while True:
+        grid = [lo + i for i in range(int(hi - lo) + 1)]
+        best = min(grid, key=at)
+        width = max(hi - lo, 1.0)
+        if best == lo and best > -limit:
+            lo -= width
+        elif best == hi and best < limit:
+            hi += width
+        elif best in (lo, hi):
+            raise VltoolError(f"the logit bias search found no minimum within +-{limit:g} (best {best:g}): do the "
+                             "search batches hold both positive and negative pairs?")
+        else:
+            break
     n = int(round(1 / step))
-    fine = [round(best + k * step, 6) for k in range(-n, n + 1) if lo <= best + k * step <= hi]
-    vals = [losses_at(b) for b in fine]
-    return fine[min(range(len(fine)), key=vals.__getitem__)]
+    fine = [round(best + k * step, 6) for k in range(-n, n + 1)]
+    return BiasSearch(min(fine, key=at), lo, hi, len(vals))
 
 
 @register_loss("unicl")

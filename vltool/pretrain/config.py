@@ -59,7 +59,7 @@ class PretrainConfig:
     critic_dim: int | None = None
     memory_bank: int = 0
     temperature: float = 0.02
-    ema_momentum: float = 0.999  # vltool's choice: A Fistful of Words gives none
+    ema_momentum: float | None = None  # None: from the run's length (objectives.ema_momentum_for)
     export_ema: bool = False
     balanced: bool = False
     # The data.
@@ -173,8 +173,10 @@ def _objective_problems(c: PretrainConfig) -> list[str]:
         problems.append("--memory-bank K needs --loss clip and K >= 1")
     if not c.temperature > 0:
         problems.append(f"--temperature must be > 0, got {c.temperature}")
-    if not 0 <= c.ema_momentum < 1:
+    if c.ema_momentum is not None and not 0 <= c.ema_momentum < 1:
         problems.append(f"--ema-momentum must be in [0, 1), got {c.ema_momentum}")
+    if c.ema_momentum is not None and not c.memory_bank:
+        problems.append("--ema-momentum needs --memory-bank")
     if c.export_ema and not c.memory_bank:
         problems.append("--export-ema needs --memory-bank")
     if c.loss == "simclr" and c.augment != "simclr":

@@ -20,6 +20,7 @@ import json
 import math
 import os
 import shutil
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -183,6 +184,7 @@ def setup(spec: RunSpec, run_dir: Path, config: PretrainConfig, *, overwrite: bo
     _build_model(run)
     _resume_state(run)
     _init_bias(run)
+    _log_ema(run)
     run.log = MetricsLog(run_dir / METRICS_FILE, accelerator.is_main_process, total, run.start_step, progress)
     return run
 
@@ -470,7 +472,7 @@ def _build_model(run: RunState) -> None:
 
     config, acc = run.config, run.accelerator
     torch.manual_seed(config.seed)
-    run.objective = build_objective(config, run.train)
+    run.objective = build_objective(config, run.train, run.total_steps)
     run.model, run.tokenizer = _new_or_init_model(config, run.objective)
     run.objective.adapt(run.model, config, run.resumed)
     run.frozen = apply_freezing(run.model, config)
@@ -558,11 +560,30 @@ def _init_bias(run: RunState) -> None:
     inner.stop = min(config.bias_search_batches * a, sampler.per_epoch)
     micro = [run.collate([run.dataset[k] for k in keys]) for keys in sampler]
     batches = [micro[i : i + a] for i in range(0, len(micro), a)]
-    run.searched_bias = run.objective.init_bias(run.model, batches, run.inputs, lambda: _autocast(run))
+    found = run.objective.init_bias(run.model, batches, run.inputs, lambda: _autocast(run))
+    run.searched_bias = found.bias
     if acc.is_main_process:
         with open(run.run_dir / METRICS_FILE, "a") as f:
-            f.write(json.dumps({"kind": "bias_search", "step": 0, "logit_bias": run.searched_bias,
-                                "batches": config.bias_search_batches}) + "\n")
+            f.write(json.dumps({"kind": "bias_search", "step": 0, "logit_bias": found.bias, "batches": config.bias_search_batches,
+                                "bracket": [found.lo, found.hi], "evaluations": found.evaluations}) + "\n")
+        print(f"logit bias search: {found.bias:g} (grid over [{found.lo:g}, {found.hi:g}], {found.evaluations} losses)",
+              file=sys.stderr)
+
+
+def _log_ema(run: RunState) -> None:
+    """--memory-bank: the EMA momentum used (given, or from the run's length) in metrics.jsonl, and the
+    warning when it leaves the EMA mostly at its initial weights."""
+    momentum = getattr(run.objective, "momentum", None)
+    if momentum is None:
+        return
+    if run.objective.warning:
+        from vltool.topology import warn
+
+        warn(run.objective.warning)
+    if run.accelerator.is_main_process and not run.resumed:
+        with open(run.run_dir / METRICS_FILE, "a") as f:
+            f.write(json.dumps({"kind": "ema", "step": 0, "ema_momentum": momentum, "given": run.config.ema_momentum is not None,
+                                "initial_share_at_end": run.objective.initial_share}) + "\n")
 
 
 def _save(run: RunState) -> Path:
@@ -594,6 +615,7 @@ def _final_stats(run: RunState, plain, final_eval, bad_all: set, exported: bool,
         "final_logit_scale": float(plain.logit_scale.detach().exp()),
         "final_logit_bias": float(plain.logit_bias.detach()) if plain.logit_bias is not None else None,
         "searched_logit_bias": run.searched_bias,
+        "ema_momentum": getattr(run.objective, "momentum", None),  # --memory-bank: given or from the run's length
         "final_eval": final_eval,
         "bad_images": len(bad_all),
         "bad_image_ids": sorted(bad_all)[:100],

@@ -9,7 +9,7 @@ the trainer must know about it, so that the loop has no per-objective branches:
 | sigmoid | a learnable logit bias (init -10, or searched) | a positive mask: k captions per image, mined positives | |
 | unicl | | each row's label | |
 | jsd | CLIP-Lite's critic projections | | |
-| clip --memory-bank K | a fixed logit scale 1/temperature | EMA keys of the batch | the EMA towers and the key queue |
+| clip --memory-bank K | a fixed logit scale 1/temperature; the run's length (EMA momentum) | EMA keys of the batch | the EMA towers and the key queue |
 | simclr | the image tower only (text frozen) | two augmented views per image | the projection head |
 
 The papers: sigmoid with many positives is from "FFF: Fixing Flawed Foundations in contrastive
@@ -52,7 +52,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vltool.losses import LOSSES, LossInput, MemoryBankLoss, SigmoidLoss, build_loss, gather_many, positive_mask, search_logit_bias
+from vltool.losses import LOSSES, BiasSearch, LossInput, MemoryBankLoss, SigmoidLoss, build_loss, gather_many, positive_mask, search_logit_bias
 from vltool.pretrain.data import TrainData
 
 
@@ -238,10 +238,10 @@ class SigmoidObjective(Objective):
         return {}
 
     @torch.no_grad()
-    def init_bias(self, model, batches, inputs_of, autocast) -> float:
+    def init_bias(self, model, batches, inputs_of, autocast) -> BiasSearch:
         """FFF 4.4: the logit bias minimising the summed initial loss of `batches` (each a list of the
         micro-batches of one global batch, encoded once by the fresh model in eval mode, under
-        `autocast()`); written to the model."""
+        `autocast()`), over a bracket widened until the minimum is inside it; written to the model."""
         was_training = model.training
         model.eval()
         with autocast():
@@ -261,10 +261,10 @@ class SigmoidObjective(Objective):
             return sum(float(self.loss(LossInput(x.image_features.float(), x.text_features.float(), scale, bias, extra=x.extra))["loss"])
                        for x in encoded)
 
-        best = search_logit_bias(loss_at)
-        model.logit_bias.fill_(best)
-        model.config["logit_bias_init"] = best
-        return best
+        found = search_logit_bias(loss_at)
+        model.logit_bias.fill_(found.bias)
+        model.config["logit_bias_init"] = found.bias
+        return found
 
 
 class UniCLObjective(Objective):
@@ -284,17 +284,49 @@ class JSDObjective(Objective):
             model.add_critic({"dim": config.critic_dim or int(model.config["embed_dim"])})
 
 
+MOCO_MOMENTUM = 0.999  # MoCo's EMA momentum, for runs of ~10^5 steps (A Fistful of Words gives none)
+EMA_HALF_LIFE = 0.1  # at most this fraction of the run: the initial weights keep <= 2^-10 of the EMA at the end
+EMA_WARN_SHARE = 0.5  # warn when more than this share of the EMA is still its initial weights at the end
+
+
+def ema_momentum_for(total_steps: int) -> float:
+    """The EMA momentum of a run of `total_steps` optimizer steps when --ema-momentum is not given.
+
+    With a constant momentum m, the EMA after T updates is m^T x (its initial weights) + (1 - m) x sum_k
+    m^(T-k) x (the online weights after step k): MoCo's 0.999 over a 460-step recipe leaves 0.999^460 = 63%
+    of the key towers at their random initial projections. So m = min(0.999, 0.5^(1 / h)) with the
+    half-life h = EMA_HALF_LIFE x T steps: MoCo's value where the run is long enough for it (T >= 6,928),
+    else the momentum whose half-life is a tenth of the run, so that at the end the initial weights weigh
+    0.5^10 < 0.1% and the EMA averages over about the last 14% of the run (its time constant 1/(1 - m))."""
+    if total_steps < 1:
+        raise ValueError(f"total_steps must be >= 1, got {total_steps}")
+    return min(MOCO_MOMENTUM, 0.5 ** (1 / (EMA_HALF_LIFE * total_steps)))
+
+
+def ema_initial_share(momentum: float, total_steps: int) -> float:
+    """The weight of the EMA's initial values in the EMA after `total_steps` updates: m^T."""
+    return momentum ** total_steps
+
+
 class MemoryBankObjective(Objective):
     """InfoNCE against a queue of keys from EMA towers (A Fistful of Words, 2.1). Owns the EMA copy of the
-    model and the queue (both in the loss's state dict); the logit scale is 1/temperature, fixed.
+    model and the queue (both in the loss's state dict); the logit scale is 1/temperature, fixed. The EMA
+    momentum is --ema-momentum, or `ema_momentum_for(total_steps)` when not given.
 
     With --accum-steps A the EMA keys of all A micro-batches are computed in the first pass, the loss is
     over the whole accumulated batch against the queue as it was at the start of the step, and the
     accumulated batch's keys join the queue once, after the step's backward (as one batch of A x B would)."""
 
-    def __init__(self, config, train: TrainData):
+    def __init__(self, config, train: TrainData, total_steps: int):
         super().__init__(None, train)
         self.config = config
+        self.momentum = config.ema_momentum if config.ema_momentum is not None else ema_momentum_for(total_steps)
+        self.initial_share = ema_initial_share(self.momentum, total_steps)  # of the EMA at the end of the run
+        self.warning = None
+        if config.ema_momentum is not None and self.initial_share > EMA_WARN_SHARE:
+            self.warning = (f"--ema-momentum {config.ema_momentum:g} over {total_steps} steps leaves the EMA key towers "
+                            f"{self.initial_share:.0%} at their initial weights by the end of the run (m^T); leave "
+                            f"--ema-momentum out for the run-length rule (here m = {ema_momentum_for(total_steps):.5f})")
 
     logit_scale_learnable = False
 
@@ -305,7 +337,7 @@ class MemoryBankObjective(Objective):
     def attach(self, model, device) -> None:
         c = self.config
         dim = model.config["critic"]["dim"] if model.config.get("critic") else int(model.config["embed_dim"])
-        self.loss = MemoryBankLoss(c.memory_bank, dim, c.temperature, c.ema_momentum)
+        self.loss = MemoryBankLoss(c.memory_bank, dim, c.temperature, self.momentum)
         self.loss.init_ema(model)
         self.loss.to(device)
 
@@ -354,10 +386,10 @@ class SimCLRObjective(Objective):
 OBJECTIVES = {"clip": Objective, "sigmoid": SigmoidObjective, "unicl": UniCLObjective, "jsd": JSDObjective, "simclr": SimCLRObjective}
 
 
-def build_objective(config, train: TrainData) -> Objective:
-    """The objective of `--loss` (and `--memory-bank K` with clip)."""
+def build_objective(config, train: TrainData, total_steps: int) -> Objective:
+    """The objective of `--loss` (and `--memory-bank K` with clip) for a run of `total_steps` steps."""
     if config.memory_bank:
-        return MemoryBankObjective(config, train)
+        return MemoryBankObjective(config, train, total_steps)
     cls = OBJECTIVES.get(config.loss, Objective)
     assert config.loss in LOSSES, config.loss  # validated before
     return cls(build_loss(config.loss), train)

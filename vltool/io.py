@@ -321,7 +321,7 @@ def _some_values(arr, feature, k: int = 5) -> str:
 
 def model_inputs(spec: str | Path | None, pretrained: str | Path | None = None) -> list[Path]:
     """What a --model value reads, protected like an input dataset: a vltool RUN_DIR (or RUN_DIR/model)
-    as given, local-dir:PATH's PATH, open_clip:ARCH's --pretrained file."""
+    as given, local-dir:PATH's PATH, hf:DIR's DIR, open_clip:ARCH's --pretrained file."""
     if spec is None or not str(spec).strip():
         return []
     s = str(spec)
@@ -329,6 +329,8 @@ def model_inputs(spec: str | Path | None, pretrained: str | Path | None = None) 
         return [Path(pretrained).expanduser()] if pretrained else []
     if s.startswith("local-dir:"):
         return [Path(s[len("local-dir:"):]).expanduser()]
+    if s.startswith("hf:"):
+        return [Path(s[len("hf:"):]).expanduser()]
     return [Path(s).expanduser()]
 
 

@@ -45,7 +45,10 @@ def make_hf_siglip(out: Path, seed: int = 0) -> Path:
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    vocab = {w: i for i, w in enumerate(["<pad>", "</s>", "<unk>", *WORDS])}
+    from vltool.debias import DEFAULT_PAIRS
+
+    pairs = sorted({w for line in DEFAULT_PAIRS.read_text().splitlines() for w in line.split()})  # debias's words
+    vocab = {w: i for i, w in enumerate(dict.fromkeys(["<pad>", "</s>", "<unk>", *WORDS, *pairs]))}
     core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.Whitespace()
     tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="</s>", unk_token="<unk>",

@@ -597,13 +597,21 @@ class TwoTower(nn.Module):
         f = self.image_proj(self.visual(self._images(images)))  # (B, D)
         if self.image_critic is not None:
             f = self.image_critic(f)
-        return F.normalize(f, dim=-1) if normalize else f
+        return self._normalize(f) if normalize else f
 
     def encode_text(self, tokens, normalize: bool = True) -> torch.Tensor:
         f = self.text_proj(self.text(tokens))  # (B, D)
         if self.text_critic is not None:
             f = self.text_critic(f)
-        return F.normalize(f, dim=-1) if normalize else f
+        return self._normalize(f) if normalize else f
+
+    def _normalize(self, f: torch.Tensor) -> torch.Tensor:
+        """(B, D) -> L2-normalised; a Hugging Face CLIPModel's embeddings as its forward normalises them (the
+        square root of the sum of squares, transformers' _get_vector_norm), so they equal its image_embeds /
+        text_embeds bit for bit (F.normalize's norm can differ in the last bit)."""
+        if self.config["image_tower"]["type"] == HF_DUAL and self.config["hf"]["model_type"] == "clip" and self.image_critic is None:
+            return f / torch.pow(torch.sum(torch.pow(f, 2), dim=-1, keepdim=True), 0.5)
+        return F.normalize(f, dim=-1)
 
     def forward(self, images=None, tokens=None, image_trunk=None, text_trunk=None, head: bool = True):
         """Normalised features of both sides. A side may be given as cached trunk features instead.
@@ -1180,6 +1188,7 @@ def export_hf(model: TwoTower, tokenizer: Tokenizer, out_dir: Path | str) -> lis
     if model.image_critic is not None:
         raise UsageError("--to hf: this model embeds through CLIP-Lite's critic projections (--loss jsd), which "
                          f"{HF_DUAL_TYPES[config['hf']['model_type']]} cannot hold; evaluate it as a vltool RUN_DIR")
+    transformers.utils.logging.disable_progress_bar()
     hf = build_hf_dual(config["hf"])
     shell = TwoTower(copy.deepcopy(config), hf_model=hf)  # its towers are hf's modules
     shell.load_state_dict(model.state_dict(), strict=True)

@@ -53,7 +53,7 @@ class ExportConfig:
     def validate(self) -> None:
         problems = []
         if self.to not in TARGETS:
-            problems.append(f"--to {self.to!r}: choose webdataset, csv (a dataset) or hf (a model)")
+            problems.append(f"--to {self.to!r}: choose webdataset or csv (a dataset), or hf (a model)")
         if self.shard_size < 1:
             problems.append(f"--shard-size must be >= 1, got {self.shard_size}")
         if self.image_format not in IMAGE_FORMATS:

@@ -182,3 +182,24 @@ def test_export_hf_refuses_other_models(tmp_path, cli):
     assert r.exit_code == 2 and "only a model started from hf:DIR" in r.stderr
     r = cli("export", run, "--to", "hf", "--out", tmp_path / "o", "--shard-size", "3")
     assert r.exit_code == 2 and "--shard-size apply to datasets only" in r.stderr
+
+
+@pytest.mark.parametrize("kind", ["clip", "siglip"])
+def test_lock_and_unfreeze_last_blocks_of_hf_towers(kind, hf_dirs):
+    """--lock-image --unfreeze-image-last 1 --lock-text: the image tower's last block, final LayerNorm and
+    SigLIP's head / CLIP's projection train; the whole text tower (its projection included) is frozen."""
+    from vltool.model import load_hf_dual
+    from vltool.pretrain.config import PretrainConfig
+    from vltool.pretrain.optim import apply_freezing
+
+    model, _ = load_hf_dual(f"hf:{hf_dirs[kind]}")
+    frozen = apply_freezing(model, PretrainConfig(lock_image=True, unfreeze_image_last=1, lock_text=True))
+    assert frozen == {"image": False, "text": True}
+    trainable = {n.split(".")[0] if not n.startswith("visual.") else ".".join(n.split(".")[:4])
+                 for n, p in model.named_parameters() if p.requires_grad}
+    head = {"clip": {"visual.proj.weight"}, "siglip": {"visual.model.head.probe", "visual.model.head.attention",
+                                                       "visual.model.head.layernorm", "visual.model.head.mlp"}}[kind]
+    assert trainable == {"logit_scale", *(["logit_bias"] if kind == "siglip" else []), "visual.model.encoder.layers",
+                         "visual.model.post_layernorm.weight", "visual.model.post_layernorm.bias", *head}
+    assert all(n.startswith("visual.model.encoder.layers.1.") for n, p in model.named_parameters()
+               if p.requires_grad and n.startswith("visual.model.encoder."))

@@ -41,7 +41,7 @@ def zeroshot_command(
     data: DataArg,
     model: EvalModelOpt,
     pretrained: PretrainedOpt = None,
-    templates: Annotated[str, typer.Option("--templates", help="Template set name or file (one template per line, {} for the class name).")] = "photo",
+    templates: Annotated[str, typer.Option("--templates", help="Template set name or file (one template per line, {} for the class name); auto: the dataset's own (zeroshot_classification_templates.txt in its directory, as a CLIP_benchmark dataset imported by vltool import has), else photo.")] = "auto",
     classnames: Annotated[Optional[Path], typer.Option("--classnames", help="Class names, one per line in label order [default: the ClassLabel names].")] = None,
     class_prompts: Annotated[Optional[Path], typer.Option("--class-prompts", help="JSON {class name: [prompts]}; classes it lacks use --templates.")] = None,
     label_column: Annotated[Optional[str], typer.Option("--label-column", help="Label column [default: label, else labels (multi-label)].")] = None,

@@ -18,7 +18,8 @@ HELP = """Zero-shot classification: each image goes to the class whose prompt em
 
 A class embedding is the renormalised mean of the L2-normalised embeddings of its prompts: --templates
 filled with the class name (the `label` ClassLabel names, or --classnames FILE), or its own prompts from
---class-prompts FILE (JSON: class name -> list of prompts). Template sets: photo ("a photo of a {}."),
+--class-prompts FILE (JSON: class name -> list of prompts). Template sets: auto (the default: the dataset's
+own zeroshot_classification_templates.txt, else photo), photo ("a photo of a {}."),
 openai-imagenet (CLIP's 80), fff-cifar, fff-food101, fff-caltech101, fff-cars, fff-dtd, fff-sun397,
 fff-imagenet (FFF's appendix); or a file with one template per line using {}.
 

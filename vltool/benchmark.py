@@ -225,7 +225,8 @@ def benchmark(config: BenchmarkConfig, *, out: str | Path | None = None, overwri
         raise UsageError("no task applies to any dataset: " + "; ".join(f"{p.spec}: {', '.join(f'{t} ({w})' for t, w in p.skipped.items())}" for p in plans))
     results: dict[str, dict] = {}
     for p in plans:
-        results[p.spec] = {t: _run_task(t, p, config) for t in p.tasks}
+        if p.tasks:  # a dataset no task applies to is in record["datasets"] with its reasons
+            results[p.spec] = {t: _run_task(t, p, config) for t in p.tasks}
     first = next(r for tasks in results.values() for r in tasks.values())
     inputs = [{"spec": p.spec, "path": p.path} for p in plans]
     stats = {"datasets": len(plans), "tasks_run": sum(len(p.tasks) for p in plans),

@@ -242,7 +242,7 @@ def test_zeroshot_help_keeps_brackets_and_braces(cli, monkeypatch):
     shown = _flat(cli("zeroshot", "--help").stdout)
     assert "Class names, one per line in label order [default: the ClassLabel names]." in shown
     assert "JSON {class name: [prompts]}; classes it lacks use --templates." in shown
-    assert "[default: photo]" in shown  # typer's own default display
+    assert "[default: auto]" in shown  # typer's own default display
     assert "Label column [default: label, else labels (multi-label)]." in shown
 
 

@@ -26,6 +26,8 @@ def _written(root, split):
 
 def test_import_classification(tmp_path, cli):
     root = make_cb_classification(tmp_path / "wds_colors")
+    r = cli("zeroshot", root, "--model", "m")  # the layout itself: a one-line pointer to import / benchmark
+    assert r.exit_code == 2 and f"vltool import {root} --out DATA" in r.stderr
     r = cli("import", root, "--out", tmp_path / "colors", "--json", "--no-progress")
     assert r.exit_code == 0, r.stderr
     stats = json.loads(r.stdout)

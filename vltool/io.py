@@ -110,6 +110,12 @@ def resolve_dataset_path(spec: str) -> Path:
     if not path.exists():
         raise UsageError(f"dataset {spec!r} does not exist (give a directory written by save_to_disk, or 'emoji')")
     if not path.is_dir() or not ((path / "state.json").is_file() or (path / "dataset_dict.json").is_file()):
+        if path.is_dir() and ((path / "classnames.txt").is_file() or any(path.glob("*/nshards.txt"))):
+            raise UsageError(
+                f"{spec!r} is a dataset in CLIP_benchmark's WebDataset layout: read it once with "
+                f"`vltool import {spec} --out DATA` (then --split test), or benchmark it directly with "
+                f"`vltool benchmark --datasets {spec}`"
+            )
         raise UsageError(
             f"{spec!r} is not a dataset saved with datasets' save_to_disk "
             "(no state.json or dataset_dict.json); use `vltool import` for other formats"

@@ -133,6 +133,12 @@ def test_bad_hf_dirs_are_one_line_errors(tmp_path, colors, cli, hf_dirs):
     r = cli("mine-positives", colors, "--model", f"hf:{hf_dirs['clip']}", "--out", hf_dirs["clip"] / "mined")
     assert r.exit_code == 2 and "inputs are never modified" in r.stderr
     assert "Traceback" not in r.stderr
+    # pretrain refuses before making RUN_DIR
+    r = cli("pretrain", colors, "--out", tmp_path / "run", "--init", f"hf:{bert}", "--steps", "1", "--batch-size", "4")
+    assert r.exit_code == 2 and "model_type 'bert'" in r.stderr and not (tmp_path / "run").exists()
+    (bert / "config.json").write_text(json.dumps({"model_type": "siglip"}))
+    r = cli("pretrain", colors, "--out", tmp_path / "run", "--init", f"hf:{bert}", "--steps", "1", "--batch-size", "4")
+    assert r.exit_code == 2 and "no image processor" in r.stderr and not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("kind,loss", [("siglip", "sigmoid"), ("clip", "clip")])

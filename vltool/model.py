@@ -1147,16 +1147,27 @@ def hf_dual_config(hf, image_processor, tokenizer, source: str) -> dict:
     }
 
 
-def load_hf_dual(spec: str) -> tuple[TwoTower, Tokenizer]:
-    """hf:DIR -> the model (its weights, logit scale and bias) and its tokenizer, on CPU, float32."""
-    import transformers
-
+def check_hf_dual(spec: str):
+    """hf:DIR -> (DIR, the transformers class), without loading anything: a UsageError for a missing
+    directory, config.json, image processor or tokenizer, or a model_type vltool does not read."""
     path = hf_dual_dir(spec)
     try:
         model_type = json.loads((path / CONFIG_FILE).read_text()).get("model_type")
     except (OSError, json.JSONDecodeError) as e:
         raise UsageError(f"{spec}: cannot read {path / CONFIG_FILE}: {e}") from None
     cls = hf_dual_class(model_type, spec)
+    if not (path / "preprocessor_config.json").is_file():
+        raise UsageError(f"{spec}: no image processor in {path} (preprocessor_config.json); {HF_SAVE_HINT}")
+    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "spiece.model")):
+        raise UsageError(f"{spec}: no tokenizer files in {path}; {HF_SAVE_HINT}")
+    return path, cls
+
+
+def load_hf_dual(spec: str) -> tuple[TwoTower, Tokenizer]:
+    """hf:DIR -> the model (its weights, logit scale and bias) and its tokenizer, on CPU, float32."""
+    import transformers
+
+    path, cls = check_hf_dual(spec)
     transformers.utils.logging.disable_progress_bar()
     try:
         hf = cls.from_pretrained(str(path), dtype=torch.float32)

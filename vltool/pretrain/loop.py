@@ -441,9 +441,9 @@ def _load_data(spec: RunSpec, config: PretrainConfig, run_dir: Path, overwrite: 
 def _start_run_dir(run: RunState) -> None:
     """A new run: RUN_DIR made anew with run.json (what --resume reads)."""
     if run.config.init:
-        from vltool.model import HF_SPEC, hf_dual_dir, resolve_model_dir
+        from vltool.model import HF_SPEC, check_hf_dual, resolve_model_dir
 
-        hf_dual_dir(run.config.init) if run.config.init.startswith(HF_SPEC) else resolve_model_dir(run.config.init)
+        check_hf_dual(run.config.init) if run.config.init.startswith(HF_SPEC) else resolve_model_dir(run.config.init)
     acc = run.accelerator
     acc.wait_for_everyone()
     if acc.is_main_process:

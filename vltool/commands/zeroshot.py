@@ -34,6 +34,9 @@ Examples:
   vltool zeroshot emoji --where split=test --model runs/tiny --templates openai-imagenet --out zs.json
 
   vltool zeroshot my_data --model open_clip:RN50 --pretrained RN50.pt --class-prompts cupl.json --per-class
+
+  vltool zeroshot cifar10 --split test --model hf:clip-vit-b32   (a Hugging Face CLIP saved locally;
+                                                                 cifar10 imported from CLIP_benchmark's wds_cifar10)
 """
 
 

@@ -30,7 +30,7 @@ Examples:
 
   vltool mine-positives emoji --where split=train --model runs/tiny --calibrate --dry-run
 
-  vltool mine-positives emoji --where split=train --model hf:siglip-base --out emoji_mined   (a Hugging Face SigLIP)
+  vltool mine-positives emoji --where split=train --model hf:siglip-base --out emoji_mined
 """
 
 

@@ -29,7 +29,7 @@ Examples:
 
   vltool retrieve coco_5k --model local-dir:runs/tiny/open_clip --json
 
-  vltool retrieve flickr8k --split test --text-column captions --model hf:siglip-base   (a Hugging Face SigLIP)
+  vltool retrieve flickr8k --split test --text-column captions --model hf:siglip-base
 """
 
 

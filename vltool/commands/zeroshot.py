@@ -35,8 +35,7 @@ Examples:
 
   vltool zeroshot my_data --model open_clip:RN50 --pretrained RN50.pt --class-prompts cupl.json --per-class
 
-  vltool zeroshot cifar10 --split test --model hf:clip-vit-b32   (a Hugging Face CLIP saved locally;
-                                                                 cifar10 imported from CLIP_benchmark's wds_cifar10)
+  vltool zeroshot cifar10 --split test --model hf:clip-vit-b32
 """
 
 

@@ -26,7 +26,7 @@ def _written(root, split):
 
 def test_import_classification(tmp_path, cli):
     root = make_cb_classification(tmp_path / "wds_colors")
-    r = cli("zeroshot", root, "--model", "m")  # the layout itself: a one-line pointer to import / benchmark
+    r = cli("mine-positives", root, "--model", "m", "--out", tmp_path / "o")  # the layout where a command needs a dataset
     assert r.exit_code == 2 and f"vltool import {root} --out DATA" in r.stderr
     r = cli("import", root, "--out", tmp_path / "colors", "--json", "--no-progress")
     assert r.exit_code == 0, r.stderr
@@ -55,6 +55,14 @@ def test_zeroshot_uses_the_datasets_own_templates(tmp_path, cli):
     # an explicit --templates wins; a dataset without the file gets `photo`
     r = cli("zeroshot", tmp_path / "colors", "--split", "test", "--model", model, "--json", "--bootstrap", "0", "--templates", "photo")
     assert json.loads(r.stdout)["protocol"]["template_list"] == ["a photo of a {}."]
+    # the layout given directly: imported once into the cache, the same numbers, the spec as given
+    cache = tmp_path / "cache"
+    direct = [cli("zeroshot", root, "--split", "test", "--model", model, "--json", "--bootstrap", "0", "--cache-dir", cache) for _ in range(2)]
+    assert all(d.exit_code == 0 for d in direct), direct[0].stderr
+    assert "imported into" in direct[0].stderr and "imported into" not in direct[1].stderr
+    got = json.loads(direct[1].stdout)
+    assert got["metrics"] == rec["metrics"] and got["protocol"]["template_list"] == rec["protocol"]["template_list"]
+    assert got["data"]["spec"] == str(root) and len(list((cache / "clip_benchmark").iterdir())) == 1
 
 
 def test_import_retrieval_and_retrieve(tmp_path, cli):

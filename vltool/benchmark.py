@@ -20,7 +20,6 @@ way `vltool zeroshot` is.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -38,7 +37,6 @@ HEADLINE = {
     "retrieve": ("image_to_text_R@1", "image_to_text_R@5", "text_to_image_R@1", "text_to_image_R@5"),
     "probe": ("top1", "mean_per_class_recall"),
 }
-CB_CACHE = "clip_benchmark"  # <cache-dir>/clip_benchmark/<name>-<digest>: imported CLIP_benchmark layouts
 
 
 @dataclass
@@ -88,31 +86,6 @@ def read_dataset_list(spec: str) -> list[str]:
     return items
 
 
-def _layout_digest(root: Path) -> str:
-    h = hashlib.sha256()
-    for f in sorted(p for p in root.rglob("*") if p.is_file()):
-        st = f.stat()
-        h.update(f"{f.relative_to(root)}|{st.st_size}|{st.st_mtime_ns}\n".encode())
-    return h.hexdigest()[:16]
-
-
-def clip_benchmark_input(spec: str, cache_dir: str | None) -> str:
-    """A dataset spec as `load_dataset` reads it: a CLIP_benchmark layout is imported (once) into the cache."""
-    from vltool.importer import ImportConfig, import_clip_benchmark, is_clip_benchmark
-
-    root = Path(spec).expanduser()
-    if not (root.is_dir() and not (root / "dataset_dict.json").is_file() and not (root / "state.json").is_file() and is_clip_benchmark(root)):
-        return spec
-    from vltool.cache import EmbeddingCache
-    from vltool.topology import warn
-
-    dest = EmbeddingCache(cache_dir).root / CB_CACHE / f"{root.resolve().name}-{_layout_digest(root)}"
-    if not (dest / "dataset_dict.json").is_file():
-        warn(f"{spec}: CLIP_benchmark's layout, imported into {dest} (once)")
-        import_clip_benchmark(root, dest, ImportConfig(format="clip_benchmark"), overwrite=True, spec=spec)
-    return str(dest)
-
-
 @dataclass
 class DatasetPlan:
     """What to run on one dataset, and on which rows."""
@@ -136,6 +109,7 @@ class DatasetPlan:
 def plan_dataset(spec: str, config: BenchmarkConfig) -> DatasetPlan:
     import datasets
 
+    from vltool.importer import clip_benchmark_input
     from vltool.io import read_from_disk, resolve_dataset_path
 
     path = clip_benchmark_input(spec, config.cache_dir)

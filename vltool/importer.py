@@ -1291,3 +1291,36 @@ def import_clip_benchmark(root: Path, out, config: ImportConfig, *, overwrite: b
         if not bars_were_on:
             datasets.disable_progress_bars()
     return prov
+
+
+CB_CACHE = "clip_benchmark"  # <cache-dir>/clip_benchmark/<name>-<digest>: CLIP_benchmark layouts given directly
+
+
+def _layout_digest(root: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in sorted(p for p in root.rglob("*") if p.is_file()):
+        st = f.stat()
+        h.update(f"{f.relative_to(root)}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def clip_benchmark_input(spec: str, cache_dir: str | Path | None) -> str:
+    """A dataset spec as `vltool.io.load_dataset` reads it: a CLIP_benchmark layout given directly is imported
+    once into `<cache-dir>/clip_benchmark/<name>-<digest of its files' names, sizes and times>` and that
+    copy is read; anything else is returned as is."""
+    root = Path(str(spec)).expanduser()
+    if not root.is_dir() or (root / "dataset_dict.json").is_file() or (root / "state.json").is_file() or not is_clip_benchmark(root):
+        return str(spec)
+    from vltool.cache import EmbeddingCache
+    from vltool.topology import is_main, process_state, warn
+
+    dest = EmbeddingCache(cache_dir).root / CB_CACHE / f"{root.resolve().name}-{_layout_digest(root)}"
+    if not (dest / "dataset_dict.json").is_file() and is_main():
+        warn(f"{spec}: CLIP_benchmark's layout, imported into {dest} (once; later runs read that copy)")
+        import_clip_benchmark(root, dest, ImportConfig(format="clip_benchmark"), overwrite=True, spec=str(spec))
+    state = process_state()
+    if state.num_processes > 1:
+        state.wait_for_everyone()
+    return str(dest)

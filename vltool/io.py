@@ -113,8 +113,8 @@ def resolve_dataset_path(spec: str) -> Path:
         if path.is_dir() and ((path / "classnames.txt").is_file() or any(path.glob("*/nshards.txt"))):
             raise UsageError(
                 f"{spec!r} is a dataset in CLIP_benchmark's WebDataset layout: read it once with "
-                f"`vltool import {spec} --out DATA` (then --split test), or benchmark it directly with "
-                f"`vltool benchmark --datasets {spec}`"
+                f"`vltool import {spec} --out DATA` (then --split test); zeroshot, retrieve, probe and benchmark "
+                "also take it directly"
             )
         raise UsageError(
             f"{spec!r} is not a dataset saved with datasets' save_to_disk "

@@ -155,9 +155,12 @@ def zeroshot(
 
     timer = provenance.Timer()
     config.validate()
-    loaded = load_dataset(data, split=split, where=where, images=[C.IMAGE])
+    from vltool.importer import clip_benchmark_input
+
+    loaded = load_dataset(clip_benchmark_input(data, config.cache_dir), split=split, where=where, images=[C.IMAGE])
+    loaded.spec = data
     files = [config.classnames, config.class_prompts, config.templates if Path(config.templates).expanduser().is_file() else None]
-    out_path = check_out(out, overwrite, [loaded.path, *[Path(f) for f in files if f]], config)
+    out_path = check_out(out, overwrite, [loaded.path, Path(data).expanduser(), *[Path(f) for f in files if f]], config)
     labels = read_labels(loaded.dataset, config.label_column, config.classnames, data)
     groups = read_groups(loaded.dataset, config.group_column, data)
     if loaded.rows == 0:

@@ -31,7 +31,8 @@ SOURCE is one or more files, a directory, a glob ('shards/*.tar') or a brace pat
                                 zeroshot_classification_templates.txt, dataset_type.txt): a DatasetDict
                                 with one split per folder (id, image, label | labels | captions), the
                                 class names and templates copied beside it; `vltool zeroshot OUT --split
-                                test` uses them
+                                test` uses them (zeroshot, retrieve, probe and benchmark also read DIR
+                                directly, imported once into the cache)
 
 Rows with a missing file, an undecodable image or an empty caption are skipped, counted, and listed in
 OUT/skipped.jsonl. Ids come from the source's keys (id/key column, sample key, COCO image id, path in

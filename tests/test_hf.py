@@ -209,3 +209,20 @@ def test_lock_and_unfreeze_last_blocks_of_hf_towers(kind, hf_dirs):
                          "visual.model.post_layernorm.weight", "visual.model.post_layernorm.bias", *head}
     assert all(n.startswith("visual.model.encoder.layers.1.") for n, p in model.named_parameters()
                if p.requires_grad and n.startswith("visual.model.encoder."))
+
+
+def test_resume_from_hf_init_equals_uninterrupted(hf_dirs, colors, tmp_path):
+    """A run started from hf:DIR, stopped after 2 steps and resumed, ends with the weights of one run of 4."""
+    from safetensors.torch import load_file
+
+    from vltool.pretrain import PretrainConfig, pretrain
+
+    cfg = PretrainConfig(init=f"hf:{hf_dirs['siglip']}", loss="sigmoid", batch_size=6, steps=4, lr=1e-2, log_every=1,
+                         checkpoint_every=100, augment="clip")
+    pretrain([colors], tmp_path / "full", cfg, where=["split=train"], progress=False)
+    r = pretrain([colors], tmp_path / "part", cfg, where=["split=train"], stop_after_steps=2, progress=False)
+    assert r["status"] == "stopped" and r["step"] == 2
+    r = pretrain(resume=tmp_path / "part", progress=False)
+    assert r["status"] == "finished" and r["stats"]["resumed_from_step"] == 2
+    full, part = (load_file(str(tmp_path / d / "model" / "model.safetensors")) for d in ("full", "part"))
+    assert full.keys() == part.keys() and all(torch.equal(full[k], part[k]) for k in full)

@@ -73,6 +73,10 @@ def test_embeddings_and_logits_equal_transformers(kind, hf_dirs):
     assert torch.equal(ei, out.image_embeds) and torch.equal(et, out.text_embeds)
     assert torch.equal(m.logits(ei, et), out.logits_per_image)
     assert m.logit_scale == pytest.approx(float(hf.logit_scale.detach().exp()))
+    from vltool.encode import image_forward
+
+    with torch.no_grad():  # --features pre: the pooled output before CLIP's projection (SigLIP: its head's)
+        assert torch.equal(image_forward(m, "pre")(pixels), hf.vision_model(pixel_values=pixels).pooler_output)
     assert (m.model.logit_bias is not None) == (kind == "siglip")
 
 

@@ -30,7 +30,7 @@ from vltool.evaluation import EvalCommon
 
 TASKS = ("zeroshot", "retrieve", "probe")
 AUTO = "auto"
-SPLIT_COLUMN = "split"
+
 # The metrics of the summary table (every metric is in the JSON): CLIP_benchmark's headline numbers.
 HEADLINE = {
     "zeroshot": ("top1", "top5", "mean_per_class_recall", "mAP"),
@@ -128,11 +128,11 @@ def plan_dataset(spec: str, config: BenchmarkConfig) -> DatasetPlan:
         ds = obj[plan.eval_split]
     else:
         ds = obj
-        values = set(ds.unique(SPLIT_COLUMN)) if SPLIT_COLUMN in ds.column_names else set()
+        values = set(ds.unique(C.SPLIT)) if C.SPLIT in ds.column_names else set()
         if config.eval_split in values:
-            plan.eval_where = [f"{SPLIT_COLUMN}={config.eval_split}"]
+            plan.eval_where = [f"{C.SPLIT}={config.eval_split}"]
             if config.train_split in values and config.train_split != config.eval_split:
-                plan.train_where = [f"{SPLIT_COLUMN}={config.train_split}"]
+                plan.train_where = [f"{C.SPLIT}={config.train_split}"]
     feats = ds.features
     label = isinstance(feats.get(C.LABEL), datasets.ClassLabel)
     multilabel = C.LABELS in feats

@@ -175,6 +175,8 @@ def test_init_one_step_export_roundtrip(kind, loss, hf_dirs, colors, cli, tmp_pa
     assert torch.allclose(ei, F.normalize(img, dim=-1), rtol=0, atol=1e-7)
     assert torch.equal(ei, out.image_embeds) and torch.equal(et, out.text_embeds)
     assert torch.equal(m.logits(ei, et), out.logits_per_image)
+    back = load_model(f"hf:{tmp_path / 'hf_out'}")  # the export read back by vltool: the same model
+    assert torch.equal(back.encode_image(pixels), ei) and torch.equal(back.encode_text(back.tokenize(texts)), et)
 
     before, after = load_file(str(path / "model.safetensors")), load_file(str(tmp_path / "hf_out" / "model.safetensors"))
     assert before.keys() == after.keys()

@@ -730,6 +730,12 @@ class Tokenizer:
         else:
             self._tok.save_pretrained(str(Path(model_dir) / self.config["dir"]))
 
+    def save_pretrained(self, out_dir: Path | str) -> None:
+        """A Hugging Face tokenizer's files in transformers' layout (export_hf)."""
+        if self.config["type"] != "hf":
+            raise VltoolError("only a Hugging Face tokenizer has transformers' layout")
+        self._tok.save_pretrained(str(out_dir))
+
     def describe(self) -> dict:
         """What identifies the tokenization (for cache keys)."""
         return dict(self.config)
@@ -1214,7 +1220,7 @@ def export_hf(model: TwoTower, tokenizer: Tokenizer, out_dir: Path | str) -> lis
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     hf.save_pretrained(str(out_dir))
-    tokenizer._tok.save_pretrained(str(out_dir))
+    tokenizer.save_pretrained(out_dir)
     d = config["preprocess"]["hf_image_processor"]
     getattr(transformers, d["image_processor_type"]).from_dict(d).save_pretrained(str(out_dir))
     return notes

@@ -34,6 +34,7 @@ CONFIGS = {
     "split": "vltool.split:SplitConfig",
     "report": "vltool.report:ReportConfig",
     "pick-caption": "vltool.pick_caption:PickConfig",
+    "benchmark": "vltool.benchmark:BenchmarkConfig",
 }
 
 # A field is the option of the same name (text_column <-> --text-column), except these, each for a reason.
@@ -42,6 +43,7 @@ FIELD_OPTIONS = {
     ("zeroshot", "progress"): "--no-progress",
     ("retrieve", "progress"): "--no-progress",
     ("probe", "progress"): "--no-progress",
+    ("benchmark", "progress"): "--no-progress",
     # Three values (learn, fixed, the loss's default): --learn-logit-scale/--fixed-logit-scale.
     ("pretrain", "logit_scale_learnable"): "--learn-logit-scale",
     # `--from captions` reads as it works; `from` cannot be a field name.
@@ -240,7 +242,7 @@ def test_zeroshot_help_keeps_brackets_and_braces(cli, monkeypatch):
     shown = _flat(cli("zeroshot", "--help").stdout)
     assert "Class names, one per line in label order [default: the ClassLabel names]." in shown
     assert "JSON {class name: [prompts]}; classes it lacks use --templates." in shown
-    assert "[default: photo]" in shown  # typer's own default display
+    assert "[default: auto]" in shown  # typer's own default display
     assert "Label column [default: label, else labels (multi-label)]." in shown
 
 

@@ -9,6 +9,7 @@ import typer.core
 
 from vltool import __version__
 from vltool.commands import (
+    benchmark,
     debias,
     deform,
     export,
@@ -122,6 +123,7 @@ debias.register(app)
 split.register(app)
 report.register(app)
 pick_caption.register(app)
+benchmark.register(app)
 
 
 def main() -> None:

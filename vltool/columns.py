@@ -14,7 +14,7 @@ IS_BASE = "is_base"  # deform: row kept intact as part of the base set
 CAPTION_SOURCE = "caption_source"  # recaption: struct {caption, captions}: where each text came from
 QUALITY_SCORE = "quality_score"  # filter: probability that the caption is reference-like
 
-# Columns of the built-in emoji dataset.
+# Columns of the built-in emoji dataset (`split` also: the rows `vltool benchmark` evaluates and trains on).
 SPLIT = "split"
 BASE_ID = "base_id"
 SUBGROUP = "subgroup"

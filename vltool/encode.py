@@ -77,7 +77,7 @@ def load_eval_model(spec: str, pretrained: str | None = None, cache_dir: str | P
 
     A vltool model directory is opened lazily (LazyModel): when the cache already knows the fingerprint of
     its files, nothing is built until something has to be encoded, so a run served from the cache does
-    not pay for building the towers. open_clip:ARCH and local-dir:PATH are loaded at once; open_clip:ARCH
+    not pay for building the towers. open_clip:ARCH, local-dir:PATH and hf:DIR are loaded at once; open_clip:ARCH
     without --pretrained is a randomly initialised model, loaded with a warning.
     """
     from vltool.model import load_model
@@ -85,7 +85,7 @@ def load_eval_model(spec: str, pretrained: str | None = None, cache_dir: str | P
     spec = str(spec)
     if spec.startswith("open_clip:") and pretrained is None:
         warn(f"{spec} without --pretrained evaluates randomly initialised weights")
-    if not spec.startswith(("open_clip:", "local-dir:")):
+    if not spec.startswith(("open_clip:", "local-dir:", "hf:")):
         from vltool.model import resolve_model_dir
 
         return LazyModel(resolve_model_dir(spec), cache_dir)
@@ -230,6 +230,8 @@ def image_forward(m, features: str = "post") -> Callable:
         elif hasattr(v, "attnpool") and hasattr(v, "layer4"):  # open_clip ModifiedResNet
             h = v.layer4(v.layer3(v.layer2(v.layer1(v.stem(x)))))  # (B, W, h, w)
             f = h.mean(dim=(2, 3))
+        elif hasattr(v, "pooled"):  # a Hugging Face CLIP / SigLIP: the pooled output, before CLIP's projection
+            f = v.pooled(x)
         elif hasattr(model, "image_trunk"):
             f = model.image_trunk(x)
         else:

@@ -8,6 +8,11 @@
 - `csv`: `OUT/data.csv`, tab-separated with open_clip's default columns `filepath` (absolute path of the
   image) and `title` (the caption), plus `id` and `label`; the images in `OUT/images/NNNNN/KEY.jpg`.
 
+- `hf` (a model, not a dataset): a vltool model started from a Hugging Face CLIP or SigLIP (`pretrain --init
+  hf:DIR`) written in transformers' layout (config.json, model.safetensors, tokenizer and image processor
+  files), so `transformers.AutoModel.from_pretrained(OUT)` and `AutoProcessor.from_pretrained(OUT)` load it
+  unchanged; `export_hf_model` (vltool.model.export_hf does the writing).
+
 KEY is the row's id when every id is a safe file name (letters, digits, `_`, `-`), else the row number
 (`000000042`); the `.json` and the CSV always carry the id. `--image-format jpg` copies JPEG images byte
 for byte and re-encodes the others (transparent pixels composited on white); `png` does the same for PNG.
@@ -27,7 +32,8 @@ from typing import Sequence
 from vltool import columns as C
 from vltool.errors import UsageError, VltoolError
 
-TARGETS = ("webdataset", "csv")
+TARGETS = ("webdataset", "csv", "hf")
+DATASET_TARGETS = ("webdataset", "csv")
 IMAGE_FORMATS = ("jpg", "png")
 CSV_FILE = "data.csv"
 SIZES_FILE = "sizes.json"
@@ -47,7 +53,7 @@ class ExportConfig:
     def validate(self) -> None:
         problems = []
         if self.to not in TARGETS:
-            problems.append(f"--to {self.to!r}: choose webdataset or csv")
+            problems.append(f"--to {self.to!r}: choose webdataset or csv (a dataset), or hf (a model)")
         if self.shard_size < 1:
             problems.append(f"--shard-size must be >= 1, got {self.shard_size}")
         if self.image_format not in IMAGE_FORMATS:
@@ -202,6 +208,8 @@ def export(
 
     timer = provenance.Timer()
     config.validate()
+    if config.to not in DATASET_TARGETS:
+        raise UsageError(f"--to {config.to} writes a model; call export_hf_model")
     src = load_dataset(data, split=split, where=where, required=[C.ID], images=[C.IMAGE], texts=[C.CAPTION], text_option="the caption column")
     out = check_output(out, overwrite, inputs=[src.path])
     ds = src.dataset
@@ -289,6 +297,39 @@ def export(
             "open_clip_command": train,
         }
         prov = provenance.make("export", config, [src], rows_in=n, rows_out=rows_out, stats=stats, timer=timer)
+        write_json_atomic(tmp / C.PROVENANCE_FILE, prov)
+    prov["wall_time_s"] = round(timer.seconds, 3)
+    return prov
+
+
+def export_hf_model(model: str, out, *, overwrite: bool = False) -> dict:
+    """Write the vltool model `model` (a RUN_DIR or RUN_DIR/model started from hf:DIR) to `out` in
+    transformers' layout, with vltool.json beside; return the provenance record."""
+    from vltool import provenance
+    from vltool.io import atomic_output, check_output, write_json_atomic
+    from vltool.model import HF_DUAL_TYPES, export_hf, fingerprint, read_model_dir, resolve_model_dir
+    from vltool.topology import warn
+
+    timer = provenance.Timer()
+    model_dir = resolve_model_dir(model)
+    out = check_output(out, overwrite, inputs=[Path(model).expanduser(), model_dir])
+    twotower, tokenizer = read_model_dir(model_dir)
+    with atomic_output(out, overwrite) as tmp:
+        notes = export_hf(twotower, tokenizer, tmp)
+        for n in notes:
+            warn(n)
+        hf = twotower.config["hf"]
+        stats = {
+            "to": "hf",
+            "model_type": hf["model_type"],
+            "class": f"transformers.{HF_DUAL_TYPES[hf['model_type']]}",
+            "started_from": hf.get("source"),
+            "model_fingerprint": fingerprint(twotower, twotower.config),
+            "notes": notes,
+            "load_with": f"transformers.AutoModel.from_pretrained({str(out.expanduser().resolve())!r})",
+        }
+        record = {"spec": str(model), "path": str(model_dir), "kind": "model"}
+        prov = provenance.make("export", {"to": "hf"}, [record], stats=stats, timer=timer)
         write_json_atomic(tmp / C.PROVENANCE_FILE, prov)
     prov["wall_time_s"] = round(timer.seconds, 3)
     return prov

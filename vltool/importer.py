@@ -10,6 +10,10 @@ Sources (docs/import-export-info.md):
   shards with the image bytes in a column (img2dataset's `jpg`, or a `datasets` image struct).
 - `coco`: a caption annotation file (`captions_train2017.json`) and its image directory; all of an image's
   captions go into `captions`, the first into `caption`.
+- `clip_benchmark`: CLIP_benchmark's WebDataset layout of its datasets (`DIR/{train,test}/N.tar` with
+  `nshards.txt`, `classnames.txt`, `zeroshot_classification_templates.txt`, `dataset_type.txt`): a
+  DatasetDict with one split per folder, and the class names and templates files copied beside it, which
+  `vltool zeroshot` uses (`import_clip_benchmark`).
 
 How it scales: the source is cut into units (a shard, a row group, or a chunk of a few thousand table
 rows written by one streaming pass over the table), `datasets.Dataset.from_generator` turns the units
@@ -37,8 +41,9 @@ from typing import Any, Iterator, Sequence
 
 from vltool import columns as C
 from vltool.errors import UsageError, VltoolError
+from vltool.templates import DATASET_TEMPLATES
 
-FORMATS = ("auto", "csv", "tsv", "jsonl", "parquet", "webdataset", "imagefolder", "coco")
+FORMATS = ("auto", "csv", "tsv", "jsonl", "parquet", "webdataset", "imagefolder", "coco", "clip_benchmark")
 TABLE_FORMATS = ("csv", "tsv", "jsonl", "parquet")
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm", "pnm")
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
@@ -171,6 +176,12 @@ def detect_format(paths: Sequence[Path], fmt: str) -> tuple[str, list[Path]]:
         tars = [p for p in entries if p.is_file() and _is_tar(p)]
         parquets = [p for p in entries if p.is_file() and p.suffix.lower() == ".parquet"]
         subdirs = [p for p in entries if p.is_dir()]
+        if fmt == "auto" and is_clip_benchmark(d):
+            fmt = "clip_benchmark"
+        if fmt == "clip_benchmark":
+            if not clip_benchmark_splits(d):
+                raise UsageError(f"SOURCE {d}: not CLIP_benchmark's layout (no split folder with {CB_NSHARDS} or .tar shards)")
+            return fmt, [d]
         if fmt == "auto":
             # img2dataset's webdataset output holds NNNNN.tar and NNNNN.parquet (metadata only): the tars win.
             fmt = "webdataset" if tars else "parquet" if parquets else "imagefolder" if subdirs else ""
@@ -966,6 +977,8 @@ def import_data(sources: Sequence[str] | str, out, config: ImportConfig, *, over
         raise UsageError("give at least one SOURCE")
     paths = expand_sources(specs)
     fmt, files = detect_format(paths, config.format)
+    if fmt == "clip_benchmark":
+        return import_clip_benchmark(files[0], out, config, overwrite=overwrite, spec=specs[0])
     if fmt in ("imagefolder", "coco"):
         given = [o for o, v in (("--image-column", config.image_column), ("--caption-column", config.caption_column),
                                 ("--label-column", config.label_column), ("--id-column", config.id_column)) if v]
@@ -1088,3 +1101,226 @@ def import_data(sources: Sequence[str] | str, out, config: ImportConfig, *, over
         if not bars_were_on:
             datasets.disable_progress_bars()
     return prov
+
+
+# --------------------------------------------------------------------------------------------------
+# CLIP_benchmark's WebDataset layout
+
+CB_NSHARDS = "nshards.txt"
+CB_CLASSNAMES = "classnames.txt"
+CB_TEMPLATES = DATASET_TEMPLATES  # the name the output carries too (vltool zeroshot --templates auto reads it)
+CB_TYPE = "dataset_type.txt"
+CB_TYPES = ("classification", "multilabel", "retrieval")
+CB_IMAGE_EXTS = ("webp", "png", "jpg", "jpeg", "0.webp")  # CLIP_benchmark's order
+
+
+def clip_benchmark_splits(d: Path) -> dict[str, list[Path]]:
+    """{split: its shards in order}: `{0..n-1}.tar` by nshards.txt, else every .tar of the folder by number."""
+    out = {}
+    for sub in _listdir(d):
+        if not sub.is_dir():
+            continue
+        tars = [p for p in sub.iterdir() if p.is_file() and p.name.endswith(".tar")]
+        nfile = sub / CB_NSHARDS
+        if nfile.is_file():
+            try:
+                n = int(nfile.read_text().strip())
+            except ValueError:
+                raise UsageError(f"{nfile}: expected the number of shards, got {nfile.read_text()[:40]!r}") from None
+            shards = [sub / f"{i}.tar" for i in range(n)]
+            missing = [p.name for p in shards if not p.is_file()]
+            if missing:
+                raise UsageError(f"{sub}: {CB_NSHARDS} says {n} shards; missing {', '.join(missing[:3])}")
+            out[sub.name] = shards
+        elif tars:
+            out[sub.name] = sorted(tars, key=lambda p: (len(p.stem), p.stem))
+    return out
+
+
+def is_clip_benchmark(d: Path) -> bool:
+    """CLIP_benchmark's layout: its metadata files, or split folders holding nshards.txt."""
+    return any((d / f).is_file() for f in (CB_CLASSNAMES, CB_TEMPLATES, CB_TYPE)) or any(
+        (sub / CB_NSHARDS).is_file() for sub in _listdir(d) if sub.is_dir())
+
+
+def _cb_rows(shards: Sequence[Path], kind: str, n_classes: int | None, skipped: Counter) -> Iterator[dict]:
+    """Rows of one split: a sample is KEY.<image> with KEY.cls (classification), KEY.npy (multilabel: a 0/1
+    vector over the classes) or KEY.txt (retrieval: one caption per line)."""
+    import numpy as np
+
+    for shard in shards:
+        key, files = None, {}
+
+        def row():
+            image = next((files[e] for e in CB_IMAGE_EXTS if e in files), None)
+            if image is None:
+                skipped[NO_IMAGE] += 1
+                return None
+            out = {C.ID: key, C.IMAGE: {"bytes": image, "path": None}}
+            if kind == "retrieval":
+                caps = _clean_captions(files.get("txt", b"").decode("utf-8", errors="replace").splitlines())
+                if not caps:
+                    skipped[EMPTY_CAPTION] += 1
+                    return None
+                out[C.CAPTIONS], out[C.CAPTION] = caps, caps[0]
+            elif kind == "multilabel":
+                if "npy" not in files:
+                    skipped[MISSING_LABEL] += 1
+                    return None
+                vec = np.load(io.BytesIO(files["npy"]), allow_pickle=False).reshape(-1)
+                out[C.LABELS] = [int(i) for i in np.flatnonzero(vec)]
+            else:
+                try:
+                    label = int(files["cls"].decode().strip())
+                except (KeyError, ValueError, UnicodeDecodeError):
+                    skipped[MISSING_LABEL] += 1
+                    return None
+                if not 0 <= label < n_classes:
+                    skipped[MISSING_LABEL] += 1
+                    return None
+                out[C.LABEL] = label
+            return out
+
+        try:
+            for member, data in iter_tar(str(shard)):
+                parts = _split_member(member)
+                if parts is None:
+                    continue
+                k, ext = parts
+                if k != key:
+                    if key is not None and (r := row()) is not None:
+                        yield r
+                    key, files = k, {}
+                files[ext] = data
+        except (tarfile.TarError, OSError, EOFError) as e:
+            raise VltoolError(f"{shard}: unreadable shard ({type(e).__name__}: {e})") from None
+        if key is not None and (r := row()) is not None:
+            yield r
+
+
+def import_clip_benchmark(root: Path, out, config: ImportConfig, *, overwrite: bool = False, spec: str | None = None) -> dict:
+    """CLIP_benchmark's layout at `root` -> a DatasetDict at `out` (id, image, and label | labels | captions +
+    caption), with classnames.txt and zeroshot_classification_templates.txt copied beside it."""
+    import datasets
+
+    from vltool import provenance
+    from vltool.io import atomic_output, check_output, write_json_atomic
+    from vltool.templates import parse_templates
+
+    timer = provenance.Timer()
+    given = [o for o, v in (("--image-column", config.image_column), ("--caption-column", config.caption_column),
+                            ("--label-column", config.label_column), ("--id-column", config.id_column),
+                            ("--extra-column", config.extra_columns), ("--max-side", config.max_side)) if v]
+    if given:
+        raise UsageError(f"{', '.join(given)} do not apply to --format clip_benchmark (its layout fixes the columns)")
+    root = Path(root)
+    kind = (root / CB_TYPE).read_text().strip().lower() if (root / CB_TYPE).is_file() else "classification"
+    if kind not in CB_TYPES:
+        raise UsageError(f"{root / CB_TYPE}: {kind!r} is not one of {', '.join(CB_TYPES)}")
+    splits = clip_benchmark_splits(root)
+    classnames = None
+    if kind != "retrieval":
+        if not (root / CB_CLASSNAMES).is_file():
+            raise UsageError(f"SOURCE {root}: a {kind} dataset needs {CB_CLASSNAMES} (one class name per line)")
+        classnames = [line.strip() for line in (root / CB_CLASSNAMES).read_text().splitlines() if line.strip()]
+        if len(set(classnames)) != len(classnames):
+            raise UsageError(f"{root / CB_CLASSNAMES}: repeated class names")
+    if (root / CB_TEMPLATES).is_file():
+        parse_templates((root / CB_TEMPLATES).read_text().splitlines(), str(root / CB_TEMPLATES))  # refuse a bad file now
+    out = check_output(out, overwrite, inputs=[root.resolve()])
+
+    feats = {C.ID: datasets.Value("string"), C.IMAGE: datasets.Image()}
+    if kind == "classification":
+        feats[C.LABEL] = datasets.ClassLabel(names=classnames)
+    elif kind == "multilabel":
+        feats[C.LABELS] = datasets.List(datasets.ClassLabel(names=classnames))
+    else:
+        feats[C.CAPTIONS] = datasets.List(datasets.Value("string"))
+        feats[C.CAPTION] = datasets.Value("string")
+    skipped: dict[str, Counter] = {}
+    parts = {}
+    work = out.parent / f".{out.name}.work-{uuid.uuid4().hex[:8]}"
+    work.mkdir(parents=True)
+    bars_were_on = datasets.is_progress_bar_enabled()
+    from vltool.console import progress_enabled
+
+    datasets.enable_progress_bars() if progress_enabled() else datasets.disable_progress_bars()
+    try:
+        for name, shards in splits.items():
+            skipped[name] = Counter()
+            try:  # streamed into Arrow in bounded memory (a split of 50,000 images is several GB)
+                ds = datasets.Dataset.from_generator(
+                    _cb_rows, features=datasets.Features(feats), cache_dir=str(work / "cache"), fingerprint=uuid.uuid4().hex,
+                    gen_kwargs={"shards": shards, "kind": kind, "n_classes": len(classnames) if classnames else None,
+                                "skipped": skipped[name]})
+            except ValueError as e:  # every sample skipped: datasets refuses an empty split
+                if "corresponds to no data" not in str(e):
+                    raise
+                raise VltoolError(f"split {name!r} of {root}: no sample could be read ({dict(skipped[name]) or 'no samples'})") from None
+            ids = ds[C.ID]
+            if len(set(ids)) != len(ids):
+                raise VltoolError(f"split {name!r} of {root}: sample keys repeat, so they cannot be the ids")
+            parts[name] = ds
+        dd = datasets.DatasetDict(parts)
+        rows_out = sum(len(v) for v in dd.values())
+        rows_in = rows_out + sum(sum(v.values()) for v in skipped.values())
+        stats = {
+            "format": "clip_benchmark",
+            "files": sum(len(v) for v in splits.values()),
+            "rows_read": rows_in,
+            "rows_out": rows_out,
+            "rows_skipped": rows_in - rows_out,
+            "skipped": {f"{k}: {r}": n for k, v in skipped.items() for r, n in sorted(v.items())},
+            "dataset_type": kind,
+            "splits": {k: len(v) for k, v in dd.items()},
+            "classes": len(classnames) if classnames else None,
+            "templates": CB_TEMPLATES if (root / CB_TEMPLATES).is_file() else None,
+            "captions_column": kind == "retrieval",
+        }
+        inputs = [{"spec": spec or str(root), "path": str(root.resolve()), "format": "clip_benchmark"}]
+        prov = provenance.make("import", config, inputs, rows_in=rows_in, rows_out=rows_out, stats=stats, timer=timer)
+        with atomic_output(out, overwrite) as tmp:
+            dd.save_to_disk(str(tmp))
+            for f in (CB_CLASSNAMES, CB_TEMPLATES):
+                if (root / f).is_file():
+                    shutil.copyfile(root / f, tmp / f)
+            prov["wall_time_s"] = round(timer.seconds, 3)
+            write_json_atomic(tmp / C.PROVENANCE_FILE, prov)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        if not bars_were_on:
+            datasets.disable_progress_bars()
+    return prov
+
+
+CB_CACHE = "clip_benchmark"  # <cache-dir>/clip_benchmark/<name>-<digest>: CLIP_benchmark layouts given directly
+
+
+def _layout_digest(root: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in sorted(p for p in root.rglob("*") if p.is_file()):
+        st = f.stat()
+        h.update(f"{f.relative_to(root)}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def clip_benchmark_input(spec: str, cache_dir: str | Path | None) -> str:
+    """A dataset spec as `vltool.io.load_dataset` reads it: a CLIP_benchmark layout given directly is imported
+    once into `<cache-dir>/clip_benchmark/<name>-<digest of its files' names, sizes and times>` and that
+    copy is read; anything else is returned as is."""
+    root = Path(str(spec)).expanduser()
+    if not root.is_dir() or (root / "dataset_dict.json").is_file() or (root / "state.json").is_file() or not is_clip_benchmark(root):
+        return str(spec)
+    from vltool.cache import EmbeddingCache
+    from vltool.topology import is_main, process_state, warn
+
+    dest = EmbeddingCache(cache_dir).root / CB_CACHE / f"{root.resolve().name}-{_layout_digest(root)}"
+    if not (dest / "dataset_dict.json").is_file() and is_main():
+        warn(f"{spec}: CLIP_benchmark's layout, imported into {dest} (once; later runs read that copy)")
+        import_clip_benchmark(root, dest, ImportConfig(format="clip_benchmark"), overwrite=True, spec=str(spec))
+    state = process_state()
+    if state.num_processes > 1:
+        state.wait_for_everyone()
+    return str(dest)

@@ -110,6 +110,12 @@ def resolve_dataset_path(spec: str) -> Path:
     if not path.exists():
         raise UsageError(f"dataset {spec!r} does not exist (give a directory written by save_to_disk, or 'emoji')")
     if not path.is_dir() or not ((path / "state.json").is_file() or (path / "dataset_dict.json").is_file()):
+        if path.is_dir() and ((path / "classnames.txt").is_file() or any(path.glob("*/nshards.txt"))):
+            raise UsageError(
+                f"{spec!r} is a dataset in CLIP_benchmark's WebDataset layout: read it once with "
+                f"`vltool import {spec} --out DATA` (then --split test); zeroshot, retrieve, probe and benchmark "
+                "also take it directly"
+            )
         raise UsageError(
             f"{spec!r} is not a dataset saved with datasets' save_to_disk "
             "(no state.json or dataset_dict.json); use `vltool import` for other formats"
@@ -321,7 +327,7 @@ def _some_values(arr, feature, k: int = 5) -> str:
 
 def model_inputs(spec: str | Path | None, pretrained: str | Path | None = None) -> list[Path]:
     """What a --model value reads, protected like an input dataset: a vltool RUN_DIR (or RUN_DIR/model)
-    as given, local-dir:PATH's PATH, open_clip:ARCH's --pretrained file."""
+    as given, local-dir:PATH's PATH, hf:DIR's DIR, open_clip:ARCH's --pretrained file."""
     if spec is None or not str(spec).strip():
         return []
     s = str(spec)
@@ -329,6 +335,8 @@ def model_inputs(spec: str | Path | None, pretrained: str | Path | None = None) 
         return [Path(pretrained).expanduser()] if pretrained else []
     if s.startswith("local-dir:"):
         return [Path(s[len("local-dir:"):]).expanduser()]
+    if s.startswith("hf:"):
+        return [Path(s[len("hf:"):]).expanduser()]
     return [Path(s).expanduser()]
 
 

@@ -341,7 +341,7 @@ class MinePositivesConfig:
     def validate(self) -> None:
         problems = []
         if not str(self.model or "").strip():
-            problems.append("--model is required (a vltool RUN_DIR, open_clip:ARCH with --pretrained FILE, or local-dir:PATH)")
+            problems.append("--model is required (a vltool RUN_DIR, open_clip:ARCH with --pretrained FILE, local-dir:PATH, or hf:DIR)")
         try:
             self.thresholds.validate()
         except UsageError as e:

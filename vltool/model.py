@@ -13,6 +13,9 @@ Towers:
                 followed by a linear projection (`image_proj`).
 - `hf`          a Hugging Face encoder read from a local directory, pooled (`mean` over the attention
                 mask, or `cls`), followed by a linear projection (`text_proj`).
+- `hf_dual`     both towers of a Hugging Face `CLIPModel` or `SiglipModel` (`--model hf:DIR`, `--init hf:DIR`):
+                its vision / text model and CLIP's projections (SigLIP's heads), its logit scale and bias,
+                its own image processor and tokenizer; `export_hf` writes it back in transformers' layout.
 
 With two open_clip towers the state dict has exactly the keys of open_clip's `CustomTextCLIP`
 (`visual.*`, `text.*`, `logit_scale`), which is what makes the `local-dir:` export a plain copy.
@@ -348,13 +351,7 @@ class HFTextTower(nn.Module):
         return (h * m).sum(1) / m.sum(1).clamp_min(1.0)
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
-        enc, kw = self.encoder, {"use_reentrant": False}
-        if hasattr(enc, "activation_checkpointing_enable"):  # transformers >= 5.x's name
-            enc.activation_checkpointing_enable(activation_checkpointing_kwargs=kw) if enable else enc.activation_checkpointing_disable()
-        elif enable:
-            enc.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
-        else:
-            enc.gradient_checkpointing_disable()
+        _hf_checkpointing(self.encoder, enable)
 
     def blocks(self) -> list[nn.Module]:
         enc = self.encoder
@@ -364,6 +361,72 @@ class HFTextTower(nn.Module):
             except AttributeError:
                 continue
         return list(enc.children())
+
+
+HF_DUAL = "hf_dual"  # tower type of both towers of a Hugging Face CLIPModel / SiglipModel
+HF_DUAL_TYPES = {"clip": "CLIPModel", "siglip": "SiglipModel"}  # config.json's model_type -> transformers class
+HF_SPEC = "hf:"  # --model hf:DIR, --init hf:DIR
+
+
+def _hf_checkpointing(enc, enable: bool) -> None:
+    kw = {"use_reentrant": False}
+    if hasattr(enc, "activation_checkpointing_enable"):  # transformers >= 5.x's name
+        enc.activation_checkpointing_enable(activation_checkpointing_kwargs=kw) if enable else enc.activation_checkpointing_disable()
+    elif enable:
+        enc.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
+    else:
+        enc.gradient_checkpointing_disable()
+
+
+class HFDualTower(nn.Module):
+    """One tower of a Hugging Face CLIPModel or SiglipModel, exactly its get_image_features /
+    get_text_features: the vision model (pixel_values (B,3,H,W)) or the text model (tokens {input_ids (B,T)
+    [, attention_mask (B,T)]}) -> pooled output (B, W) -> CLIP's projection (B, D). SigLIP's pooled output
+    is already its head's (B, D); `proj` is then the identity. The projection belongs to the tower (as in
+    open_clip): --lock-image/--lock-text freeze it, --unfreeze-*-last trains it with the last blocks."""
+
+    def __init__(self, model: nn.Module, proj: nn.Module | None, side: str):
+        super().__init__()
+        self.model = model
+        self.proj = proj if proj is not None else nn.Identity()
+        self.side = side
+
+    def pooled(self, x) -> torch.Tensor:
+        """Before CLIP's projection: (B, W)."""
+        out = self.model(pixel_values=x) if self.side == "image" else self.model(**x)
+        return out.pooler_output
+
+    def forward(self, x) -> torch.Tensor:
+        return self.proj(self.pooled(x))  # (B, D)
+
+    def blocks(self) -> list[nn.Module]:
+        return list(self.model.encoder.layers)
+
+    def head(self) -> list[nn.Module]:
+        """What follows the blocks: the final LayerNorm, SigLIP's head, CLIP's projection."""
+        names = ("post_layernorm", "final_layer_norm", "head")
+        mods = [getattr(self.model, n) for n in names if isinstance(getattr(self.model, n, None), nn.Module)]
+        return mods + ([self.proj] if not isinstance(self.proj, nn.Identity) else [])
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        _hf_checkpointing(self.model, enable)
+
+
+def hf_dual_class(model_type: str, where: str):
+    """The transformers class of a dual encoder's model_type; a UsageError naming the supported types else."""
+    if model_type not in HF_DUAL_TYPES:
+        supported = ", ".join(f"{t} ({c})" for t, c in HF_DUAL_TYPES.items())
+        raise UsageError(f"{where}: model_type {model_type!r} is not a dual encoder vltool reads; supported: {supported}")
+    import transformers
+
+    return getattr(transformers, HF_DUAL_TYPES[model_type])
+
+
+def build_hf_dual(hf: dict):
+    """A Hugging Face CLIPModel / SiglipModel from the "hf" entry of a vltool config (random weights)."""
+    cls = hf_dual_class(hf["model_type"], "model config")
+    cfg = cls.config_class.from_dict(copy.deepcopy(hf["config"]))
+    return cls(cfg)
 
 
 def _read_state_dict(path: str | Path) -> dict:
@@ -417,13 +480,22 @@ class TwoTower(nn.Module):
     unless normalize=False.
     """
 
-    def __init__(self, config: dict):
+    def __init__(self, config: dict, hf_model: nn.Module | None = None):
+        """hf_model: for an hf_dual config, the CLIPModel / SiglipModel whose modules the towers take (its
+        weights, logit scale and bias included); built from config["hf"] when None."""
         super().__init__()
         self.config = config
         d = int(config["embed_dim"])
         it, tt = config["image_tower"], config["text_tower"]
         quick_gelu = bool(config.get("quick_gelu", False))
-        if it["type"] == "open_clip":
+        if (it["type"] == HF_DUAL) != (tt["type"] == HF_DUAL):
+            raise VltoolError("an hf_dual model config needs both towers of type hf_dual")
+        if it["type"] == HF_DUAL:
+            hf = hf_model if hf_model is not None else build_hf_dual(config["hf"])
+            self.visual = HFDualTower(hf.vision_model, getattr(hf, "visual_projection", None), "image")
+            self.text = HFDualTower(hf.text_model, getattr(hf, "text_projection", None), "text")
+            self.image_proj, self.text_proj = nn.Identity(), nn.Identity()
+        elif it["type"] == "open_clip":
             from open_clip.model import _build_vision_tower
 
             self.visual = _build_vision_tower(d, it["vision_cfg"], quick_gelu, None)
@@ -434,7 +506,9 @@ class TwoTower(nn.Module):
             nn.init.normal_(self.image_proj.weight, std=self.visual.width**-0.5)
         else:
             raise VltoolError(f"unknown image tower type {it['type']!r} in the model config")
-        if tt["type"] == "open_clip":
+        if tt["type"] == HF_DUAL:
+            pass  # set above
+        elif tt["type"] == "open_clip":
             from open_clip.model import _build_text_tower
 
             self.text = _build_text_tower(d, tt["text_cfg"], quick_gelu, None)
@@ -449,6 +523,11 @@ class TwoTower(nn.Module):
         self.logit_scale = nn.Parameter(torch.tensor(math.log(ls["init"])), requires_grad=bool(ls["learnable"]))
         bias = config.get("logit_bias_init")
         self.logit_bias = nn.Parameter(torch.tensor(float(bias))) if bias is not None else None
+        if hf_model is not None:  # the Hugging Face model's own scale (CLIP: (), SigLIP: (1,)) and bias
+            with torch.no_grad():
+                self.logit_scale.copy_(hf_model.logit_scale.detach().reshape(()))
+                if self.logit_bias is not None:
+                    self.logit_bias.copy_(hf_model.logit_bias.detach().reshape(()))
         self.add_critic(config.get("critic"))
 
     def add_critic(self, critic: dict | None) -> None:
@@ -498,7 +577,7 @@ class TwoTower(nn.Module):
         Face's gradient_checkpointing_enable, torchvision's stage sequences block by block. Same gradients
         (and BatchNorm statistics), less activation memory."""
         for tower in (self.visual, self.text):
-            if isinstance(tower, (TorchvisionTower, HFTextTower)):
+            if isinstance(tower, (TorchvisionTower, HFTextTower, HFDualTower)):
                 tower.set_grad_checkpointing(enable)
             elif hasattr(tower, "layer4"):  # open_clip ModifiedResNet (its own method is a no-op)
                 set_sequential_checkpointing([tower.layer1, tower.layer2, tower.layer3, tower.layer4], enable)
@@ -518,13 +597,21 @@ class TwoTower(nn.Module):
         f = self.image_proj(self.visual(self._images(images)))  # (B, D)
         if self.image_critic is not None:
             f = self.image_critic(f)
-        return F.normalize(f, dim=-1) if normalize else f
+        return self._normalize(f) if normalize else f
 
     def encode_text(self, tokens, normalize: bool = True) -> torch.Tensor:
         f = self.text_proj(self.text(tokens))  # (B, D)
         if self.text_critic is not None:
             f = self.text_critic(f)
-        return F.normalize(f, dim=-1) if normalize else f
+        return self._normalize(f) if normalize else f
+
+    def _normalize(self, f: torch.Tensor) -> torch.Tensor:
+        """(B, D) -> L2-normalised; a Hugging Face CLIPModel's embeddings as its forward normalises them (the
+        square root of the sum of squares, transformers' _get_vector_norm), so they equal its image_embeds /
+        text_embeds bit for bit (F.normalize's norm can differ in the last bit)."""
+        if self.config["image_tower"]["type"] == HF_DUAL and self.config["hf"]["model_type"] == "clip" and self.image_critic is None:
+            return f / torch.pow(torch.sum(torch.pow(f, 2), dim=-1, keepdim=True), 0.5)
+        return F.normalize(f, dim=-1)
 
     def forward(self, images=None, tokens=None, image_trunk=None, text_trunk=None, head: bool = True):
         """Normalised features of both sides. A side may be given as cached trunk features instead.
@@ -538,12 +625,13 @@ class TwoTower(nn.Module):
         return self.apply_critic(img, txt) if head else (img, txt)
 
     def clamp_logit_scale(self) -> None:
+        top = self.config["logit_scale"].get("max", LOGIT_SCALE_MAX)  # None: no upper clamp (SigLIP has none)
         with torch.no_grad():
-            self.logit_scale.clamp_(0, math.log(self.config["logit_scale"].get("max", LOGIT_SCALE_MAX)))
+            self.logit_scale.clamp_(0, math.log(top) if top is not None else None)
 
     def image_blocks(self) -> list[nn.Module]:
         v = self.visual
-        if isinstance(v, TorchvisionTower):
+        if isinstance(v, (TorchvisionTower, HFDualTower)):
             return v.blocks()
         if hasattr(v, "transformer"):  # open_clip ViT: stem, blocks..., head
             return [v.transformer.resblocks[i] for i in range(len(v.transformer.resblocks))]
@@ -555,7 +643,9 @@ class TwoTower(nn.Module):
         """Modules after the blocks of an open_clip ViT (always trained with the last block)."""
         v = self.visual
         mods = []
-        if hasattr(v, "transformer"):
+        if isinstance(v, HFDualTower):
+            mods = v.head()
+        elif hasattr(v, "transformer"):
             mods = [m for m in (getattr(v, "ln_post", None), getattr(v, "attn_pool", None)) if m is not None]
         elif hasattr(v, "attnpool"):
             mods = [v.attnpool]
@@ -563,7 +653,7 @@ class TwoTower(nn.Module):
 
     def text_blocks(self) -> list[nn.Module]:
         t = self.text
-        if isinstance(t, HFTextTower):
+        if isinstance(t, (HFTextTower, HFDualTower)):
             return t.blocks()
         if hasattr(t, "transformer"):
             return [t.transformer.resblocks[i] for i in range(len(t.transformer.resblocks))]
@@ -571,6 +661,8 @@ class TwoTower(nn.Module):
 
     def text_head(self) -> list[nn.Module]:
         t = self.text
+        if isinstance(t, HFDualTower):
+            return t.head()
         return [m for m in (getattr(t, "ln_final", None),) if m is not None] if hasattr(t, "transformer") else []
 
     def open_clip_projection_params(self) -> list[nn.Parameter]:
@@ -624,8 +716,10 @@ class Tokenizer:
         texts = list(texts)
         if self.config["type"] == "open_clip":
             return self._tok(texts)  # (B, context_length) LongTensor
-        enc = self._tok(texts, padding=True, truncation=True, max_length=self.config["max_length"], return_tensors="pt")
-        return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+        # "padding": "max_length" for CLIP / SigLIP (SigLIP was trained on texts padded to its length);
+        # "inputs": what the text model takes (SigLIP's tokenizer gives no attention mask)
+        enc = self._tok(texts, padding=self.config.get("padding", True), truncation=True, max_length=self.config["max_length"], return_tensors="pt")
+        return {k: enc[k] for k in self.config.get("inputs", ("input_ids", "attention_mask"))}
 
     def save(self, model_dir: Path) -> None:
         """Copy the tokenizer files into `model_dir` at the place the config names."""
@@ -635,6 +729,12 @@ class Tokenizer:
             shutil.copyfile(self.source, dst)
         else:
             self._tok.save_pretrained(str(Path(model_dir) / self.config["dir"]))
+
+    def save_pretrained(self, out_dir: Path | str) -> None:
+        """A Hugging Face tokenizer's files in transformers' layout (export_hf)."""
+        if self.config["type"] != "hf":
+            raise VltoolError("only a Hugging Face tokenizer has transformers' layout")
+        self._tok.save_pretrained(str(out_dir))
 
     def describe(self) -> dict:
         """What identifies the tokenization (for cache keys)."""
@@ -823,7 +923,7 @@ def resolve_model_dir(path: Path | str) -> Path:
     if (p / MODEL_DIR / CONFIG_FILE).is_file():
         return p / MODEL_DIR
     if not p.exists():
-        raise UsageError(f"model {str(path)!r} does not exist (give a vltool RUN_DIR, RUN_DIR/model, open_clip:ARCH or local-dir:PATH)")
+        raise UsageError(f"model {str(path)!r} does not exist (give a vltool RUN_DIR, RUN_DIR/model, open_clip:ARCH, local-dir:PATH or hf:DIR)")
     if (p / "checkpoints").is_dir():
         raise UsageError(f"{p} is an unfinished training run (no model/ yet); finish it with `vltool pretrain --resume {p}`")
     raise UsageError(f"{p} is not a vltool model (no {CONFIG_FILE} and {WEIGHTS_FILE}, nor {MODEL_DIR}/ holding them)")
@@ -862,6 +962,15 @@ class LoadedModel:
     @property
     def logit_scale(self) -> float:
         return float(self.model.logit_scale.detach().exp())
+
+    @torch.no_grad()
+    def logits(self, image_emb: torch.Tensor, text_emb: torch.Tensor) -> torch.Tensor:
+        """(N, D) and (T, D) normalised embeddings -> (N, T) logits: the model's own scale times the cosine
+        similarity, plus its bias when it has one (SigLIP), in transformers' order of operations."""
+        logits = text_emb.to(self.device) @ image_emb.to(self.device).T * self.model.logit_scale.detach().exp()  # (T, N)
+        if self.model.logit_bias is not None:
+            logits = logits + self.model.logit_bias.detach()
+        return logits.T.float()  # (N, T)
 
     def train_transform(self, augment: str):
         from vltool.transforms import train_transform
@@ -930,7 +1039,8 @@ def load_model(spec: str | Path, pretrained: str | Path | None = None, device: s
     """Load a model for encoding.
 
     spec: a vltool RUN_DIR or RUN_DIR/model; "open_clip:ARCH" (weights from the local file `pretrained`,
-    or fresh weights when it is None); or "local-dir:PATH" (open_clip's local-dir layout).
+    or fresh weights when it is None); "local-dir:PATH" (open_clip's local-dir layout); or "hf:DIR" (a
+    Hugging Face CLIPModel / SiglipModel saved with save_pretrained, with its processor).
     """
     spec_s = str(spec)
     if spec_s.startswith("open_clip:"):
@@ -958,8 +1068,159 @@ def load_model(spec: str | Path, pretrained: str | Path | None = None, device: s
             raise UsageError(f"{spec_s}: no weights file (*.safetensors, *.bin, *.pth) in {path}")
         model, tok = _from_open_clip_cfg(oc["model_cfg"], oc.get("preprocess_cfg"), ckpt, spec_s)
         return _finish(model, tok, device, spec_s)
+    if spec_s.startswith(HF_SPEC):
+        if pretrained is not None:
+            raise UsageError("--pretrained applies to open_clip:ARCH models only (hf:DIR holds its own weights)")
+        model, tok = load_hf_dual(spec_s)
+        return _finish(model, tok, device, spec_s)
     if pretrained is not None:
         raise UsageError("--pretrained applies to open_clip:ARCH models only")
     model_dir = resolve_model_dir(spec_s)
     model, tok = read_model_dir(model_dir)
     return _finish(model, tok, device, str(model_dir))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Hugging Face CLIP / SigLIP: hf:DIR in, transformers' layout out
+# ----------------------------------------------------------------------------------------------------
+
+HF_SAVE_HINT = "save a model there with model.save_pretrained(DIR) and its processor with processor.save_pretrained(DIR)"
+_HF_CONFIG_DROP = ("transformers_version", "architectures", "dtype", "torch_dtype")
+_RESAMPLE = {2: "bilinear", 3: "bicubic"}  # PIL's resample codes
+
+
+def hf_dual_dir(spec: str) -> Path:
+    """hf:DIR -> DIR, which must hold a config.json."""
+    path = Path(str(spec)[len(HF_SPEC):]).expanduser()
+    if not str(spec)[len(HF_SPEC):]:
+        raise UsageError(f"{spec!r}: expected hf:DIR, a local Hugging Face model directory")
+    if not path.is_dir():
+        raise UsageError(f"{spec}: no such directory {path} (nothing is downloaded; {HF_SAVE_HINT})")
+    if not (path / CONFIG_FILE).is_file():
+        raise UsageError(f"{spec}: {path} is not a Hugging Face model directory (no {CONFIG_FILE}); {HF_SAVE_HINT}")
+    return path
+
+
+def _clean_hf_config(d: dict) -> dict:
+    out = {}
+    for k, v in d.items():
+        if k.startswith("_") or k in _HF_CONFIG_DROP:
+            continue
+        out[k] = _clean_hf_config(v) if isinstance(v, dict) and k.endswith("_config") else v
+    return out
+
+
+def hf_preprocess_cfg(image_processor) -> dict:
+    """vltool's preprocess entry of a Hugging Face image processor: its size, mean/std and interpolation
+    (for training augmentations), and the processor itself ("hf_image_processor"), which the eval
+    transform applies unchanged (vltool.transforms.eval_transform)."""
+    d = json.loads(image_processor.to_json_string())
+    crop = bool(d.get("do_center_crop"))
+    size_d = (d.get("crop_size") if crop else d.get("size")) or {}
+    size = size_d.get("height") or size_d.get("shortest_edge")
+    if size is None or ("width" in size_d and size_d["width"] != size_d.get("height")):
+        raise UsageError(f"image processor {d.get('image_processor_type')}: vltool needs a square image size, got {size_d}")
+    pp = _preprocess_cfg(int(size), d.get("image_mean", OPENAI_MEAN), d.get("image_std", OPENAI_STD),
+                         interpolation=_RESAMPLE.get(int(d.get("resample", 3)), "bicubic"),
+                         resize_mode="shortest" if crop else "squash")
+    pp["hf_image_processor"] = d
+    return pp
+
+
+def hf_dual_config(hf, image_processor, tokenizer, source: str) -> dict:
+    """The vltool config of a Hugging Face CLIPModel / SiglipModel with its image processor and tokenizer."""
+    cfg = hf.config
+    model_type = cfg.model_type
+    embed_dim = getattr(cfg, "projection_dim", None) if model_type == "clip" else cfg.text_config.hidden_size
+    inputs = [k for k in ("input_ids", "attention_mask") if k in tokenizer.model_input_names]
+    bias = getattr(hf, "logit_bias", None)
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "arch": f"hf:{model_type}",
+        "embed_dim": int(embed_dim),
+        "quick_gelu": False,
+        "hf": {"model_type": model_type, "config": _clean_hf_config(cfg.to_dict()), "source": source},
+        "image_tower": {"type": HF_DUAL},
+        "text_tower": {"type": HF_DUAL},
+        # CLIP clamps its multiplier at 100; SigLIP does not clamp it
+        "logit_scale": {"init": float(hf.logit_scale.detach().exp().reshape(())), "learnable": True,
+                        "max": LOGIT_SCALE_MAX if model_type == "clip" else None},
+        "logit_bias_init": float(bias.detach().reshape(())) if bias is not None else None,
+        "preprocess": hf_preprocess_cfg(image_processor),
+        "tokenizer": {"type": "hf", "dir": TOKENIZER_DIR, "max_length": int(cfg.text_config.max_position_embeddings),
+                      "padding": "max_length", "inputs": inputs},
+    }
+
+
+def check_hf_dual(spec: str):
+    """hf:DIR -> (DIR, the transformers class), without loading anything: a UsageError for a missing
+    directory, config.json, image processor or tokenizer, or a model_type vltool does not read."""
+    path = hf_dual_dir(spec)
+    try:
+        model_type = json.loads((path / CONFIG_FILE).read_text()).get("model_type")
+    except (OSError, json.JSONDecodeError) as e:
+        raise UsageError(f"{spec}: cannot read {path / CONFIG_FILE}: {e}") from None
+    cls = hf_dual_class(model_type, spec)
+    if not (path / "preprocessor_config.json").is_file():
+        raise UsageError(f"{spec}: no image processor in {path} (preprocessor_config.json); {HF_SAVE_HINT}")
+    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "spiece.model")):
+        raise UsageError(f"{spec}: no tokenizer files in {path}; {HF_SAVE_HINT}")
+    return path, cls
+
+
+def load_hf_dual(spec: str) -> tuple[TwoTower, Tokenizer]:
+    """hf:DIR -> the model (its weights, logit scale and bias) and its tokenizer, on CPU, float32."""
+    import transformers
+
+    path, cls = check_hf_dual(spec)
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        hf = cls.from_pretrained(str(path), dtype=torch.float32)
+    except Exception as e:
+        raise VltoolError(f"{spec}: cannot load the {cls.__name__}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    try:
+        image_processor = transformers.AutoImageProcessor.from_pretrained(str(path))
+    except Exception:
+        raise UsageError(f"{spec}: no image processor in {path} (preprocessor_config.json); {HF_SAVE_HINT}") from None
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(path))
+    except Exception as e:
+        raise UsageError(f"{spec}: no usable tokenizer in {path} ({str(e).splitlines()[0] if str(e) else type(e).__name__}); {HF_SAVE_HINT}") from None
+    config = hf_dual_config(hf, image_processor, tokenizer, path.name)
+    model = TwoTower(config, hf_model=hf)
+    return model, Tokenizer(config["tokenizer"], path)
+
+
+def export_hf(model: TwoTower, tokenizer: Tokenizer, out_dir: Path | str) -> list[str]:
+    """Write a model started from hf:DIR in transformers' layout (config.json, model.safetensors, the
+    tokenizer and image processor files): `AutoModel.from_pretrained(out_dir)` loads it unchanged.
+    Returns notes on what transformers' class cannot hold (a logit bias learnt on a CLIPModel)."""
+    import transformers
+
+    config = model.config
+    if config["image_tower"]["type"] != HF_DUAL:
+        raise UsageError("--to hf: only a model started from hf:DIR (a Hugging Face CLIPModel or SiglipModel) has a "
+                         "transformers layout; open_clip towers export to open_clip's (RUN_DIR/open_clip)")
+    if model.image_critic is not None:
+        raise UsageError("--to hf: this model embeds through CLIP-Lite's critic projections (--loss jsd), which "
+                         f"{HF_DUAL_TYPES[config['hf']['model_type']]} cannot hold; evaluate it as a vltool RUN_DIR")
+    transformers.utils.logging.disable_progress_bar()
+    hf = build_hf_dual(config["hf"])
+    shell = TwoTower(copy.deepcopy(config), hf_model=hf)  # its towers are hf's modules
+    shell.load_state_dict(model.state_dict(), strict=True)
+    notes = []
+    with torch.no_grad():
+        hf.logit_scale.copy_(shell.logit_scale.detach().reshape(hf.logit_scale.shape))
+        if getattr(hf, "logit_bias", None) is not None and shell.logit_bias is not None:
+            hf.logit_bias.copy_(shell.logit_bias.detach().reshape(hf.logit_bias.shape))
+        elif shell.logit_bias is not None:
+            notes.append(f"the learnt logit bias ({float(shell.logit_bias):.4f}) is left out: "
+                         f"{type(hf).__name__} has none (the embeddings are unchanged)")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    hf.save_pretrained(str(out_dir))
+    tokenizer.save_pretrained(out_dir)
+    d = config["preprocess"]["hf_image_processor"]
+    getattr(transformers, d["image_processor_type"]).from_dict(d).save_pretrained(str(out_dir))
+    return notes

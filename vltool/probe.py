@@ -390,11 +390,14 @@ def probe(
     preset = config.validate()
     features = config.features or preset.features
     normalize = preset.normalize if config.normalize is None else config.normalize
-    train = load_dataset(train_data, split=split, where=where, required=[C.IMAGE])
-    evald = load_dataset(eval_data, split=eval_split, where=eval_where, required=[C.IMAGE])
+    from vltool.importer import clip_benchmark_input
+
+    train = load_dataset(clip_benchmark_input(train_data, config.cache_dir), split=split, where=where, required=[C.IMAGE])
+    evald = load_dataset(clip_benchmark_input(eval_data, config.cache_dir), split=eval_split, where=eval_where, required=[C.IMAGE])
+    train.spec, evald.spec = train_data, eval_data
     image_column(train.dataset, C.IMAGE, train_data)
     image_column(evald.dataset, C.IMAGE, eval_data)
-    out_path = check_out(out, overwrite, [train.path, evald.path], config)
+    out_path = check_out(out, overwrite, [train.path, evald.path, Path(train_data).expanduser(), Path(eval_data).expanduser()], config)
     if train.rows == 0 or evald.rows == 0:
         raise UsageError(f"no rows selected: {train.rows} training rows (--where {list(where)}), {evald.rows} eval rows (--eval-where {list(eval_where)})")
     if C.ID in train.dataset.column_names and C.ID in evald.dataset.column_names:

@@ -111,7 +111,7 @@ class PseudolabelConfig:
     def validate(self) -> None:
         problems = []
         if not str(self.model or "").strip():
-            problems.append("--model is required (a vltool RUN_DIR, open_clip:ARCH with --pretrained FILE, or local-dir:PATH)")
+            problems.append("--model is required (a vltool RUN_DIR, open_clip:ARCH with --pretrained FILE, local-dir:PATH, or hf:DIR)")
         if self.strategy not in STRATEGIES:
             problems.append(f"--strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
         for name in ("crops", "neighbors", "words", "batch_size"):

@@ -108,8 +108,12 @@ def retrieve(
 
     timer = provenance.Timer()
     ks = config.validate()
-    loaded = load_dataset(data, split=split, where=where, images=[C.IMAGE], texts=[config.text_column], text_lists=True)
-    out_path = check_out(out, overwrite, [loaded.path], config)
+    from vltool.importer import clip_benchmark_input
+
+    loaded = load_dataset(clip_benchmark_input(data, config.cache_dir), split=split, where=where, images=[C.IMAGE],
+                          texts=[config.text_column], text_lists=True)
+    loaded.spec = data
+    out_path = check_out(out, overwrite, [loaded.path, Path(data).expanduser()], config)
     if loaded.rows == 0:
         raise UsageError(f"no rows of {data!r} are selected (--where {list(where)})")
     groups = read_groups(loaded.dataset, config.group_column, data)

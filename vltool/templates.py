@@ -2,6 +2,8 @@
 
 Names (files under vltool/assets/templates/, one template per line, `{}` where the class name goes):
 - `photo`            "a photo of a {}." (A Fistful of Words' protocol)
+- `auto`             the dataset's own templates (`zeroshot_classification_templates.txt` in its directory, as
+                     CLIP_benchmark's datasets and their `vltool import` carry), else `photo`
 - `openai-imagenet`  CLIP's 80 ImageNet templates (UniCL's validation; FFF's appendix, "ImageNet")
 - `fff-cifar`, `fff-food101`, `fff-caltech101`, `fff-cars`, `fff-dtd`, `fff-sun397`, `fff-imagenet`: the
   per-dataset sets of FFF's appendix ("FFF: Fixing Flawed Foundations in contrastive pre-training"), which are CLIP's; `fff-imagenet` is
@@ -22,6 +24,9 @@ from vltool.errors import UsageError
 from vltool.io import ASSETS
 
 TEMPLATE_DIR = ASSETS / "templates"
+DATASET_TEMPLATES = "zeroshot_classification_templates.txt"  # a dataset's own templates, beside it (CLIP_benchmark's name)
+AUTO = "auto"  # --templates auto: the dataset's own, else `photo`
+DEFAULT = "photo"
 ALIASES = {"fff-imagenet": "openai-imagenet", "fff-cifar10": "fff-cifar", "fff-cifar100": "fff-cifar"}
 PLACEHOLDERS = ("{}", "{c}", "{label}")
 
@@ -59,6 +64,17 @@ def load_templates(spec: str) -> tuple[str, list[str]]:
     if p.is_file():
         return str(p), parse_templates(p.read_text().splitlines(), f"--templates {spec}")
     raise UsageError(f"--templates {spec!r}: not a template set ({', '.join(template_names())}) nor a file")
+
+
+def resolve_templates(spec: str, dataset_dir: Path | str | None) -> tuple[str, list[str]]:
+    """`load_templates`, where `auto` is the dataset's own templates when its directory holds
+    zeroshot_classification_templates.txt (a CLIP_benchmark dataset and its `vltool import` do), else `photo`."""
+    if spec == AUTO:
+        own = Path(dataset_dir) / DATASET_TEMPLATES if dataset_dir is not None else None
+        if own is not None and own.is_file():
+            return str(own), parse_templates(own.read_text().splitlines(), str(own))
+        return load_templates(DEFAULT)
+    return load_templates(spec)
 
 
 def fill(template: str, classname: str) -> str:

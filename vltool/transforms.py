@@ -26,10 +26,26 @@ def blur_kernel(size: int) -> int:
     return k if k % 2 == 1 else k + 1
 
 
+class HFImageTransform:
+    """A Hugging Face image processor (from its to_dict()) as a transform: PIL.Image -> (3,H,W) float tensor,
+    exactly the processor's pixel_values."""
+
+    def __init__(self, processor: dict):
+        import transformers
+
+        self.processor = getattr(transformers, processor["image_processor_type"]).from_dict(processor)
+
+    def __call__(self, im):
+        return self.processor(images=im.convert("RGB"), return_tensors="pt")["pixel_values"][0]
+
+
 def eval_transform(preprocess: dict) -> Callable:
-    """Deterministic eval transform: resize the shorter side, centre crop, normalise (open_clip's)."""
+    """Deterministic eval transform: resize the shorter side, centre crop, normalise (open_clip's); a
+    Hugging Face model's own image processor when the model has one ("hf_image_processor")."""
     from open_clip.transform import PreprocessCfg, image_transform_v2
 
+    if preprocess.get("hf_image_processor"):
+        return HFImageTransform(preprocess["hf_image_processor"])
     cfg = PreprocessCfg(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in preprocess.items() if k in PreprocessCfg.__dataclass_fields__})
     return image_transform_v2(cfg, is_train=False)
 

@@ -25,7 +25,7 @@ class ZeroshotConfig(EvalCommon):
     """Options of `vltool zeroshot` (and, from EvalCommon, those of every evaluation command), one field per
     option of the same name (help: `vltool zeroshot --help`)."""
 
-    templates: str = "photo"  # a name in vltool.templates, or a file
+    templates: str = "auto"  # a name in vltool.templates, a file, or auto (the dataset's own, else photo)
     classnames: str | None = None
     class_prompts: str | None = None
     label_column: str | None = None
@@ -34,10 +34,11 @@ class ZeroshotConfig(EvalCommon):
 
     def validate(self) -> None:
         problems = self.common_problems()
-        from vltool.templates import load_templates
+        from vltool.templates import AUTO, load_templates
 
         try:
-            load_templates(self.templates)
+            if self.templates != AUTO:
+                load_templates(self.templates)
         except UsageError as e:
             problems.append(str(e))
         for opt, val in (("--classnames", self.classnames), ("--class-prompts", self.class_prompts)):
@@ -150,13 +151,16 @@ def zeroshot(
     from vltool.io import load_dataset
     from vltool.metrics import AveragePrecision, ClassificationItems, Resampling, bootstrap, majority_rate, per_class_recall, topk_chance
     from vltool.outcomes import base_arrays, example_ids, read_groups
-    from vltool.templates import class_prompts, load_class_prompts, load_templates
+    from vltool.templates import class_prompts, load_class_prompts, resolve_templates
 
     timer = provenance.Timer()
     config.validate()
-    loaded = load_dataset(data, split=split, where=where, images=[C.IMAGE])
+    from vltool.importer import clip_benchmark_input
+
+    loaded = load_dataset(clip_benchmark_input(data, config.cache_dir), split=split, where=where, images=[C.IMAGE])
+    loaded.spec = data
     files = [config.classnames, config.class_prompts, config.templates if Path(config.templates).expanduser().is_file() else None]
-    out_path = check_out(out, overwrite, [loaded.path, *[Path(f) for f in files if f]], config)
+    out_path = check_out(out, overwrite, [loaded.path, Path(data).expanduser(), *[Path(f) for f in files if f]], config)
     labels = read_labels(loaded.dataset, config.label_column, config.classnames, data)
     groups = read_groups(loaded.dataset, config.group_column, data)
     if loaded.rows == 0:
@@ -164,7 +168,7 @@ def zeroshot(
     all_classes = len(labels.classnames)
     if config.present_classes_only:
         labels = only_present_classes(labels)
-    template_name, templates = load_templates(config.templates)
+    template_name, templates = resolve_templates(config.templates, loaded.path)
     custom = load_class_prompts(config.class_prompts, labels.classnames) if config.class_prompts else None
     prompts = class_prompts(labels.classnames, templates, custom)
     if custom is not None and len(custom) < len(labels.classnames):

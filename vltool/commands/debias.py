@@ -29,6 +29,8 @@ Examples:
 
   vltool debias --model runs/tiny --out runs/tiny_gender
 
+  vltool debias --model hf:clip-vit-b32 --out clip_gender
+
   vltool debias --model runs/tiny --subspace runs/tiny_gender --eval-data emoji --where split=test --group-column gender --out report.json
 """
 

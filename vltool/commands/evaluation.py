@@ -16,7 +16,8 @@ EvalModelOpt = Annotated[
     typer.Option(
         "--model",
         help="The model: a vltool RUN_DIR (or RUN_DIR/model) from `vltool pretrain`, open_clip:ARCH with "
-        "--pretrained LOCAL_FILE, or local-dir:PATH (open_clip's local-dir layout). Nothing is downloaded.",
+        "--pretrained LOCAL_FILE, local-dir:PATH (open_clip's local-dir layout), or hf:DIR (a Hugging Face CLIPModel "
+        "or SiglipModel saved with save_pretrained, with its processor). Nothing is downloaded.",
         show_default=False,
     ),
 ]

@@ -8,12 +8,17 @@ import typer
 
 from vltool.commands.common import NoProgressOpt, DataArg, JsonOpt, NumProcOpt, OutOpt, OverwriteOpt, SplitOpt, WhereOpt, handle_errors
 
-HELP = """Write a dataset as WebDataset shards or open_clip's CSV layout, for open_clip's trainer as is.
+HELP = """Write a dataset as WebDataset shards or open_clip's CSV layout, for open_clip's trainer as is; or a
+model fine-tuned from a Hugging Face CLIP / SigLIP back in transformers' layout.
 
   webdataset   OUT/00000.tar, ...: KEY.jpg + KEY.txt (caption) + KEY.json (the other columns), and
                OUT/sizes.json, so open_clip needs no --train-num-samples
 
   csv          OUT/data.csv (tab-separated: filepath, title, id, label) and OUT/images/
+
+  hf           (DATA is a model: a RUN_DIR of `vltool pretrain --init hf:DIR`) OUT/config.json,
+               model.safetensors, the tokenizer and image processor files:
+               transformers.AutoModel.from_pretrained(OUT) loads it unchanged
 
 The printed open_clip command trains on the result unchanged.
 
@@ -24,13 +29,15 @@ Examples:
   python -m open_clip_train.main --dataset-type webdataset --train-data 'emoji_wds/{00000..00000}.tar' ...
 
   vltool export my_data --to csv --out my_csv
+
+  vltool export runs/siglip-ft --to hf --out siglip-ft
 """
 
 
 def export_command(
     data: DataArg,
     out: OutOpt,
-    to: Annotated[str, typer.Option("--to", help="webdataset or csv.")] = "webdataset",
+    to: Annotated[str, typer.Option("--to", help="webdataset or csv (DATA is a dataset); hf (DATA is a model started from hf:DIR).")] = "webdataset",
     shard_size: Annotated[int, typer.Option("--shard-size", min=1, help="Samples per tar shard (csv: per image folder).")] = 10_000,
     image_format: Annotated[str, typer.Option("--image-format", help="jpg or png: the format of every image written.")] = "jpg",
     jpeg_quality: Annotated[int, typer.Option("--jpeg-quality", min=1, max=100, help="Quality of re-encoded JPEGs (JPEG sources are copied unchanged).")] = 95,
@@ -41,8 +48,26 @@ def export_command(
     as_json: JsonOpt = False,
     no_progress: NoProgressOpt = False,
 ) -> None:
-    from vltool.export import ExportConfig, export
+    from vltool.export import ExportConfig, export, export_hf_model
 
+    if to == "hf":
+        from vltool.errors import UsageError
+
+        dataset_only = [o for o, given in (("--where", bool(where)), ("--split", split is not None), ("--shard-size", shard_size != 10_000),
+                                           ("--image-format", image_format != "jpg"), ("--jpeg-quality", jpeg_quality != 95),
+                                           ("--num-proc", num_proc != 1)) if given]
+        if dataset_only:
+            raise UsageError(f"--to hf writes a model: {', '.join(dataset_only)} apply to datasets only")
+        prov = export_hf_model(data, out, overwrite=overwrite)
+        if as_json:
+            from vltool.console import print_json
+
+            print_json(prov["stats"] | {"out": str(out)})
+        else:
+            from vltool.console import out as stdout
+
+            stdout.print(f"export (hf) -> {out}\nload with: {prov['stats']['load_with']}", highlight=False, markup=False)
+        return
     config = ExportConfig(to=to, shard_size=shard_size, image_format=image_format, jpeg_quality=jpeg_quality, num_proc=num_proc)
     prov = export(data, out, config, where=where or [], split=split, overwrite=overwrite)
     if as_json:
@@ -75,4 +100,4 @@ def print_stats(s: dict, out) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("export", help=HELP, short_help="Write WebDataset shards or open_clip CSV.")(handle_errors(export_command))
+    app.command("export", help=HELP, short_help="Write WebDataset shards or open_clip CSV; a model in transformers' layout.")(handle_errors(export_command))

@@ -26,6 +26,14 @@ SOURCE is one or more files, a directory, a glob ('shards/*.tar') or a brace pat
 
   coco                          a caption annotation file; the images are found beside it or in --image-root
 
+  clip_benchmark                a dataset of CLIP_benchmark in its WebDataset layout (DIR/train/0.tar...,
+                                DIR/test/..., nshards.txt, classnames.txt,
+                                zeroshot_classification_templates.txt, dataset_type.txt): a DatasetDict
+                                with one split per folder (id, image, label | labels | captions), the
+                                class names and templates copied beside it; `vltool zeroshot OUT --split
+                                test` uses them (zeroshot, retrieve, probe and benchmark also read DIR
+                                directly, imported once into the cache)
+
 Rows with a missing file, an undecodable image or an empty caption are skipped, counted, and listed in
 OUT/skipped.jsonl. Ids come from the source's keys (id/key column, sample key, COCO image id, path in
 the image folder), else from the row number.
@@ -39,6 +47,8 @@ Examples:
   vltool import annotations/captions_val2017.json --out coco_val --image-root val2017
 
   vltool import pets/ --out pets --caption-template 'a photo of a {label}'
+
+  vltool import wds_cifar10/ --out cifar10          (CLIP_benchmark's wds_cifar10, downloaded beforehand)
 """
 
 
@@ -46,7 +56,7 @@ def import_command(
     sources: Annotated[list[str], typer.Argument(help="Files, a directory, a glob or a brace pattern.", show_default=False)],
     out: OutOpt,
     format: Annotated[
-        str, typer.Option("--format", help="auto, csv, tsv, jsonl, parquet, webdataset, imagefolder or coco.")
+        str, typer.Option("--format", help="auto, csv, tsv, jsonl, parquet, webdataset, imagefolder, coco or clip_benchmark.")
     ] = "auto",
     image_column: Annotated[
         Optional[str], typer.Option("--image-column", help="Table column with image paths or bytes (WebDataset: the image extension). Default: filepath, image, path, ...")
@@ -103,6 +113,12 @@ def print_stats(s: dict, out) -> None:
         t.add_row("skip report", str(Path(out) / s["report"]))
     if s.get("classes") is not None:
         t.add_row("classes", f"{s['classes']:,}")
+    if s.get("splits"):
+        t.add_row("splits", ", ".join(f"{k} {n:,}" for k, n in s["splits"].items()))
+    if s.get("dataset_type"):
+        t.add_row("dataset type", s["dataset_type"])
+    if s.get("templates"):
+        t.add_row("templates", s["templates"])
     for key in ("image_column", "caption_column", "id_column", "label_column", "image_root"):
         if s.get(key):
             t.add_row(key.replace("_", " "), str(s[key]))
@@ -113,6 +129,6 @@ def print_stats(s: dict, out) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("import", help=HELP, short_help="Read CSV/TSV/JSONL/Parquet, WebDataset, image folders, COCO.")(
+    app.command("import", help=HELP, short_help="Read CSV/TSV/JSONL/Parquet, WebDataset, image folders, COCO, CLIP_benchmark's datasets.")(
         handle_errors(import_command)
     )

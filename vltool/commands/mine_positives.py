@@ -29,6 +29,8 @@ Examples:
   vltool mine-positives emoji --where split=train --model runs/tiny --out emoji_mined --group-column base_id
 
   vltool mine-positives emoji --where split=train --model runs/tiny --calibrate --dry-run
+
+  vltool mine-positives emoji --where split=train --model hf:siglip-base --out emoji_mined
 """
 
 

@@ -12,7 +12,9 @@ from vltool.commands.common import JsonOpt, NoProgressOpt, OverwriteOpt, SeedOpt
 HELP = """Train a two-tower image-text model with a contrastive loss (CLIP's symmetric InfoNCE).
 
 The model is written to RUN_DIR/model (load it in any command with --model RUN_DIR) and, when both towers
-are open_clip towers, also to RUN_DIR/open_clip (open_clip's local-dir layout). RUN_DIR also holds
+are open_clip towers, also to RUN_DIR/open_clip (open_clip's local-dir layout); a model started from a
+Hugging Face CLIP or SigLIP (--init hf:DIR) goes back to transformers' layout with `vltool export RUN_DIR
+--to hf`. RUN_DIR also holds
 checkpoints/, metrics.jsonl, loss.png and vltool.json.
 
 Several DATA inputs are concatenated (the columns they share; clashing ids are refused unless
@@ -27,6 +29,10 @@ Examples:
   vltool pretrain emoji --where split=train --out runs/lit \\
       --image-tower torchvision:mobilenet_v2 --image-weights mobilenet_v2-b0353104.pth \\
       --text-tower hf:PATH/TO/all-MiniLM-L6-v2 --lock-image --augment none --epochs 3
+
+  vltool pretrain emoji --where split=train --out runs/siglip-ft --init hf:PATH/TO/siglip \
+      --loss sigmoid --lock-image --unfreeze-image-last 1 --epochs 1
+  vltool export runs/siglip-ft --to hf --out siglip-ft     (back to transformers' layout)
 
   accelerate launch --multi_gpu --num_processes 2 -m vltool pretrain emoji --out runs/ddp ...  (2 CPU processes)
 
@@ -55,7 +61,7 @@ def pretrain_command(
     embed_dim: Annotated[Int, typer.Option("--embed-dim", help="Shared embedding size [default: the arch's].", rich_help_panel="Model")] = None,
     image_size: Annotated[Int, typer.Option("--image-size", help="Input image size [default: the arch's].", rich_help_panel="Model")] = None,
     context_length: Annotated[Int, typer.Option("--context-length", help="Text tokens [default: the arch's; 64 for hf towers].", rich_help_panel="Model")] = None,
-    init: Annotated[Str, typer.Option("--init", help="Start from a trained vltool model (RUN_DIR or RUN_DIR/model).", rich_help_panel="Model")] = None,
+    init: Annotated[Str, typer.Option("--init", help="Start from a trained model: a vltool RUN_DIR (or RUN_DIR/model), or hf:DIR, a Hugging Face CLIPModel or SiglipModel saved with save_pretrained (with its processor; its logit scale and SigLIP's bias included).", rich_help_panel="Model")] = None,
     loss: Annotated[str, typer.Option("--loss", help="Training objective: clip (InfoNCE) | sigmoid (FFF/SigLIP, several positives) | unicl (label-aware soft targets) | jsd (CLIP-Lite, one negative per positive, critic projections); clip with --memory-bank K: EMA queue. See docs/objectives.md.", rich_help_panel="Model")] = "clip",
     bias_init: Annotated[Str, typer.Option("--bias-init", help="sigmoid: the logit bias's start, a number or 'search' (FFF 4.4: the initial loss's minimum over a grid of step 1 from [-20, 0], widened until the minimum is inside it, then refined to 0.1; logged in metrics.jsonl); default -10 (SigLIP's).", rich_help_panel="Loss")] = None,
     bias_search_batches: Annotated[int, typer.Option("--bias-search-batches", help="sigmoid --bias-init search: global batches of epoch 0 encoded by the fresh model to choose the bias (vltool's choice: 4).", rich_help_panel="Loss")] = 4,
@@ -182,7 +188,8 @@ def print_stats(s: dict) -> None:
     if s.get("final_eval"):
         e = s["final_eval"]
         rows.append(("eval loss / R@1 i2t / t2i", f"{e['val_loss']:.4f} / {e['val_i2t_r1']:.3f} / {e['val_t2i_r1']:.3f}"))
-    rows.append(("open_clip export", s["open_clip_export"] or "not expressible (non-open_clip tower)"))
+    rows.append(("open_clip export", s["open_clip_export"] or (
+        "not expressible (a Hugging Face model: vltool export RUN_DIR --to hf)" if s.get("hf_model") else "not expressible (non-open_clip tower)")))
     rows.append(("model fingerprint", s["model_fingerprint"]))
     for k, v in rows:
         t.add_row(k, str(v))

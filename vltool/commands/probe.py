@@ -37,6 +37,8 @@ Examples:
   vltool probe emoji --where split=train --eval-data emoji --eval-where split=test --model runs/tiny --protocol voc07-svm
 
   vltool probe train_ds --eval-data test_ds --model runs/tiny --protocol clip-benchmark --fewshot-k 16 --out probe.json
+
+  vltool probe emoji --where split=train --eval-data emoji --eval-where split=test --model hf:clip-vit-b32
 """
 
 

@@ -24,6 +24,8 @@ Examples:
   vltool pseudolabel emoji_unaligned --aligned emoji_aligned --model runs/aligned --out emoji_pseudo
 
   vltool pseudolabel imgs --aligned cc --model runs/cc --strategy rmtop-maxcount --top-t 1000 --words 4 --out pseudo
+
+  vltool pseudolabel emoji_unaligned --aligned emoji_aligned --model hf:clip-vit-b32 --out emoji_pseudo
 """
 
 

@@ -28,6 +28,8 @@ Examples:
   vltool retrieve emoji --where split=test --model runs/tiny --text-column captions --recall-k 1,5,10 --out r.json
 
   vltool retrieve coco_5k --model local-dir:runs/tiny/open_clip --json
+
+  vltool retrieve flickr8k --split test --text-column captions --model hf:siglip-base
 """
 
 

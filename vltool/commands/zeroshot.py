@@ -18,7 +18,8 @@ HELP = """Zero-shot classification: each image goes to the class whose prompt em
 
 A class embedding is the renormalised mean of the L2-normalised embeddings of its prompts: --templates
 filled with the class name (the `label` ClassLabel names, or --classnames FILE), or its own prompts from
---class-prompts FILE (JSON: class name -> list of prompts). Template sets: photo ("a photo of a {}."),
+--class-prompts FILE (JSON: class name -> list of prompts). Template sets: auto (the default: the dataset's
+own zeroshot_classification_templates.txt, else photo), photo ("a photo of a {}."),
 openai-imagenet (CLIP's 80), fff-cifar, fff-food101, fff-caltech101, fff-cars, fff-dtd, fff-sun397,
 fff-imagenet (FFF's appendix); or a file with one template per line using {}.
 
@@ -33,6 +34,8 @@ Examples:
   vltool zeroshot emoji --where split=test --model runs/tiny --templates openai-imagenet --out zs.json
 
   vltool zeroshot my_data --model open_clip:RN50 --pretrained RN50.pt --class-prompts cupl.json --per-class
+
+  vltool zeroshot cifar10 --split test --model hf:clip-vit-b32
 """
 
 
@@ -41,7 +44,7 @@ def zeroshot_command(
     data: DataArg,
     model: EvalModelOpt,
     pretrained: PretrainedOpt = None,
-    templates: Annotated[str, typer.Option("--templates", help="Template set name or file (one template per line, {} for the class name).")] = "photo",
+    templates: Annotated[str, typer.Option("--templates", help="Template set name or file (one template per line, {} for the class name); auto: the dataset's own (zeroshot_classification_templates.txt in its directory, as a CLIP_benchmark dataset imported by vltool import has), else photo.")] = "auto",
     classnames: Annotated[Optional[Path], typer.Option("--classnames", help="Class names, one per line in label order [default: the ClassLabel names].")] = None,
     class_prompts: Annotated[Optional[Path], typer.Option("--class-prompts", help="JSON {class name: [prompts]}; classes it lacks use --templates.")] = None,
     label_column: Annotated[Optional[str], typer.Option("--label-column", help="Label column [default: label, else labels (multi-label)].")] = None,

@@ -443,9 +443,9 @@ def _load_data(spec: RunSpec, config: PretrainConfig, run_dir: Path, overwrite: 
 def _start_run_dir(run: RunState) -> None:
     """A new run: RUN_DIR made anew with run.json (what --resume reads)."""
     if run.config.init:
-        from vltool.model import resolve_model_dir
+        from vltool.model import HF_SPEC, check_hf_dual, resolve_model_dir
 
-        resolve_model_dir(run.config.init)
+        check_hf_dual(run.config.init) if run.config.init.startswith(HF_SPEC) else resolve_model_dir(run.config.init)
     acc = run.accelerator
     acc.wait_for_everyone()
     if acc.is_main_process:
@@ -507,10 +507,13 @@ def _build_model(run: RunState) -> None:
 
 
 def _new_or_init_model(config: PretrainConfig, objective: Objective):
-    from vltool.model import create_model, read_model_dir, resolve_model_dir
+    from vltool.model import HF_SPEC, create_model, load_hf_dual, read_model_dir, resolve_model_dir
 
     if config.init:
-        model, tokenizer = read_model_dir(resolve_model_dir(config.init))
+        if config.init.startswith(HF_SPEC):  # a Hugging Face CLIPModel / SiglipModel
+            model, tokenizer = load_hf_dual(config.init)
+        else:
+            model, tokenizer = read_model_dir(resolve_model_dir(config.init))
         if config.logit_scale_init is not None:
             with torch.no_grad():
                 model.logit_scale.fill_(math.log(config.logit_scale_init))
@@ -633,5 +636,6 @@ def _final_stats(run: RunState, plain, final_eval, bad_all: set, exported: bool,
         "model": str(run.run_dir / MODEL_DIR),
         "model_fingerprint": fingerprint(plain, plain.config),
         "open_clip_export": str(run.run_dir / OPEN_CLIP_DIR) if exported else None,
+        "hf_model": (plain.config.get("hf") or {}).get("model_type"),  # started from hf:DIR: export --to hf
         "plot": f"{PLOT_FILE} ({plotted})",
     }

@@ -1,0 +1,80 @@
+"""`vltool benchmark` over fixture datasets: a CLIP_benchmark classification layout read directly, an imported
+CLIP_benchmark retrieval layout, and a dataset with a `split` column; every number equals the one the
+single command prints."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests._clip_benchmark import make_cb_classification, make_cb_retrieval
+from tests._eval_helpers import make_colors, make_model
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    from typer.testing import CliRunner
+
+    from vltool.cli import app
+
+    root = tmp_path_factory.mktemp("bench")
+    cb = make_cb_classification(root / "wds_colors")
+    caps_wds = make_cb_retrieval(root / "wds_caps")
+    r = CliRunner().invoke(app, ["import", str(caps_wds), "--out", str(root / "caps"), "--no-progress"])
+    assert r.exit_code == 0, r.stderr
+    colors = make_colors(root / "colors", per_class=3)
+    model = make_model(root / "run")
+    return root, cb, root / "caps", colors, model
+
+
+def test_benchmark_equals_the_single_commands(setup, cli, tmp_path):
+    root, cb, caps, colors, model = setup
+    listing = tmp_path / "list.txt"
+    listing.write_text(f"# the fixtures\n{cb}\n{caps}\n\n{colors}\n")
+    r = cli("benchmark", "--model", model, "--datasets", listing, "--bootstrap", "20", "--out", tmp_path / "b.json", "--cache-dir", tmp_path / "c")
+    assert r.exit_code == 0, r.stderr
+    rec = json.loads((tmp_path / "b.json").read_text())
+    assert rec["command"] == "benchmark" and rec["stats"]["datasets"] == 3
+    assert {d["spec"]: d["tasks"] for d in rec["datasets"]} == {
+        str(cb): ["zeroshot", "probe"], str(caps): ["retrieve"], colors: ["zeroshot", "retrieve", "probe"]}
+    assert rec["stats"]["tasks_skipped"][str(caps)] == {"zeroshot": "no label or labels column", "probe": "no single-label ClassLabel column"}
+    imported = next(d["path"] for d in rec["datasets"] if d["spec"] == str(cb))
+    assert imported.startswith(str(tmp_path / "c" / "clip_benchmark"))
+
+    def single(*args):
+        r = cli(*args, "--model", model, "--bootstrap", "20", "--json", "--cache-dir", tmp_path / "c")
+        assert r.exit_code == 0, r.stderr
+        return json.loads(r.stdout)
+
+    expected = {
+        (str(cb), "zeroshot"): single("zeroshot", imported, "--split", "test"),
+        (str(cb), "probe"): single("probe", imported, "--split", "train", "--eval-data", imported, "--eval-split", "test"),
+        (str(caps), "retrieve"): single("retrieve", caps, "--split", "test", "--text-column", "captions"),
+        (colors, "zeroshot"): single("zeroshot", colors, "--where", "split=test"),
+        (colors, "retrieve"): single("retrieve", colors, "--where", "split=test", "--text-column", "captions"),
+        (colors, "probe"): single("probe", colors, "--where", "split=train", "--eval-data", colors, "--eval-where", "split=test"),
+    }
+    for (spec, task), want in expected.items():
+        assert rec["results"][spec][task]["metrics"] == want["metrics"], (spec, task)
+    # the CLIP_benchmark dataset's own templates were used
+    assert rec["results"][str(cb)]["zeroshot"]["protocol"]["template_list"] == ["a photo of a {}.", "a {} square."]
+    rows = {(r["dataset"], r["task"], r["metric"]): r for r in rec["table"]}
+    assert rows[(colors, "probe", "top1")]["value"] == expected[(colors, "probe")]["metrics"]["top1"]["value"]
+    assert rows[(str(caps), "retrieve", "image_to_text_R@5")]["chance"] == expected[(str(caps), "retrieve")]["metrics"]["image_to_text_R@5"]["chance"]
+
+
+def test_tasks_option_and_errors(setup, cli, tmp_path):
+    root, cb, caps, colors, model = setup
+    r = cli("benchmark", "--model", model, "--datasets", f"{colors},{caps}", "--tasks", "zeroshot", "--bootstrap", "0", "--json")
+    assert r.exit_code == 0, r.stderr
+    rec = json.loads(r.stdout)
+    assert list(rec["results"]) == [colors] and list(rec["results"][colors]) == ["zeroshot"]
+    r = cli("benchmark", "--model", model, "--datasets", str(caps), "--tasks", "probe")
+    assert r.exit_code == 2 and "no task applies to any dataset" in r.stderr
+    r = cli("benchmark", "--model", model, "--datasets", colors, "--tasks", "zeroshot,linear")
+    assert r.exit_code == 2 and "--tasks 'zeroshot,linear'" in r.stderr
+    r = cli("benchmark", "--model", model, "--datasets", colors, "--out", f"{colors}/b.json")
+    assert r.exit_code == 2 and "inputs are never modified" in r.stderr
+    r = cli("benchmark", "--model", model)
+    assert r.exit_code == 2 and "--datasets is required" in r.stderr

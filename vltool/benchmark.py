@@ -1,0 +1,218 @@
+"""`vltool benchmark`: one model over many datasets, zero-shot classification, retrieval and a linear probe
+of each, in one table (and JSON) with 95% intervals and chance: CLIP_benchmark's multi-dataset runs.
+
+Each dataset of `--datasets` (a comma-separated list, or a file with one per line, as CLIP_benchmark's
+`--dataset FILE`) is a vltool dataset directory (`save_to_disk`, `emoji`) or a CLIP_benchmark dataset in its
+WebDataset layout, imported once into `<cache-dir>/clip_benchmark/` (keyed by its files' names, sizes and
+times). Its rows are evaluated on `--eval-split` and the probe trained on `--train-split`: splits of a
+DatasetDict, or values of a `split` column (`--where split=test`); a dataset with neither is evaluated whole,
+without a probe. `--tasks auto` runs what the columns allow: zeroshot with a `label` / `labels` column,
+retrieve with `captions` / `caption`, probe with a `label` and training rows.
+
+Each task is the command of the same name, called as a function (`vltool.zeroshot.zeroshot`, ...), so a
+number here is the number that command prints, with the same protocol, cache and provenance; the results
+JSON holds every task's full record under `results[dataset][task]`.
+
+Why a command and not a recipe: recipes (recipes/*.sh) train and compare variants over seeds with `vltool
+report`; this is one evaluation of one model, whose output is one record (one provenance, one --out), the
+way `vltool zeroshot` is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from vltool import columns as C
+from vltool.errors import UsageError, check
+from vltool.evaluation import EvalCommon
+
+TASKS = ("zeroshot", "retrieve", "probe")
+AUTO = "auto"
+
+# The metrics of the summary table (every metric is in the JSON): CLIP_benchmark's headline numbers.
+HEADLINE = {
+    "zeroshot": ("top1", "top5", "mean_per_class_recall", "mAP"),
+    "retrieve": ("image_to_text_R@1", "image_to_text_R@5", "text_to_image_R@1", "text_to_image_R@5"),
+    "probe": ("top1", "mean_per_class_recall"),
+}
+
+
+@dataclass
+class BenchmarkConfig(EvalCommon):
+    """Options of `vltool benchmark`, one field per option of the same name (help: `vltool benchmark --help`)."""
+
+    datasets: str = ""  # comma-separated, or a file with one dataset per line
+    tasks: str = AUTO  # auto, or a comma-separated subset of TASKS
+    templates: str = "auto"  # zeroshot's --templates
+    eval_split: str | None = "test"
+    train_split: str | None = "train"
+    protocol: str = "clip-benchmark"  # probe's --protocol
+
+    def task_list(self) -> list[str] | None:
+        """None for auto."""
+        if self.tasks == AUTO:
+            return None
+        return [t.strip() for t in self.tasks.split(",") if t.strip()]
+
+    def validate(self) -> None:
+        problems = self.common_problems()
+        if not self.datasets.strip():
+            problems.append("--datasets is required: a comma-separated list of datasets, or a file with one per line")
+        if self.tasks != AUTO:
+            bad = [t for t in self.task_list() or [] if t not in TASKS]
+            if bad or not self.task_list():
+                problems.append(f"--tasks {self.tasks!r}: auto, or a comma-separated subset of {', '.join(TASKS)}")
+        from vltool.probe import PRESETS
+
+        if self.protocol not in PRESETS:
+            problems.append(f"--protocol {self.protocol!r}: choose one of {', '.join(PRESETS)}")
+        check(problems)
+
+
+def read_dataset_list(spec: str) -> list[str]:
+    """A file with one dataset per line (blank lines and # comments skipped), else a comma-separated list."""
+    p = Path(spec).expanduser()
+    if p.is_file():
+        items = [line.split("#", 1)[0].strip() for line in p.read_text().splitlines()]
+        items = [i for i in items if i]
+        if not items:
+            raise UsageError(f"--datasets {spec}: the file lists no dataset")
+        return items
+    items = [s.strip() for s in spec.split(",") if s.strip()]
+    if len(set(items)) != len(items):
+        raise UsageError(f"--datasets {spec!r}: a dataset is listed twice")
+    return items
+
+
+@dataclass
+class DatasetPlan:
+    """What to run on one dataset, and on which rows."""
+
+    spec: str  # as listed
+    path: str  # what load_dataset reads (an imported CLIP_benchmark layout: its copy in the cache)
+    eval_split: str | None = None
+    eval_where: list[str] = field(default_factory=list)
+    train_split: str | None = None
+    train_where: list[str] | None = None  # None: no training rows
+    tasks: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)  # task -> why it does not apply
+    text_column: str | None = None
+
+    def record(self) -> dict:
+        return {"spec": self.spec, "path": self.path, "eval": {"split": self.eval_split, "where": self.eval_where},
+                "train": None if self.train_where is None else {"split": self.train_split, "where": self.train_where},
+                "tasks": self.tasks, "skipped": self.skipped}
+
+
+def plan_dataset(spec: str, config: BenchmarkConfig) -> DatasetPlan:
+    import datasets
+
+    from vltool.importer import clip_benchmark_input
+    from vltool.io import read_from_disk, resolve_dataset_path
+
+    path = clip_benchmark_input(spec, config.cache_dir)
+    obj = read_from_disk(resolve_dataset_path(path), spec)
+    plan = DatasetPlan(spec=spec, path=path)
+    if isinstance(obj, datasets.DatasetDict):
+        names = list(obj)
+        if config.eval_split in obj:
+            plan.eval_split = config.eval_split
+        elif len(names) == 1:
+            plan.eval_split = names[0]
+        else:
+            raise UsageError(f"{spec}: no split {config.eval_split!r} to evaluate on (its splits: {names}); choose one with --eval-split")
+        if config.train_split in obj and config.train_split != plan.eval_split:
+            plan.train_split, plan.train_where = config.train_split, []
+        ds = obj[plan.eval_split]
+    else:
+        ds = obj
+        values = set(ds.unique(C.SPLIT)) if C.SPLIT in ds.column_names else set()
+        if config.eval_split in values:
+            plan.eval_where = [f"{C.SPLIT}={config.eval_split}"]
+            if config.train_split in values and config.train_split != config.eval_split:
+                plan.train_where = [f"{C.SPLIT}={config.train_split}"]
+    feats = ds.features
+    label = isinstance(feats.get(C.LABEL), datasets.ClassLabel)
+    multilabel = C.LABELS in feats
+    plan.text_column = C.CAPTIONS if C.CAPTIONS in feats else C.CAPTION if C.CAPTION in feats else None
+    why = {
+        "zeroshot": None if (label or multilabel) else "no label or labels column",
+        "retrieve": None if plan.text_column else "no captions or caption column",
+        "probe": None if label and plan.train_where is not None else (
+            "no single-label ClassLabel column" if not label else f"no training rows (no {config.train_split!r} split)"),
+    }
+    asked = config.task_list()
+    for t in TASKS:
+        if asked is not None and t not in asked:
+            continue
+        if why[t] is None:
+            plan.tasks.append(t)
+        else:
+            plan.skipped[t] = why[t]
+    return plan
+
+
+def _run_task(task: str, plan: DatasetPlan, config: BenchmarkConfig) -> dict:
+    common = {k: getattr(config, k) for k in EvalCommon.__dataclass_fields__}
+    if task == "zeroshot":
+        from vltool.zeroshot import ZeroshotConfig, zeroshot
+
+        return zeroshot(plan.path, ZeroshotConfig(**common, templates=config.templates), where=plan.eval_where, split=plan.eval_split)
+    if task == "retrieve":
+        from vltool.retrieve import RetrieveConfig, retrieve
+
+        return retrieve(plan.path, RetrieveConfig(**common, text_column=plan.text_column), where=plan.eval_where, split=plan.eval_split)
+    from vltool.probe import ProbeConfig, probe
+
+    return probe(plan.path, plan.path, ProbeConfig(**common, protocol=config.protocol), where=plan.train_where,
+                 split=plan.train_split, eval_where=plan.eval_where, eval_split=plan.eval_split)
+
+
+def summary_rows(results: dict) -> list[dict]:
+    """One row per dataset, task and headline metric: value, interval, chance."""
+    rows = []
+    for spec, tasks in results.items():
+        for task, rec in tasks.items():
+            for m in HEADLINE[task]:
+                e = rec["metrics"].get(m)
+                if e is not None:
+                    rows.append({"dataset": spec, "task": task, "metric": m, **e})
+    return rows
+
+
+def benchmark(config: BenchmarkConfig, *, out: str | Path | None = None, overwrite: bool = False,
+              argv: Sequence[str] | None = None) -> dict:
+    """Run every applicable task on every dataset of `config.datasets`; return the record (written to `out`)."""
+    from vltool import provenance
+    from vltool.evaluation import check_out, is_main
+    from vltool.io import write_json_atomic
+
+    timer = provenance.Timer()
+    config.validate()
+    specs = read_dataset_list(config.datasets)
+    listed = [Path(config.datasets).expanduser()] if Path(config.datasets).expanduser().is_file() else []
+    out_path = check_out(out, overwrite, [Path(s).expanduser() for s in specs] + listed, config)
+    plans = [plan_dataset(s, config) for s in specs]
+    if not any(p.tasks for p in plans):
+        raise UsageError("no task applies to any dataset: " + "; ".join(f"{p.spec}: {', '.join(f'{t} ({w})' for t, w in p.skipped.items())}" for p in plans))
+    results: dict[str, dict] = {}
+    for p in plans:
+        if p.tasks:  # a dataset no task applies to is in record["datasets"] with its reasons
+            results[p.spec] = {t: _run_task(t, p, config) for t in p.tasks}
+    first = next(r for tasks in results.values() for r in tasks.values())
+    inputs = [{"spec": p.spec, "path": p.path} for p in plans]
+    stats = {"datasets": len(plans), "tasks_run": sum(len(p.tasks) for p in plans),
+             "tasks_skipped": {p.spec: p.skipped for p in plans if p.skipped}}
+    record = provenance.make("benchmark", config, inputs, stats=stats, timer=timer, argv=argv)
+    record.update({
+        "model": first["model"],
+        "datasets": [p.record() for p in plans],
+        "table": summary_rows(results),
+        "results": results,
+    })
+    record["wall_time_s"] = round(timer.seconds, 3)
+    if out_path is not None and is_main():
+        write_json_atomic(out_path, record)
+    return record

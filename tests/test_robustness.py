@@ -1,0 +1,353 @@
+"""Bad input never destroys what a user owns, never prints a traceback, never exits 0 with a meaningless
+answer (issue #20; docs/conventions.md, "Bad input").
+
+The sweep runs every command on a shared matrix of bad inputs (a missing path, 0 rows, wrong column
+types, empty captions, path strings in the image column, an unwritable --out, --out equal to or inside
+an input) and asserts exit code 1 or 2, one line on stderr, no traceback, nothing written, and every
+input (the model too) unchanged, hashed file by file before and after.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _eval_helpers import make_colors, make_model  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def tree_hash(root: Path) -> dict[str, str]:
+    """Every file (hidden ones too) under `root` -> its SHA-256; directories by name."""
+    out = {}
+    for p in sorted(Path(root).rglob("*")):
+        rel = str(p.relative_to(root))
+        out[rel] = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+    return out
+
+
+def _variant(src: str, dst: Path, **columns) -> str:
+    """A copy of the dataset at `src` with some columns replaced (name -> (values, feature))."""
+    import datasets
+
+    ds = datasets.load_from_disk(src)
+    for name, (values, feature) in columns.items():
+        ds = ds.remove_columns([name]).add_column(name, values, feature=feature)
+    ds.save_to_disk(str(dst))
+    return str(dst)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """Good inputs under IN/ (a colour dataset with gender groups, a model, a subspace, a CSV of image
+    files, a runs directory), the bad variants beside them, and OUT/ for outputs."""
+    import datasets
+    import torch
+
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("world")
+    inp, outs = root / "IN", root / "OUT"
+    inp.mkdir()
+    outs.mkdir()
+    good = make_colors(inp / "good", per_class=3)
+    ds = datasets.load_from_disk(good)
+    ds = ds.add_column("gender", ["man" if i % 2 else "woman" for i in range(len(ds))])
+    ds.save_to_disk(str(inp / "data"))
+    data = str(inp / "data")
+    n = len(ds)
+    S = datasets.Value("string")
+    w = {"root": root, "IN": inp, "OUT": outs, "data": data, "ref": good, "n": n}
+    w["missing"] = str(inp / "no_such_dataset")
+    ds.select([]).save_to_disk(str(inp / "empty"))
+    w["empty"] = str(inp / "empty")
+    w["int_captions"] = _variant(data, inp / "int_captions", caption=(list(range(n)), datasets.Value("int64")))
+    w["list_captions"] = _variant(data, inp / "list_captions", caption=([[i, i + 1] for i in range(n)], datasets.List(datasets.Value("int64"))))
+    w["bytes_captions"] = _variant(data, inp / "bytes_captions", caption=([f"a cap {i}".encode() for i in range(n)], datasets.Value("binary")))
+    w["empty_captions"] = _variant(data, inp / "empty_captions", caption=(["", "  "] * (n // 2), S),
+                                   captions=([["", " "]] * n, datasets.List(S)))
+    w["path_images"] = _variant(data, inp / "path_images", image=([f"photos/p{i}.png" for i in range(n)], S))
+    w["model"] = make_model(inp / "run")
+    # a subspace of the model, a CSV of image files, a runs directory, a queries file
+    from vltool.debias import DebiasConfig, compute_subspace
+
+    compute_subspace(DebiasConfig(model=str(w["model"]), cache_dir=str(root / "cache")), inp / "sub")
+    w["sub"] = inp / "sub"
+    from PIL import Image
+
+    (inp / "photos").mkdir()
+    for i in range(4):
+        Image.new("RGB", (8, 8), (60 * i, 0, 0)).save(inp / "photos" / f"p{i}.png")
+    Image.new("RGB", (8, 8)).save(inp / "photos" / "unlisted.png")
+    (inp / "train.csv").write_text("filepath,caption\n" + "".join(f"{inp}/photos/p{i}.png,a photo {i}\n" for i in range(4)))
+    (inp / "header_only.csv").write_text("filepath,caption\n")
+    w["csv"], w["photos"] = inp / "train.csv", inp / "photos"
+    runs = inp / "runs" / "base" / "seed0"
+    runs.mkdir(parents=True)
+    (runs / "zeroshot.json").write_text(json.dumps({"metrics": {"top1": {"value": 0.1, "ci_low": 0.0, "ci_high": 0.2, "chance": 0.1}}}))
+    w["runs"] = inp / "runs"
+    (inp / "empty_runs").mkdir()
+    (inp / "a_file").write_text("not a directory\n")
+    w["file"] = inp / "a_file"
+    return w
+
+
+COMMON = ["--no-progress"]
+MODEL_CMDS = {"mine-positives", "pseudolabel", "zeroshot", "retrieve", "probe", "debias"}
+
+
+def command_line(cmd: str, w: dict, data: str, out) -> list[str] | None:
+    """`vltool CMD` reading `data` as its main dataset, writing `out`; the other inputs are good."""
+    m, cache = str(w["model"]), str(w["root"] / "cache")
+    ev = ["--cache-dir", cache]
+    return {
+        "deform": ["deform", data, "--out", out],
+        "filter": ["filter", data, "--reference", w["ref"], "--out", out, "--folds", "2", "--epochs", "1"],
+        "mine-positives": ["mine-positives", data, "--model", m, "--out", out, *ev],
+        "pretrain": ["pretrain", data, "--out", out, "--arch", "vltool-micro", "--steps", "1", "--batch-size", "4"],
+        "pseudolabel": ["pseudolabel", w["ref"], "--aligned", data, "--aligned-where", "split=train", "--where", "split=test",
+                        "--model", m, "--out", out, *ev],
+        "zeroshot": ["zeroshot", data, "--model", m, "--out", out, *ev],
+        "retrieve": ["retrieve", data, "--model", m, "--out", out, *ev],
+        "probe": ["probe", data, "--model", m, "--eval-data", w["ref"], "--out", out, *ev],
+        "debias": ["debias", "--model", m, "--subspace", w["sub"], "--eval-data", data, "--out", out, *ev],
+        "export": ["export", data, "--out", out],
+        "split": ["split", data, "--out", out, "--parts", "a=0.5,b=0.5"],
+        "pick-caption": ["pick-caption", data, "--out", out],
+        "recaption": ["recaption", data, "--out", out, "--set-caption", "--model", str(w["root"] / "no_blip")],
+    }.get(cmd)
+
+
+# Which bad dataset each command must refuse: text kinds only where the command reads the caption column,
+# path-string images only where it reads images.
+DATASET_KINDS = {
+    "missing": ["deform", "filter", "mine-positives", "pretrain", "pseudolabel", "zeroshot", "retrieve", "probe", "debias",
+                "export", "split", "pick-caption", "info"],
+    "empty": ["deform", "filter", "mine-positives", "pretrain", "pseudolabel", "zeroshot", "retrieve", "probe", "debias",
+              "export", "split", "pick-caption"],
+    "int_captions": ["deform", "filter", "mine-positives", "pretrain", "pseudolabel", "retrieve", "export"],
+    "list_captions": ["deform", "filter", "mine-positives", "pretrain", "pseudolabel", "retrieve", "export"],
+    "bytes_captions": ["deform", "filter", "mine-positives", "pretrain", "pseudolabel", "retrieve", "export"],
+    "empty_captions": ["deform", "mine-positives", "pretrain", "pseudolabel", "retrieve", "export", "pick-caption"],
+    "path_images": ["mine-positives", "pretrain", "pseudolabel", "zeroshot", "retrieve", "probe", "debias", "export"],
+}
+WRITERS = ["deform", "filter", "mine-positives", "pretrain", "pseudolabel", "zeroshot", "retrieve", "probe", "debias",
+           "export", "split", "pick-caption"]
+
+
+def cases():
+    for kind, cmds in DATASET_KINDS.items():
+        for cmd in cmds:
+            yield pytest.param(cmd, kind, id=f"{cmd}-{kind}")
+    for cmd in WRITERS:
+        for kind in ("out_under_a_file", "out_is_data", "out_is_model", "out_inside_model", "out_is_subspace"):
+            if kind in ("out_is_model", "out_inside_model") and cmd not in MODEL_CMDS:
+                continue
+            if kind == "out_is_subspace" and cmd != "debias":
+                continue
+            yield pytest.param(cmd, kind, id=f"{cmd}-{kind}")
+    for kind in ("missing", "empty", "out_under_a_file", "out_is_csv", "out_is_photos", "out_contains_csv"):
+        yield pytest.param("import", kind, id=f"import-{kind}")
+    for kind in ("missing", "empty", "out_under_a_file", "out_inside_runs"):
+        yield pytest.param("report", kind, id=f"report-{kind}")
+    for kind in ("not_a_dataset",):
+        yield pytest.param("info", kind, id=f"info-{kind}")
+
+
+def sweep_argv(cmd: str, kind: str, w: dict) -> tuple[list[str], Path | None]:
+    """The command line of one sweep case and the output it must not create (None: it exists already)."""
+    fresh = w["OUT"] / f"{cmd}-{kind}"
+    fresh_out = fresh.with_suffix(".json") if cmd in ("zeroshot", "retrieve", "probe") or (cmd == "debias") else fresh
+    if cmd == "import":
+        src, out = str(w["csv"]), fresh
+        if kind == "missing":
+            src = str(w["IN"] / "no_such.csv")
+        elif kind == "empty":
+            src = str(w["IN"] / "header_only.csv")
+        elif kind == "out_under_a_file":
+            out = w["file"] / "x"
+        elif kind == "out_is_csv":
+            out = w["csv"]
+        elif kind == "out_is_photos":
+            out = w["photos"]
+        elif kind == "out_contains_csv":
+            out = w["IN"]
+        return ["import", src, "--out", out, "--overwrite", *COMMON], (fresh if out == fresh else None)
+    if cmd == "report":
+        src, out = w["runs"], fresh
+        if kind == "missing":
+            src = w["IN"] / "no_runs"
+        elif kind == "empty":
+            src = w["IN"] / "empty_runs"
+        elif kind == "out_under_a_file":
+            out = w["file"] / "x"
+        elif kind == "out_inside_runs":
+            out = w["runs"] / "base" / "seed0" / "zeroshot"
+        return ["report", src, "--out", out, "--metric", "zeroshot:top1", *COMMON], (fresh if out == fresh else None)
+    if cmd == "info":
+        path = w["missing"] if kind == "missing" else str(w["file"])
+        return ["info", path, *COMMON], None
+    data, out = w["data"], fresh_out
+    if kind in DATASET_KINDS:
+        data = w[kind]
+    elif kind == "out_under_a_file":
+        out = w["file"] / "x"
+    elif kind == "out_is_data":
+        out = Path(w["data"])
+    elif kind == "out_is_model":
+        out = w["model"]
+    elif kind == "out_inside_model":
+        out = w["model"] / "model" / "config.json"
+    elif kind == "out_is_subspace":
+        out = w["sub"]
+    argv = command_line(cmd, w, data, out)
+    if cmd == "pseudolabel" and kind == "path_images":  # the images it reads are the unaligned data's
+        argv[1], argv[3] = data, w["ref"]
+    return [*argv, "--overwrite", *COMMON], (fresh_out if out == fresh_out else None)
+
+
+SWEEP_TOTALS: dict[str, int] = {}
+
+
+@pytest.mark.parametrize("cmd,kind", list(cases()))
+def test_bad_input_sweep(world, cli, cmd, kind):
+    before = tree_hash(world["IN"])
+    argv, fresh = sweep_argv(cmd, kind, world)
+    t = time.time()
+    r = cli(*argv)
+    lines = r.stderr.strip().splitlines()
+    assert r.exit_code in (1, 2), f"{argv}: exit {r.exit_code}\nstdout: {r.stdout[-1500:]}\nstderr: {r.stderr[-1500:]}"
+    assert "Traceback" not in r.stderr + r.stdout and "internal error" not in r.stderr, r.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    assert tree_hash(world["IN"]) == before, "an input changed"
+    if fresh is not None:
+        assert not fresh.exists(), f"{fresh} was written"
+    assert time.time() - t < 30
+
+
+def one_error(r, code=None) -> str:
+    """The single `error: ...` line of a failed command (no traceback, nothing else on stderr)."""
+    lines = r.stderr.strip().splitlines()
+    assert r.exit_code in ((1, 2) if code is None else (code,)), (r.exit_code, r.stdout[-800:], r.stderr[-800:])
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in r.stdout, r.stderr
+    return lines[0]
+
+
+# ---- 1. data loss: everything a command reads is an input, and --out never replaces it
+
+
+@pytest.mark.parametrize("cmd,option", [("filter", "--reference"), ("probe", "--eval-data"), ("pseudolabel", "--aligned"),
+                                        ("zeroshot", "--debias")])
+def test_out_may_not_replace_a_secondary_input(world, cli, cmd, option):
+    """Not only DATA: --reference, --eval-data, --aligned, --debias are inputs too, --overwrite or not."""
+    before = tree_hash(world["IN"])
+    m, cache = str(world["model"]), ["--cache-dir", str(world["root"] / "cache")]
+    argv = {
+        "filter": ["filter", world["data"], "--reference", world["ref"], "--out", world["ref"]],
+        "probe": ["probe", world["data"], "--model", m, "--eval-data", world["ref"], "--out", Path(world["ref"]) / "x.json", *cache],
+        "pseudolabel": ["pseudolabel", world["ref"], "--where", "split=test", "--aligned", world["data"], "--aligned-where",
+                        "split=train", "--model", m, "--out", world["data"], *cache],
+        "zeroshot": ["zeroshot", world["data"], "--model", m, "--debias", world["sub"], "--out", world["sub"] / "r.json", *cache],
+    }[cmd]
+    line = one_error(cli(*argv, "--overwrite", "--no-progress"), 2)
+    assert "inputs are never modified" in line
+    assert tree_hash(world["IN"]) == before
+
+
+def test_import_never_replaces_the_folder_of_its_images(world, cli, tmp_path):
+    """`import train.csv --out photos/ --overwrite` used to delete photos/, files the CSV never listed too."""
+    before = tree_hash(world["IN"])
+    line = one_error(cli("import", world["csv"], "--out", world["photos"], "--overwrite", "--no-progress"), 2)
+    assert "holds the images this import reads" in line
+    assert (world["photos"] / "unlisted.png").is_file() and tree_hash(world["IN"]) == before
+    r = cli("import", world["csv"], "--out", tmp_path / "imported", "--no-progress")
+    assert r.exit_code == 0, r.stderr
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    from test_pretrain import make_pairs
+
+    return make_pairs(tmp_path_factory.mktemp("pairs") / "pairs", n=16)
+
+
+def _micro(**kw):
+    from vltool.pretrain import PretrainConfig
+
+    base = dict(arch="vltool-micro", batch_size=8, steps=2, lr=1e-3, log_every=1, checkpoint_every=100, augment="none")
+    return PretrainConfig(**{**base, **kw})
+
+
+def test_pretrain_overwrite_keeps_the_finished_run_until_the_new_one_finishes(tmp_path, pairs, cli):
+    """An interrupted `pretrain --overwrite` leaves the finished run as it was; the unfinished run says how
+    to continue it; a finished replacement swaps in whole."""
+    from vltool.pretrain import pretrain
+
+    run = tmp_path / "run"
+    pretrain([pairs], run, _micro(), progress=False)
+    before = tree_hash(run)
+    r = pretrain([pairs], run, _micro(steps=4), overwrite=True, stop_after_steps=2, progress=False)
+    assert r["status"] == "stopped"
+    assert tree_hash(run) == before  # the finished run is untouched while the new one is built beside it
+    sibling = [p for p in tmp_path.iterdir() if p.name.startswith(".run.work-")]
+    assert len(sibling) == 1 and (sibling[0] / "checkpoints").is_dir()
+    pretrain(resume=sibling[0], progress=False)
+    assert not sibling[0].exists() and tree_hash(run) != before
+    assert json.loads((run / "vltool.json").read_text())["stats"]["resumed_from_step"] == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no lock, no work directory left
+
+
+def test_rerunning_an_unfinished_run_says_resume_not_overwrite(tmp_path, pairs, cli):
+    from vltool.pretrain import pretrain
+
+    run = tmp_path / "run"
+    pretrain([pairs], run, _micro(steps=4), stop_after_steps=2, progress=False)
+    line = one_error(cli("pretrain", pairs, "--out", run, "--arch", "vltool-micro", "--steps", "4", "--no-progress"), 2)
+    assert "is an unfinished run" in line and f"--resume {run}" in line and "pass --overwrite" not in line
+
+
+LOCK_HOLDER = """
+import sys, time
+from vltool.io import check_output, output_scope
+with output_scope():
+    check_output(sys.argv[1], True)
+    print("locked", flush=True)
+    time.sleep(120)
+"""
+
+
+def test_a_second_writer_gets_one_line_and_stale_temporaries_go(world, cli, tmp_path):
+    """Two writers of one output: the second gets a one-line error. A killed writer's `.OUT.tmp-*` /
+    `.OUT.work-*` stay while it lives and go at the next write once it is dead."""
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(out)], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        for name in (".out.tmp-0123abcd", ".out.work-0123abcd"):
+            (tmp_path / name).mkdir()
+            (tmp_path / name / "big").write_bytes(b"x" * 1000)
+        line = one_error(cli("deform", world["data"], "--out", out, "--no-progress"), 1)
+        assert "is being written by another vltool process" in line and f"pid {holder.pid}" in line
+        assert (tmp_path / ".out.tmp-0123abcd").is_dir() and (tmp_path / ".out.work-0123abcd").is_dir()  # a live writer's
+    finally:
+        holder.kill()
+        holder.wait()
+    r = cli("deform", world["data"], "--out", out, "--no-progress")
+    assert r.exit_code == 0, r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_writing_beside_an_output_removes_only_its_own_stale_temporaries(world, cli, tmp_path):
+    for name in (".out.tmp-00000001", ".other.tmp-00000002", ".out.work-00000003"):
+        (tmp_path / name).mkdir()
+    r = cli("deform", world["data"], "--out", tmp_path / "out", "--no-progress")
+    assert r.exit_code == 0, r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".other.tmp-00000002", "out"]

@@ -351,3 +351,161 @@ def test_writing_beside_an_output_removes_only_its_own_stale_temporaries(world, 
     r = cli("deform", world["data"], "--out", tmp_path / "out", "--no-progress")
     assert r.exit_code == 0, r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == [".other.tmp-00000002", "out"]
+
+
+# ---- 2. no tracebacks
+
+
+@pytest.mark.parametrize("cmd", ["mine-positives", "pseudolabel", "zeroshot", "probe"])
+def test_path_strings_in_the_image_column_point_to_import(world, cli, cmd):
+    argv, _ = sweep_argv(cmd, "path_images", world)
+    line = one_error(cli(*argv), 2)
+    assert "not an image column" in line and "vltool import" in line
+
+
+@pytest.mark.parametrize("kind,says", [("int_captions", "not a text column"), ("list_captions", "not a text column"),
+                                       ("bytes_captions", "holds bytes")])
+@pytest.mark.parametrize("cmd", ["retrieve", "mine-positives", "pseudolabel", "export"])
+def test_wrong_caption_types_are_named(world, cli, cmd, kind, says):
+    argv, _ = sweep_argv(cmd, kind, world)
+    assert says in one_error(cli(*argv), 2)
+
+
+def test_an_oserror_while_writing_is_one_line(world, cli, tmp_path, monkeypatch):
+    """Disk full half-way through the write: one line, exit 1, no partial output."""
+    import datasets
+
+    def full(self, *a, **k):
+        raise OSError(28, "No space left on device", str(tmp_path / "x.arrow"))
+
+    monkeypatch.setattr(datasets.Dataset, "save_to_disk", full)
+    line = one_error(cli("deform", world["data"], "--out", tmp_path / "out", "--no-progress"), 1)
+    assert "No space left on device" in line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_unwritable_cache_dir_warns_and_runs(world, cli):
+    r = cli("zeroshot", world["data"], "--model", world["model"], "--cache-dir", world["file"] / "cache", "--no-progress", "--json")
+    assert r.exit_code == 0, r.stderr
+    assert "cannot be written" in r.stderr and "running without caching" in r.stderr and "Traceback" not in r.stderr
+    assert json.loads(r.stdout)["metrics"]["top1"]["value"] >= 0
+
+
+def test_debias_missing_queries_and_corrupt_images(world, cli, tmp_path):
+    base = ["debias", "--model", world["model"], "--subspace", world["sub"], "--no-progress", "--cache-dir", world["root"] / "cache"]
+    line = one_error(cli(*base, "--eval-data", world["data"], "--queries", tmp_path / "nope.txt", "--out", tmp_path / "r.json"), 2)
+    assert "--queries" in line and "no such file" in line
+    bad = make_colors(tmp_path / "bad", per_class=2, bad_rows=tuple(range(12)))
+    import datasets
+
+    ds = datasets.load_from_disk(bad)
+    ds.add_column("gender", ["man", "woman"] * 6).save_to_disk(str(tmp_path / "bad_g"))
+    line = one_error(cli(*base, "--eval-data", tmp_path / "bad_g", "--out", tmp_path / "r.json"), 1)
+    assert "could be decoded" in line and not (tmp_path / "r.json").exists()
+
+
+# ---- 3. no silent wrong answers
+
+
+def test_empty_captions_are_missing_text_counted_and_warned(world, cli, tmp_path):
+    """"" and whitespace count as no text in retrieve and mine-positives, as None does."""
+    import datasets
+
+    ds = datasets.load_from_disk(world["data"])
+    caps = list(ds["caption"])
+    caps[0], caps[1], caps[2] = "", "   ", None
+    ds.remove_columns(["caption"]).add_column("caption", caps, feature=datasets.Value("string")).save_to_disk(str(tmp_path / "d"))
+    m, cache = world["model"], ["--cache-dir", world["root"] / "cache", "--no-progress"]
+    n = world["n"]
+    r = cli("retrieve", tmp_path / "d", "--model", m, "--text-column", "caption", "--json", *cache)
+    assert r.exit_code == 0, r.stderr
+    assert f"3 of {n} rows have no text in 'caption'" in r.stderr
+    r = cli("mine-positives", tmp_path / "d", "--model", m, "--out", tmp_path / "mined", *cache)
+    assert r.exit_code == 0, r.stderr
+    assert f"3 of {n} rows have no text in 'caption'" in r.stderr
+
+
+@pytest.mark.parametrize("cmd", ["retrieve", "mine-positives"])
+def test_all_empty_captions_are_an_error(world, cli, cmd):
+    argv, _ = sweep_argv(cmd, "empty_captions", world)
+    assert "every one is empty, whitespace or missing" in one_error(cli(*argv), 2)
+
+
+def test_no_metric_on_zero_decodable_images(world, cli, tmp_path):
+    bad = make_colors(tmp_path / "bad", per_class=2, bad_rows=tuple(range(12)))
+    for cmd in ("zeroshot", "retrieve"):
+        r = cli(cmd, bad, "--model", world["model"], "--no-progress", "--cache-dir", world["root"] / "cache", "--json")
+        assert "could be decoded" in one_error(r, 1) and r.stdout == ""
+
+
+def test_debias_one_group_and_a_wrong_zeroshot_label_are_errors(world, cli, tmp_path):
+    base = ["debias", "--model", world["model"], "--subspace", world["sub"], "--no-progress", "--cache-dir", world["root"] / "cache",
+            "--out", tmp_path / "r.json"]
+    line = one_error(cli(*base, "--eval-data", world["data"], "--where", "gender=man"), 2)
+    assert "only 'man'" in line and "at least two groups" in line
+    line = one_error(cli(*base, "--eval-data", world["data"], "--zeroshot-label", "colour"), 2)
+    assert "--zeroshot-label 'colour'" in line
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_export_of_zero_samples_fails_without_an_open_clip_command(cli, tmp_path):
+    bad = make_colors(tmp_path / "bad", per_class=2, bad_rows=tuple(range(12)))
+    r = cli("export", bad, "--out", tmp_path / "wds", "--no-progress")
+    assert "nothing was written" in one_error(r, 1)
+    assert "open_clip_train" not in r.stdout and not (tmp_path / "wds").exists()
+
+
+def test_split_refuses_an_existing_column_unless_asked(world, cli, tmp_path):
+    line = one_error(cli("split", world["data"], "--out", tmp_path / "s", "--part-column", "caption", "--no-progress"), 2)
+    assert "already has a column 'caption'" in line and "--replace-column" in line
+    r = cli("split", world["data"], "--out", tmp_path / "s", "--part-column", "caption", "--replace-column", "--no-progress")
+    assert r.exit_code == 0, r.stderr
+
+
+def test_a_dataset_without_rows_says_so(world, cli, tmp_path):
+    line = one_error(cli("deform", world["empty"], "--out", tmp_path / "o"), 2)
+    assert line == f"error: dataset {world['empty']!r} has no rows"
+
+
+@pytest.mark.parametrize("where,says", [
+    ("split == train", "single '='"), ("split =train", "no spaces around"), ("split=train ", "no spaces around"), ("split==train", "single '='"),
+    ("split=validation", "matches no row"),
+])
+def test_malformed_or_empty_filters_are_named(world, cli, tmp_path, where, says):
+    line = one_error(cli("deform", world["data"], "--out", tmp_path / "o", "--where", where), 2)
+    assert says in line
+    if says == "matches no row":
+        assert "--where split=validation" in line and "'test'" in line and "'train'" in line
+
+
+def test_huge_images_are_bad_images_not_a_raw_warning(monkeypatch, recwarn):
+    """DecompressionBomb policy: an image over PIL's pixel limit is skipped like a corrupt one."""
+    import io
+    import warnings
+
+    from PIL import Image
+
+    from vltool.io import decode_image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (12, 12)).save(buf, format="PNG")
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # 144 pixels: over the limit, under twice it (a warning in PIL)
+    with warnings.catch_warnings():
+        warnings.simplefilter("default")
+        assert decode_image({"bytes": buf.getvalue(), "path": None}) is None
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
+    assert decode_image({"bytes": buf.getvalue(), "path": None}).size == (12, 12)
+    assert not [w for w in recwarn if issubclass(w.category, Image.DecompressionBombWarning)]
+
+
+# ---- 4. progress
+
+
+def test_every_command_has_no_progress():
+    import typer.main
+
+    from vltool.cli import app
+
+    group = typer.main.get_command(app)
+    lacking = [name for name, c in group.commands.items() if not any("--no-progress" in p.opts for p in c.params)]
+    assert lacking == []

@@ -687,21 +687,21 @@ def default_cache_dir() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "vltool"
 
 
-_IMAGE_POLICY: list = []
-
-
 def image_size_policy() -> None:
     """vltool's policy on huge images: one over PIL's limit (PIL.Image.MAX_IMAGE_PIXELS, about 89
     megapixels) is a bad image, skipped and counted like an undecodable one, never a raw
-    DecompressionBombWarning. Every reader of images (decode_image, import, export) calls this first."""
-    if _IMAGE_POLICY:
-        return
+    DecompressionBombWarning. Every reader of images (decode_image, import, export) calls this first.
+
+    The rule is put back in front of the warning filters whenever something (a notebook's or a test's
+    warnings.catch_warnings, a library) has replaced or shadowed it."""
     import warnings
 
     from PIL import Image
 
+    first = warnings.filters[0] if warnings.filters else None
+    if first is not None and first[0] == "error" and first[2] is Image.DecompressionBombWarning:
+        return
     warnings.filterwarnings("error", category=Image.DecompressionBombWarning)
-    _IMAGE_POLICY.append(True)
 
 
 def decode_image(value):

@@ -80,6 +80,17 @@ def world(tmp_path_factory):
 
     compute_subspace(DebiasConfig(model=str(w["model"]), cache_dir=str(root / "cache")), inp / "sub")
     w["sub"] = inp / "sub"
+    import shutil
+
+    shutil.copytree(w["model"], inp / "corrupt_model")
+    (inp / "corrupt_model" / "model" / "config.json").write_text('{"format": ')
+    shutil.copytree(w["model"], inp / "truncated_model")
+    with open(inp / "truncated_model" / "model" / "model.safetensors", "r+b") as f:
+        f.truncate(100)
+    shutil.copytree(w["sub"], inp / "corrupt_sub")
+    (inp / "corrupt_sub" / "vltool.json").write_text("{")
+    (inp / "bad_run").mkdir()
+    (inp / "bad_run" / "run.json").write_text('{"data": ')
     from PIL import Image
 
     (inp / "photos").mkdir()
@@ -100,12 +111,16 @@ def world(tmp_path_factory):
 
 
 COMMON = ["--no-progress"]
-MODEL_CMDS = {"mine-positives", "pseudolabel", "zeroshot", "retrieve", "probe", "debias"}
+MODEL_CMDS = {"recaption", "mine-positives", "pseudolabel", "zeroshot", "retrieve", "probe", "debias"}
 
 
 def command_line(cmd: str, w: dict, data: str, out) -> list[str] | None:
     """`vltool CMD` reading `data` as its main dataset, writing `out`; the other inputs are good."""
     m, cache = str(w["model"]), str(w["root"] / "cache")
+    if cmd == "recaption":
+        if "blip" in w:
+            return ["recaption", data, "--out", out, "--model", w["blip"], "--num-captions", "1"]
+        return ["recaption", data, "--out", out, "--paraphrase", "--lm", w["gpt2"], "--num-captions", "1"]
     ev = ["--cache-dir", cache]
     return {
         "deform": ["deform", data, "--out", out],
@@ -121,24 +136,23 @@ def command_line(cmd: str, w: dict, data: str, out) -> list[str] | None:
         "export": ["export", data, "--out", out],
         "split": ["split", data, "--out", out, "--parts", "a=0.5,b=0.5"],
         "pick-caption": ["pick-caption", data, "--out", out],
-        "recaption": ["recaption", data, "--out", out, "--set-caption", "--model", str(w["root"] / "no_blip")],
     }.get(cmd)
 
 
 # Which bad dataset each command must refuse: text kinds only where the command reads the caption column,
 # path-string images only where it reads images.
 DATASET_KINDS = {
-    "missing": ["deform", "filter", "mine-positives", "pretrain", "pseudolabel", "zeroshot", "retrieve", "probe", "debias",
+    "missing": ["deform", "recaption", "filter", "mine-positives", "pretrain", "pseudolabel", "zeroshot", "retrieve", "probe", "debias",
                 "export", "split", "pick-caption", "info"],
-    "empty": ["deform", "filter", "mine-positives", "pretrain", "pseudolabel", "zeroshot", "retrieve", "probe", "debias",
+    "empty": ["deform", "recaption", "filter", "mine-positives", "pretrain", "pseudolabel", "zeroshot", "retrieve", "probe", "debias",
               "export", "split", "pick-caption"],
-    "int_captions": ["deform", "filter", "mine-positives", "pretrain", "pseudolabel", "retrieve", "export"],
-    "list_captions": ["deform", "filter", "mine-positives", "pretrain", "pseudolabel", "retrieve", "export"],
-    "bytes_captions": ["deform", "filter", "mine-positives", "pretrain", "pseudolabel", "retrieve", "export"],
-    "empty_captions": ["deform", "mine-positives", "pretrain", "pseudolabel", "retrieve", "export", "pick-caption"],
-    "path_images": ["mine-positives", "pretrain", "pseudolabel", "zeroshot", "retrieve", "probe", "debias", "export"],
+    "int_captions": ["deform", "recaption", "filter", "mine-positives", "pretrain", "pseudolabel", "retrieve", "export"],
+    "list_captions": ["deform", "recaption", "filter", "mine-positives", "pretrain", "pseudolabel", "retrieve", "export"],
+    "bytes_captions": ["deform", "recaption", "filter", "mine-positives", "pretrain", "pseudolabel", "retrieve", "export"],
+    "empty_captions": ["deform", "recaption", "mine-positives", "pretrain", "pseudolabel", "retrieve", "export", "pick-caption"],
+    "path_images": ["recaption", "mine-positives", "pretrain", "pseudolabel", "zeroshot", "retrieve", "probe", "debias", "export"],
 }
-WRITERS = ["deform", "filter", "mine-positives", "pretrain", "pseudolabel", "zeroshot", "retrieve", "probe", "debias",
+WRITERS = ["deform", "recaption", "filter", "mine-positives", "pretrain", "pseudolabel", "zeroshot", "retrieve", "probe", "debias",
            "export", "split", "pick-caption"]
 
 
@@ -153,6 +167,13 @@ def cases():
             if kind == "out_is_subspace" and cmd != "debias":
                 continue
             yield pytest.param(cmd, kind, id=f"{cmd}-{kind}")
+    for cmd in sorted(MODEL_CMDS - {"recaption"}):
+        for kind in ("model_missing", "model_is_data", "model_corrupt", "model_truncated"):
+            yield pytest.param(cmd, kind, id=f"{cmd}-{kind}")
+    yield pytest.param("debias", "subspace_corrupt", id="debias-subspace_corrupt")
+    yield pytest.param("zeroshot", "subspace_corrupt", id="zeroshot-subspace_corrupt")
+    yield pytest.param("pretrain", "resume_corrupt", id="pretrain-resume_corrupt")
+    yield pytest.param("pretrain", "resume_not_a_run", id="pretrain-resume_not_a_run")
     for kind in ("missing", "empty", "out_under_a_file", "out_is_csv", "out_is_photos", "out_contains_csv"):
         yield pytest.param("import", kind, id=f"import-{kind}")
     for kind in ("missing", "empty", "out_under_a_file", "out_inside_runs"):
@@ -202,12 +223,23 @@ def sweep_argv(cmd: str, kind: str, w: dict) -> tuple[list[str], Path | None]:
     elif kind == "out_is_data":
         out = Path(w["data"])
     elif kind == "out_is_model":
-        out = w["model"]
+        out = w["blip"] if cmd == "recaption" else w["model"]
     elif kind == "out_inside_model":
-        out = w["model"] / "model" / "config.json"
+        out = w["blip"] / "config.json" if cmd == "recaption" else w["model"] / "model" / "config.json"
     elif kind == "out_is_subspace":
         out = w["sub"]
+    if kind.startswith("model_"):
+        model = {"model_missing": w["IN"] / "no_model", "model_is_data": w["data"], "model_corrupt": w["IN"] / "corrupt_model",
+                 "model_truncated": w["IN"] / "truncated_model"}[kind]
+        w = {**w, "model": model}
+    if kind == "subspace_corrupt":
+        w = {**w, "sub": w["IN"] / "corrupt_sub"}
+    if kind.startswith("resume_"):
+        run = w["IN"] / ("bad_run" if kind == "resume_corrupt" else "good")
+        return ["pretrain", "--resume", run, *COMMON], None
     argv = command_line(cmd, w, data, out)
+    if cmd == "zeroshot" and kind == "subspace_corrupt":
+        argv += ["--debias", w["sub"]]
     if cmd == "pseudolabel" and kind == "path_images":  # the images it reads are the unaligned data's
         argv[1], argv[3] = data, w["ref"]
     return [*argv, "--overwrite", *COMMON], (fresh_out if out == fresh_out else None)
@@ -216,10 +248,25 @@ def sweep_argv(cmd: str, kind: str, w: dict) -> tuple[list[str], Path | None]:
 SWEEP_TOTALS: dict[str, int] = {}
 
 
+@pytest.fixture(scope="module")
+def captioners(world):
+    """Tiny random BLIP (captions images) and GPT-2 (paraphrases) models among the inputs."""
+    sys.path.insert(0, str(REPO))
+    from bench.tiny_models import make_blip, make_gpt2
+
+    return {"blip": make_blip(world["IN"] / "blip"), "gpt2": make_gpt2(world["IN"] / "gpt2")}
+
+
 @pytest.mark.parametrize("cmd,kind", list(cases()))
-def test_bad_input_sweep(world, cli, cmd, kind):
+def test_bad_input_sweep(world, cli, request, cmd, kind):
+    w = world
+    if cmd == "recaption":  # captioning images with BLIP, or (text kinds) paraphrasing captions with GPT-2
+        models = request.getfixturevalue("captioners")
+        w = {**world, "gpt2": models["gpt2"]}
+        if kind in ("path_images", "out_is_model", "out_inside_model"):
+            w["blip"] = models["blip"]
     before = tree_hash(world["IN"])
-    argv, fresh = sweep_argv(cmd, kind, world)
+    argv, fresh = sweep_argv(cmd, kind, w)
     t = time.time()
     r = cli(*argv)
     lines = r.stderr.strip().splitlines()
@@ -509,3 +556,14 @@ def test_every_command_has_no_progress():
     group = typer.main.get_command(app)
     lacking = [name for name, c in group.commands.items() if not any("--no-progress" in p.opts for p in c.params)]
     assert lacking == []
+
+
+def test_recaption_checks_the_texts_it_keeps_before_the_work(world, cli, captioners, tmp_path):
+    """Image captioning appends to the existing caption: an int caption was an ArrowTypeError after the
+    captioning; now it is named before any work."""
+    import datasets
+
+    datasets.load_from_disk(world["int_captions"]).remove_columns(["captions"]).save_to_disk(str(tmp_path / "d"))
+    r = cli("recaption", tmp_path / "d", "--out", tmp_path / "o", "--model", captioners["blip"], "--num-captions", "1", "--no-progress")
+    assert "the existing text column 'caption'" in one_error(r, 2) and "not a text column" in r.stderr
+    assert not (tmp_path / "o").exists()

@@ -6,13 +6,17 @@ text, and results that would be meaningless (docs/conventions.md, "Bad input").
     clean_text(value) / clean_texts(values)   # None, "" and whitespace are all "no text"
     require_rows(n, "...")                    # an error with the reason when nothing is left to compute on
     finite(x, "...")                          # an error instead of a NaN metric
+    read_json(path, "...")                    # a JSON object a command reads (a model config, run.json):
+                                              # unreadable or malformed is one line, not a traceback
 
 A leaf module: it imports only vltool.errors (and `datasets` inside the functions).
 """
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 from typing import Any, Iterable
 
 from vltool.errors import UsageError, VltoolError
@@ -142,3 +146,20 @@ def require_decoded(bad, what: str) -> None:
             f"none of the {n} images of {what!r} could be decoded (corrupt, missing files, or over the size limit); "
             "there is nothing to compute on"
         )
+
+
+def read_json(path: Path | str, what: str, error: type[VltoolError] = VltoolError) -> dict:
+    """The JSON object in `path`, or an error naming `what` (e.g. "the model config") when the file cannot
+    be read, is not JSON, or holds something other than an object."""
+    path = Path(path)
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise error(f"{what} {path} does not exist") from None
+    except OSError as e:
+        raise error(f"cannot read {what} {path} ({e.strerror or e})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise error(f"{what} {path} is not valid JSON ({getattr(e, 'msg', e)}); is it damaged?") from None
+    if not isinstance(obj, dict):
+        raise error(f"{what} {path} holds a JSON {type(obj).__name__}, not an object; is it damaged?")
+    return obj

@@ -678,7 +678,9 @@ def read_provenance(path: Path | str) -> dict | None:
     f = Path(path) / C.PROVENANCE_FILE
     if not f.is_file():
         return None
-    return json.loads(f.read_text())
+    from vltool.checks import read_json
+
+    return read_json(f, "the provenance record")
 
 
 def default_cache_dir() -> Path:

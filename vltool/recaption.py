@@ -839,10 +839,14 @@ def recaption(
     input_column = config.text_column if config.paraphrase else C.IMAGE
     src = load_dataset(data, split=split, where=where, required=[C.ID],
                        **({"texts": [input_column]} if config.paraphrase else {"images": [input_column]}))
-    if config.paraphrase:
-        from vltool.checks import clean_text, require_texts
+    from vltool.checks import clean_text, require_texts, text_column
 
+    if config.paraphrase:
         require_texts(sum(clean_text(t) is not None for t in src.dataset[input_column]), src.rows, input_column, data)
+    # the existing texts the new captions join (checked before the work, not when writing after it)
+    for column, lists in ((C.CAPTION, False), (C.CAPTIONS, True)):
+        if column in src.dataset.column_names and (column != input_column or not config.paraphrase):
+            text_column(src.dataset, column, data, option="the existing text column", allow_list=lists)
     out = check_output(out, overwrite, inputs=[src.path, *[Path(f) for f in (config.model, config.lm, config.examples) if f]])
     info = inspect_model(config.model_path, config.paraphrase)
     examples = load_examples(config.examples) if config.paraphrase else ()

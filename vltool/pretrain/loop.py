@@ -127,7 +127,13 @@ def resolve_run(data, out, config, where, split, eval_data, eval_where, resume) 
             raise UsageError(f"--resume {run_dir}: not a vltool pretrain run directory (no {RUN_FILE})")
         if (run_dir / C.PROVENANCE_FILE).is_file():
             raise UsageError(f"--resume {run_dir}: this run has finished (its model is {run_dir / 'model'})")
-        spec = RunSpec(**json.loads((run_dir / RUN_FILE).read_text()))
+        from vltool.checks import read_json
+
+        saved = read_json(run_dir / RUN_FILE, f"--resume {run_dir}:")
+        try:
+            spec = RunSpec(**saved)
+        except TypeError as e:
+            raise VltoolError(f"--resume {run_dir}: {RUN_FILE} is not a run description this vltool reads ({e})") from None
         if "cpu" in spec.config:  # a run started before --cpu became --device
             spec.config["device"] = "cpu" if spec.config.pop("cpu") else "auto"
         if data and list(data) != spec.data:

@@ -99,6 +99,8 @@ def world(tmp_path_factory):
     Image.new("RGB", (8, 8)).save(inp / "photos" / "unlisted.png")
     (inp / "train.csv").write_text("filepath,caption\n" + "".join(f"{inp}/photos/p{i}.png,a photo {i}\n" for i in range(4)))
     (inp / "header_only.csv").write_text("filepath,caption\n")
+    (inp / "files_missing.csv").write_text("filepath,caption\n" + "".join(f"{inp}/photos/gone{i}.png,a photo\n" for i in range(3)))
+    (inp / "captions_empty.csv").write_text("filepath,caption\n" + "".join(f"{inp}/photos/p{i}.png, \n" for i in range(3)))
     w["csv"], w["photos"] = inp / "train.csv", inp / "photos"
     runs = inp / "runs" / "base" / "seed0"
     runs.mkdir(parents=True)
@@ -126,12 +128,13 @@ def command_line(cmd: str, w: dict, data: str, out) -> list[str] | None:
         "deform": ["deform", data, "--out", out],
         "filter": ["filter", data, "--reference", w["ref"], "--out", out, "--folds", "2", "--epochs", "1"],
         "mine-positives": ["mine-positives", data, "--model", m, "--out", out, *ev],
-        "pretrain": ["pretrain", data, "--out", out, "--arch", "vltool-micro", "--steps", "1", "--batch-size", "4"],
+        "pretrain": ["pretrain", data, "--out", out, "--arch", "vltool-micro", "--steps", "1", "--batch-size", "4", "--where", "split=train"],
         "pseudolabel": ["pseudolabel", w["ref"], "--aligned", data, "--aligned-where", "split=train", "--where", "split=test",
                         "--model", m, "--out", out, *ev],
         "zeroshot": ["zeroshot", data, "--model", m, "--out", out, *ev],
         "retrieve": ["retrieve", data, "--model", m, "--out", out, *ev],
-        "probe": ["probe", data, "--model", m, "--eval-data", w["ref"], "--out", out, *ev],
+        "probe": ["probe", data, "--model", m, "--eval-data", w["ref"], "--out", out, "--where", "split=train", "--eval-where",
+                  "split=test", "--epochs", "2", *ev],
         "debias": ["debias", "--model", m, "--subspace", w["sub"], "--eval-data", data, "--out", out, *ev],
         "export": ["export", data, "--out", out],
         "split": ["split", data, "--out", out, "--parts", "a=0.5,b=0.5"],
@@ -152,6 +155,12 @@ DATASET_KINDS = {
     "empty_captions": ["deform", "recaption", "mine-positives", "pretrain", "pseudolabel", "retrieve", "export", "pick-caption"],
     "path_images": ["recaption", "mine-positives", "pretrain", "pseudolabel", "zeroshot", "retrieve", "probe", "debias", "export"],
 }
+# The second dataset a command reads: filter --reference, probe --eval-data, pretrain --eval-data.
+SECONDARY = {
+    "filter": ["missing", "empty", "int_captions", "bytes_captions", "empty_captions"],
+    "probe": ["missing", "empty", "path_images"],
+    "pretrain": ["missing", "empty", "int_captions", "path_images"],
+}
 WRITERS = ["deform", "recaption", "filter", "mine-positives", "pretrain", "pseudolabel", "zeroshot", "retrieve", "probe", "debias",
            "export", "split", "pick-caption"]
 
@@ -170,11 +179,15 @@ def cases():
     for cmd in sorted(MODEL_CMDS - {"recaption"}):
         for kind in ("model_missing", "model_is_data", "model_corrupt", "model_truncated"):
             yield pytest.param(cmd, kind, id=f"{cmd}-{kind}")
+    for cmd, kinds in SECONDARY.items():
+        for kind in kinds:
+            yield pytest.param(cmd, f"second_{kind}", id=f"{cmd}-second_{kind}")
     yield pytest.param("debias", "subspace_corrupt", id="debias-subspace_corrupt")
     yield pytest.param("zeroshot", "subspace_corrupt", id="zeroshot-subspace_corrupt")
     yield pytest.param("pretrain", "resume_corrupt", id="pretrain-resume_corrupt")
     yield pytest.param("pretrain", "resume_not_a_run", id="pretrain-resume_not_a_run")
-    for kind in ("missing", "empty", "out_under_a_file", "out_is_csv", "out_is_photos", "out_contains_csv"):
+    for kind in ("missing", "empty", "files_missing", "captions_empty", "out_under_a_file", "out_is_csv", "out_is_photos",
+                 "out_contains_csv"):
         yield pytest.param("import", kind, id=f"import-{kind}")
     for kind in ("missing", "empty", "out_under_a_file", "out_inside_runs"):
         yield pytest.param("report", kind, id=f"report-{kind}")
@@ -192,6 +205,8 @@ def sweep_argv(cmd: str, kind: str, w: dict) -> tuple[list[str], Path | None]:
             src = str(w["IN"] / "no_such.csv")
         elif kind == "empty":
             src = str(w["IN"] / "header_only.csv")
+        elif kind in ("files_missing", "captions_empty"):
+            src = str(w["IN"] / f"{kind}.csv")
         elif kind == "out_under_a_file":
             out = w["file"] / "x"
         elif kind == "out_is_csv":
@@ -237,6 +252,11 @@ def sweep_argv(cmd: str, kind: str, w: dict) -> tuple[list[str], Path | None]:
     if kind.startswith("resume_"):
         run = w["IN"] / ("bad_run" if kind == "resume_corrupt" else "good")
         return ["pretrain", "--resume", run, *COMMON], None
+    if kind.startswith("second_"):
+        bad = w[kind[len("second_"):]]
+        if cmd == "pretrain":
+            return [*command_line(cmd, w, data, out), "--eval-data", bad, "--eval-where", "split=test", "--overwrite", *COMMON], fresh_out
+        w = {**w, "ref": bad}
     argv = command_line(cmd, w, data, out)
     if cmd == "zeroshot" and kind == "subspace_corrupt":
         argv += ["--debias", w["sub"]]
@@ -245,7 +265,25 @@ def sweep_argv(cmd: str, kind: str, w: dict) -> tuple[list[str], Path | None]:
     return [*argv, "--overwrite", *COMMON], (fresh_out if out == fresh_out else None)
 
 
-SWEEP_TOTALS: dict[str, int] = {}
+@pytest.mark.parametrize("cmd", [*WRITERS, "import", "report", "info"])
+def test_sweep_controls_succeed(world, cli, request, cmd):
+    """Each sweep command line with good inputs works, so a refusal in the sweep is the bad input's doing."""
+    w = world
+    if cmd == "recaption":
+        w = {**world, "gpt2": request.getfixturevalue("captioners")["gpt2"]}
+    out = world["OUT"] / f"control-{cmd}"
+    if cmd == "import":
+        argv = ["import", w["csv"], "--out", out]
+    elif cmd == "report":
+        argv = ["report", w["runs"], "--out", out, "--metric", "zeroshot:top1", "--no-chart"]
+    elif cmd == "info":
+        argv = ["info", w["data"]]
+    else:
+        argv = command_line(cmd, w, w["data"], out.with_suffix(".json") if cmd in ("zeroshot", "retrieve", "probe", "debias") else out)
+    before = tree_hash(world["IN"])
+    r = cli(*argv, *COMMON)
+    assert r.exit_code == 0, (argv, r.stdout[-1000:], r.stderr[-1500:])
+    assert tree_hash(world["IN"]) == before
 
 
 @pytest.fixture(scope="module")

@@ -1034,8 +1034,8 @@ def import_data(sources: Sequence[str] | str, out, config: ImportConfig, *, over
             num_proc = min(config.num_proc, len(units))
             from vltool.console import progress_enabled
 
-            if progress_enabled():  # the "Generating train split" bar is the import's progress (--no-progress: none)
-                datasets.enable_progress_bars()
+            # the "Generating train split" bar is the import's progress (--no-progress: none)
+            datasets.enable_progress_bars() if progress_enabled() else datasets.disable_progress_bars()
             try:
                 ds = datasets.Dataset.from_generator(
                     _generate,

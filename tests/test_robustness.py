@@ -605,3 +605,12 @@ def test_recaption_checks_the_texts_it_keeps_before_the_work(world, cli, caption
     r = cli("recaption", tmp_path / "d", "--out", tmp_path / "o", "--model", captioners["blip"], "--num-captions", "1", "--no-progress")
     assert "the existing text column 'caption'" in one_error(r, 2) and "not a text column" in r.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_a_real_process_prints_one_line(world):
+    """Outside the test runner too (warnings, datasets' bars, rich writing to the real stderr): one line."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    for kind in ("files_missing", "captions_empty"):
+        argv, _ = sweep_argv("import", kind, world)
+        r = subprocess.run([sys.executable, "-m", "vltool", *map(str, argv)], env=env, capture_output=True, text=True)
+        assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith("error: "), r.stderr

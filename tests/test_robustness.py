@@ -614,3 +614,14 @@ def test_a_real_process_prints_one_line(world):
         argv, _ = sweep_argv("import", kind, world)
         r = subprocess.run([sys.executable, "-m", "vltool", *map(str, argv)], env=env, capture_output=True, text=True)
         assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith("error: "), r.stderr
+
+
+@pytest.mark.parametrize("cmd,bar", [("filter", "filter: training"), ("mine-positives", "mining")])
+def test_long_loops_show_a_bar_with_rate_unless_no_progress(world, cli, tmp_path, cmd, bar):
+    argv = command_line(cmd, world, world["data"], tmp_path / "o")
+    r = cli(*argv)
+    assert r.exit_code == 0, r.stderr
+    line = next((ln for ln in r.stderr.splitlines() if ln.startswith(bar)), "")
+    assert "━" in line and "0:00:00" in line, r.stderr  # (the rate shows once a loop has run long enough to measure)
+    r = cli(*argv, "--overwrite", "--no-progress")
+    assert r.exit_code == 0 and not any(ln.startswith(bar) for ln in r.stderr.splitlines()), r.stderr

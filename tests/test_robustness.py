@@ -625,3 +625,27 @@ def test_long_loops_show_a_bar_with_rate_unless_no_progress(world, cli, tmp_path
     assert "━" in line and "0:00:00" in line, r.stderr  # (the rate shows once a loop has run long enough to measure)
     r = cli(*argv, "--overwrite", "--no-progress")
     assert r.exit_code == 0 and not any(ln.startswith(bar) for ln in r.stderr.splitlines()), r.stderr
+
+
+def test_quickstart_leaves_the_tracked_results_alone_unless_published(tmp_path):
+    """The quick start's report goes to OUT/results (ignored by git); PUBLISH=1 copies it into results/.
+    The recipe runs with a stand-in `vltool` that records each call and writes the report's files."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "vltool"
+    fake.write_text('#!/usr/bin/env bash\necho "$@" >> "$CALLS"\n'
+                    'if [ "$1" = report ]; then while [ $# -gt 0 ]; do if [ "$1" = --out ]; then out=$2; fi; shift; done\n'
+                    '  mkdir -p "$(dirname "$out")"; for e in json md png; do echo new > "$out.$e"; done; fi\n')
+    fake.chmod(0o755)
+    for publish in ("0", "1"):
+        cwd = tmp_path / f"clone{publish}"
+        (cwd / "results").mkdir(parents=True)
+        (cwd / "results" / "quickstart.md").write_text("committed\n")
+        env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "CALLS": str(tmp_path / f"calls{publish}"),
+               "IMAGE_WEIGHTS": "w.pth", "TEXT_TOWER": "minilm", "PUBLISH": publish}
+        env.pop("RESULTS", None)
+        r = subprocess.run(["bash", str(REPO / "recipes" / "quickstart.sh")], cwd=cwd, env=env, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        assert (cwd / "runs" / "quickstart" / "results" / "quickstart.md").read_text() == "new\n"
+        assert (cwd / "results" / "quickstart.md").read_text() == ("new\n" if publish == "1" else "committed\n")
+        assert "--out runs/quickstart/results/quickstart" in (tmp_path / f"calls{publish}").read_text()

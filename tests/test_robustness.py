@@ -649,3 +649,14 @@ def test_quickstart_leaves_the_tracked_results_alone_unless_published(tmp_path):
         assert (cwd / "runs" / "quickstart" / "results" / "quickstart.md").read_text() == "new\n"
         assert (cwd / "results" / "quickstart.md").read_text() == ("new\n" if publish == "1" else "committed\n")
         assert "--out runs/quickstart/results/quickstart" in (tmp_path / f"calls{publish}").read_text()
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["retrieve", "emoji", "--model", "m", "--batch-size", "0"], "Invalid value for '--batch-size'"),
+    (["zeroshot", "emoji", "--model", "m", "--bogus"], "No such option: --bogus"),
+    (["zeroshot"], "Missing argument"),
+    (["no-such-command"], "No such command"),
+])
+def test_a_bad_command_line_is_one_line_too(cli, argv, says):
+    line = one_error(cli(*argv), 2)
+    assert says in line and "--help`" in line

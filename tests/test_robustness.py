@@ -186,7 +186,7 @@ def cases():
     yield pytest.param("zeroshot", "subspace_corrupt", id="zeroshot-subspace_corrupt")
     yield pytest.param("pretrain", "resume_corrupt", id="pretrain-resume_corrupt")
     yield pytest.param("pretrain", "resume_not_a_run", id="pretrain-resume_not_a_run")
-    for kind in ("missing", "empty", "files_missing", "captions_empty", "out_under_a_file", "out_is_csv", "out_is_photos",
+    for kind in ("missing", "empty", "files_missing", "captions_empty", "wrong_format", "out_under_a_file", "out_is_csv", "out_is_photos",
                  "out_contains_csv"):
         yield pytest.param("import", kind, id=f"import-{kind}")
     for kind in ("missing", "empty", "out_under_a_file", "out_inside_runs"):
@@ -215,7 +215,8 @@ def sweep_argv(cmd: str, kind: str, w: dict) -> tuple[list[str], Path | None]:
             out = w["photos"]
         elif kind == "out_contains_csv":
             out = w["IN"]
-        return ["import", src, "--out", out, "--overwrite", *COMMON], (fresh if out == fresh else None)
+        fmt = ["--format", "parquet"] if kind == "wrong_format" else []  # a CSV read as parquet
+        return ["import", src, "--out", out, *fmt, "--overwrite", *COMMON], (fresh if out == fresh else None)
     if cmd == "report":
         src, out = w["runs"], fresh
         if kind == "missing":

@@ -31,6 +31,7 @@ import shutil
 import tarfile
 import uuid
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -857,6 +858,18 @@ def _plan_parquet_shards(files: Sequence[Path], config: ImportConfig) -> tuple[l
     return units, used, labels
 
 
+@contextmanager
+def _reading(fmt: str, files) -> Iterator[None]:
+    """Arrow's errors reading a source (a CSV given as --format parquet, a damaged file) as one line."""
+    import pyarrow as pa
+
+    try:
+        yield
+    except pa.ArrowException as e:
+        shown = ", ".join(str(f) for f in list(files)[:3]) + (", ..." if len(files) > 3 else "")
+        raise VltoolError(f"cannot read {shown} as {fmt}: {' '.join(str(e).split())}") from None
+
+
 def _parquet_has_image_bytes(path: Path, config: ImportConfig) -> bool:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -987,44 +1000,45 @@ def import_data(sources: Sequence[str] | str, out, config: ImportConfig, *, over
         skip_dir.mkdir()
         plan = _Plan(kind="rows", skip_dir=str(skip_dir), max_side=config.max_side, multi=False, label_names=None,
                      extras=list(config.extra_columns))
-        if fmt == "webdataset":
-            units = [(i, str(p)) for i, p in enumerate(files)]
-            plan.kind = "webdataset"
-            plan.image_column, plan.caption_column = config.image_column, config.caption_column
-            plan.multi = _peek_webdataset_captions(files[0])
-        elif fmt == "parquet" and _parquet_has_image_bytes(files[0], config):
-            units, used, labels = _plan_parquet_shards(files, config)
-            plan.kind = "parquet"
-            plan.image_column, plan.caption_column = used["image_column"], used["caption_column"]
-            plan.id_column, plan.label_column = used["id_column"], used["label_column"]
-            if used["label_column"]:
-                plan.label_names = _sort_labels(labels)
-            import pyarrow as pa
-            import pyarrow.parquet as pq
+        with _reading(fmt, files):  # a file that is not what --format says: one line, not a traceback
+            if fmt == "webdataset":
+                units = [(i, str(p)) for i, p in enumerate(files)]
+                plan.kind = "webdataset"
+                plan.image_column, plan.caption_column = config.image_column, config.caption_column
+                plan.multi = _peek_webdataset_captions(files[0])
+            elif fmt == "parquet" and _parquet_has_image_bytes(files[0], config):
+                units, used, labels = _plan_parquet_shards(files, config)
+                plan.kind = "parquet"
+                plan.image_column, plan.caption_column = used["image_column"], used["caption_column"]
+                plan.id_column, plan.label_column = used["id_column"], used["label_column"]
+                if used["label_column"]:
+                    plan.label_names = _sort_labels(labels)
+                import pyarrow as pa
+                import pyarrow.parquet as pq
 
-            cap_type = pq.ParquetFile(files[0]).schema_arrow.field(used["caption_column"]).type
-            plan.multi = pa.types.is_list(cap_type) or pa.types.is_large_list(cap_type)
-            stats.update(used)
-        else:
-            writer = _ChunkWriter(work, config.extra_columns)
-            scan_skips = _Skips(plan, 99_999_999)  # rows the first pass could not read, listed after the others
-            try:
-                if fmt in TABLE_FORMATS:
-                    stats.update(_scan_tables(files, fmt, config, writer, scan_skips))
-                elif fmt == "imagefolder":
-                    found = _scan_imagefolder(files[0], config, writer)
-                    stats.update(classes=len(found["classes"]), ignored_files=found["ignored_files"])
-                    writer.labels = set(found["classes"])
-                    plan.label_names = found["classes"]
-                elif fmt == "coco":
-                    stats.update(_scan_coco(files[0], config, writer))
-            finally:
-                scan_skips.close()
-            units = writer.units
-            plan.multi = writer.multi
-            _check_out_spares_images(out, writer.image_dirs)
-            if plan.label_names is None and (config.label_column is not None):
-                plan.label_names = _sort_labels(writer.labels)
+                cap_type = pq.ParquetFile(files[0]).schema_arrow.field(used["caption_column"]).type
+                plan.multi = pa.types.is_list(cap_type) or pa.types.is_large_list(cap_type)
+                stats.update(used)
+            else:
+                writer = _ChunkWriter(work, config.extra_columns)
+                scan_skips = _Skips(plan, 99_999_999)  # rows the first pass could not read, listed after the others
+                try:
+                    if fmt in TABLE_FORMATS:
+                        stats.update(_scan_tables(files, fmt, config, writer, scan_skips))
+                    elif fmt == "imagefolder":
+                        found = _scan_imagefolder(files[0], config, writer)
+                        stats.update(classes=len(found["classes"]), ignored_files=found["ignored_files"])
+                        writer.labels = set(found["classes"])
+                        plan.label_names = found["classes"]
+                    elif fmt == "coco":
+                        stats.update(_scan_coco(files[0], config, writer))
+                finally:
+                    scan_skips.close()
+                units = writer.units
+                plan.multi = writer.multi
+                _check_out_spares_images(out, writer.image_dirs)
+                if plan.label_names is None and (config.label_column is not None):
+                    plan.label_names = _sort_labels(writer.labels)
         if plan.label_names is not None:
             plan.label_index = {n: i for i, n in enumerate(plan.label_names)}
             stats["classes"] = len(plan.label_names)

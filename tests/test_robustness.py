@@ -73,6 +73,7 @@ def world(tmp_path_factory):
     w["bytes_captions"] = _variant(data, inp / "bytes_captions", caption=([f"a cap {i}".encode() for i in range(n)], datasets.Value("binary")))
     w["empty_captions"] = _variant(data, inp / "empty_captions", caption=(["", "  "] * (n // 2), S),
                                    captions=([["", " "]] * n, datasets.List(S)))
+    w["corrupt_images"] = _variant(data, inp / "corrupt_images", image=([{"bytes": b"not an image", "path": None}] * n, datasets.Image()))
     w["path_images"] = _variant(data, inp / "path_images", image=([f"photos/p{i}.png" for i in range(n)], S))
     w["model"] = make_model(inp / "run")
     # a subspace of the model, a CSV of image files, a runs directory, a queries file
@@ -153,13 +154,15 @@ DATASET_KINDS = {
     "list_captions": ["deform", "recaption", "filter", "mine-positives", "pretrain", "pseudolabel", "retrieve", "export"],
     "bytes_captions": ["deform", "recaption", "filter", "mine-positives", "pretrain", "pseudolabel", "retrieve", "export"],
     "empty_captions": ["deform", "recaption", "mine-positives", "pretrain", "pseudolabel", "retrieve", "export", "pick-caption"],
+    "corrupt_images": ["recaption", "mine-positives", "pretrain", "pseudolabel", "zeroshot", "retrieve", "probe", "debias",
+                       "export"],
     "path_images": ["recaption", "mine-positives", "pretrain", "pseudolabel", "zeroshot", "retrieve", "probe", "debias", "export"],
 }
 # The second dataset a command reads: filter --reference, probe --eval-data, pretrain --eval-data.
 SECONDARY = {
     "filter": ["missing", "empty", "int_captions", "bytes_captions", "empty_captions"],
-    "probe": ["missing", "empty", "path_images"],
-    "pretrain": ["missing", "empty", "int_captions", "path_images"],
+    "probe": ["missing", "empty", "path_images", "corrupt_images"],
+    "pretrain": ["missing", "empty", "int_captions", "path_images", "corrupt_images"],
 }
 WRITERS = ["deform", "recaption", "filter", "mine-positives", "pretrain", "pseudolabel", "zeroshot", "retrieve", "probe", "debias",
            "export", "split", "pick-caption"]
@@ -261,7 +264,7 @@ def sweep_argv(cmd: str, kind: str, w: dict) -> tuple[list[str], Path | None]:
     argv = command_line(cmd, w, data, out)
     if cmd == "zeroshot" and kind == "subspace_corrupt":
         argv += ["--debias", w["sub"]]
-    if cmd == "pseudolabel" and kind == "path_images":  # the images it reads are the unaligned data's
+    if cmd == "pseudolabel" and kind in ("path_images", "corrupt_images"):  # the images it reads are the unaligned data's
         argv[1], argv[3] = data, w["ref"]
     return [*argv, "--overwrite", *COMMON], (fresh_out if out == fresh_out else None)
 
@@ -302,7 +305,7 @@ def test_bad_input_sweep(world, cli, request, cmd, kind):
     if cmd == "recaption":  # captioning images with BLIP, or (text kinds) paraphrasing captions with GPT-2
         models = request.getfixturevalue("captioners")
         w = {**world, "gpt2": models["gpt2"]}
-        if kind in ("path_images", "out_is_model", "out_inside_model"):
+        if kind in ("path_images", "corrupt_images", "out_is_model", "out_inside_model"):
             w["blip"] = models["blip"]
     before = tree_hash(world["IN"])
     argv, fresh = sweep_argv(cmd, kind, w)

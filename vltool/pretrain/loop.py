@@ -111,12 +111,28 @@ def pretrain(
     if stop_after_steps is not None and stop_after_steps < 1:
         raise UsageError(f"--stop-after-steps must be >= 1, got {stop_after_steps}")
     spec, run_dir, config = resolve_run(data, out, config, where, split, eval_data, eval_where, resume)
-    run = setup(spec, run_dir, config, overwrite=overwrite, resumed=resume is not None, progress=progress)
-    stopped = train(run, stop_after_steps)
+    existed = run_dir.exists()
+    try:
+        run = setup(spec, run_dir, config, overwrite=overwrite, resumed=resume is not None, progress=progress)
+        stopped = train(run, stop_after_steps)
+    except BaseException:
+        if not existed:
+            _drop_if_nothing_to_resume(run_dir)
+        raise
     bad_all = ckpt.gather_set(run.bad_ids, run.accelerator)
     if stopped:
         return {"status": "stopped", "step": run.step, "total_steps": run.total_steps, "run_dir": str(run_dir)}
     return finish(run, bad_all, timer)
+
+
+def _drop_if_nothing_to_resume(run_dir: Path) -> None:
+    """A run this invocation started that failed before its first checkpoint leaves nothing behind (there
+    is nothing to resume); one with a checkpoint stays, for --resume."""
+    from vltool.topology import is_main
+
+    if is_main() and (run_dir / RUN_FILE).is_file() and not (run_dir / C.PROVENANCE_FILE).exists() \
+            and not ckpt.list_checkpoints(run_dir):
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def resolve_run(data, out, config, where, split, eval_data, eval_where, resume) -> tuple[RunSpec, Path, PretrainConfig]:
@@ -262,6 +278,13 @@ def step(run: RunState, batches) -> tuple[dict, float]:
     micro = [next(batches) for _ in range(config.accum_steps)]
     for batch in micro:
         run.bad_ids.update(batch["bad_ids"])
+    if run.accelerator.num_processes == 1 and sum(b["n"] for b in micro) == 0:  # nothing to compute a loss on
+        example = sorted(run.bad_ids)[0] if run.bad_ids else None
+        raise VltoolError(
+            f"step {run.step + 1}: not one image of the batch could be decoded ({len(run.bad_ids)} undecodable images "
+            f"so far{f', e.g. id {example!r}' if example is not None else ''}); the training data's images are corrupt "
+            "or missing"
+        )
     if len(micro) == 1:
         with _autocast(run):
             out, n = objective(model, micro[0], run.inputs(micro[0]))
@@ -421,6 +444,7 @@ def _load_data(spec: RunSpec, config: PretrainConfig, run_dir: Path, overwrite: 
         train = load_train_data(spec.data, config, spec.where, spec.split)
     evald = load_train_data(spec.eval_data, config, spec.eval_where, None, what="--eval-data") if spec.eval_data else None
     if evald is not None:
+        _require_a_decodable_image(evald)
         overlap = set(train.ids) & set(evald.ids)
         if overlap:
             raise UsageError(
@@ -442,6 +466,19 @@ def _load_data(spec: RunSpec, config: PretrainConfig, run_dir: Path, overwrite: 
     inputs = [s.path for s in train.inputs] + ([s.path for s in evald.inputs] if evald else []) + model_inputs(config.init)
     check_output(final, overwrite, inputs=inputs, lock=is_main())
     return train, evald
+
+
+def _require_a_decodable_image(evald: TrainData) -> None:
+    """--eval-data is evaluated during and after training: refuse it before the training when not one of
+    its images decodes (the scan stops at the first that does)."""
+    from vltool.checks import require_decoded
+    from vltool.io import decode_image
+
+    ds = evald.dataset  # (images undecoded: {bytes, path})
+    for lo in range(0, len(ds), 256):
+        if any(decode_image(v) is not None for v in ds[lo : lo + 256][C.IMAGE]):
+            return
+    require_decoded([True] * len(ds), "--eval-data " + ", ".join(s.spec for s in evald.inputs))
 
 
 def _start_run_dir(run: RunState) -> None:

@@ -109,6 +109,9 @@ def world(tmp_path_factory):
     w["runs"] = inp / "runs"
     (inp / "empty_runs").mkdir()
     (inp / "a_file").write_text("not a directory\n")
+    os.mkfifo(inp / "a_fifo")  # stands for /dev/null and other special files
+    (inp / "user_dir" / "docs").mkdir(parents=True)  # a directory of the user's (stands for ~)
+    (inp / "user_dir" / "docs" / "thesis.tex").write_text("precious\n")
     w["file"] = inp / "a_file"
     return w
 
@@ -164,6 +167,7 @@ SECONDARY = {
     "probe": ["missing", "empty", "path_images", "corrupt_images"],
     "pretrain": ["missing", "empty", "int_captions", "path_images", "corrupt_images"],
 }
+FILE_OUTPUTS = ("zeroshot", "retrieve", "probe", "debias")  # (debias as the sweep runs it: a report JSON)
 WRITERS = ["deform", "recaption", "filter", "mine-positives", "pretrain", "pseudolabel", "zeroshot", "retrieve", "probe", "debias",
            "export", "split", "pick-caption"]
 
@@ -173,6 +177,10 @@ def cases():
         for cmd in cmds:
             yield pytest.param(cmd, kind, id=f"{cmd}-{kind}")
     for cmd in WRITERS:
+        for kind in ("out_is_a_device", "out_is_a_user_dir", "out_is_a_user_file"):
+            if kind == "out_is_a_user_file" and cmd in FILE_OUTPUTS:
+                continue  # a results JSON replaces the file the user named with --overwrite
+            yield pytest.param(cmd, kind, id=f"{cmd}-{kind}")
         for kind in ("out_under_a_file", "out_is_data", "out_is_model", "out_inside_model", "out_is_subspace"):
             if kind in ("out_is_model", "out_inside_model") and cmd not in MODEL_CMDS:
                 continue
@@ -239,6 +247,12 @@ def sweep_argv(cmd: str, kind: str, w: dict) -> tuple[list[str], Path | None]:
         data = w[kind]
     elif kind == "out_under_a_file":
         out = w["file"] / "x"
+    elif kind == "out_is_a_device":
+        out = w["IN"] / "a_fifo"
+    elif kind == "out_is_a_user_dir":
+        out = w["IN"] / "user_dir"
+    elif kind == "out_is_a_user_file":
+        out = w["file"]
     elif kind == "out_is_data":
         out = Path(w["data"])
     elif kind == "out_is_model":

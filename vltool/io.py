@@ -345,6 +345,7 @@ def check_output(
     *,
     related: Sequence[str] = (),
     lock: bool | None = None,
+    kind: str = "dir",
 ) -> Path:
     """Refuse a bad output before any work, and (inside an output_scope) lock it for the command.
 
@@ -353,6 +354,10 @@ def check_output(
     output whose directory cannot be written (a file on the way, read-only, no permission), and an existing
     output without `overwrite`. `related` are the names of other files written beside `out` (stale
     temporaries of theirs are cleaned too); `lock` (default: the main process) takes the lock.
+
+    `kind` is what the command writes at `out`: a directory ("dir") or a file ("file"). Refused always, as
+    nothing vltool writes could replace it: a device, pipe or socket (`--out /dev/null`), and for a
+    directory output an existing file or a non-empty directory vltool did not write (`--out ~`).
     """
     out = Path(out).expanduser()
     for inp in inputs:
@@ -366,11 +371,42 @@ def check_output(
     if resolved == ASSETS or ASSETS in resolved.parents:
         raise UsageError(f"--out {out} is inside vltool's built-in data; choose another --out")
     check_writable(out)
+    not_ours = _not_replaceable(out, kind)
+    if not_ours:
+        raise UsageError(f"--out {out} {not_ours}; vltool replaces only what it wrote (even with --overwrite): choose another --out")
     if out.exists() and not overwrite:
         raise UsageError(f"{out} exists; pass --overwrite to replace it")
     if _SCOPES and (lock if lock is not None else is_main_process()):
         hold_output_lock(out, related=related)
     return out
+
+
+# What marks a directory as an output of vltool (or a dataset, which vltool reads and writes alike).
+OUTPUT_MARKS = (C.PROVENANCE_FILE, "state.json", "dataset_dict.json", "run.json")
+
+
+def _not_replaceable(out: Path, kind: str) -> str | None:
+    """Why an existing `out` may not be replaced by a `kind` output ("dir" or "file"), or None."""
+    import stat
+
+    try:
+        mode = os.stat(out).st_mode  # (through a symlink: what it points to)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return f"cannot be inspected ({e.strerror})"
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        return "is a device, pipe or socket, not a file or directory"
+    if kind == "dir" and stat.S_ISREG(mode):
+        return "is an existing file, not an output directory"
+    if kind == "dir" and stat.S_ISDIR(mode):
+        try:
+            entries = os.listdir(out)
+        except OSError as e:
+            return f"cannot be listed ({e.strerror})"
+        if entries and not any(m in entries for m in OUTPUT_MARKS):
+            return f"is a directory vltool did not write (no {C.PROVENANCE_FILE}; it holds {len(entries)} entries)"
+    return None
 
 
 def check_writable(out: Path | str) -> None:
@@ -620,6 +656,8 @@ def atomic_output(out: Path | str, overwrite: bool = False) -> Iterator[Path]:
 def replace_path(src: Path, out: Path, overwrite: bool) -> None:
     """Rename `src` onto `out`; an existing `out` is moved aside first and removed after."""
     if out.exists() or out.is_symlink():
+        if out.exists() and not (out.is_dir() or out.is_file()):  # a device or pipe (/dev/null) is never replaced
+            raise UsageError(f"{out} is a device, pipe or socket; vltool replaces only what it wrote")
         if not overwrite:
             shutil.rmtree(src, ignore_errors=True) if src.is_dir() else src.unlink(missing_ok=True)
             raise UsageError(f"{out} exists; pass --overwrite to replace it")

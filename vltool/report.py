@@ -550,8 +550,8 @@ def check_report_out(runs_dir: str | Path, out_stem: str | Path) -> Path:
     runs = [d for seeds in find_runs(Path(runs_dir)).values() for d in seeds.values()] if Path(runs_dir).is_dir() else []
     names = [stem.name + ext for ext in (".json", ".md", ".png")]
     for name in names:
-        check_output(stem.with_name(name), True, inputs=runs, lock=False)
-    return check_output(stem, True, inputs=runs, related=names)
+        check_output(stem.with_name(name), True, inputs=runs, lock=False, kind="file")
+    return check_output(stem, True, inputs=runs, related=names, kind="file")
 
 
 def write_report(report: dict, out_stem: str | Path, *, chart: bool = True, overwrite: bool = True) -> dict[str, str]:

@@ -678,3 +678,27 @@ def test_quickstart_leaves_the_tracked_results_alone_unless_published(tmp_path):
 def test_a_bad_command_line_is_one_line_too(cli, argv, says):
     line = one_error(cli(*argv), 2)
     assert says in line and "--help`" in line
+
+
+def test_a_second_pretrain_into_a_run_being_written_is_refused(tmp_path, pairs, cli):
+    """Two `pretrain --overwrite` into one RUN used to both run and log every step twice; `--resume` of a
+    run another process is writing is refused alike."""
+    from vltool.pretrain import pretrain
+
+    run = tmp_path / "run"
+    pretrain([pairs], run, _micro(steps=4), stop_after_steps=2, progress=False)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(run)], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        before = tree_hash(tmp_path)
+        for argv in (["pretrain", pairs, "--out", run, "--overwrite", "--arch", "vltool-micro", "--steps", "4"],
+                     ["pretrain", "--resume", run]):
+            assert "is being written by another vltool process" in one_error(cli(*argv, "--no-progress"), 1)
+        assert tree_hash(tmp_path) == before
+    finally:
+        holder.kill()
+        holder.wait()
+    r = cli("pretrain", "--resume", run, "--no-progress")
+    assert r.exit_code == 0, r.stderr
+    assert [m["step"] for m in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if m["kind"] == "train"] == [1, 2, 3, 4]

@@ -365,11 +365,22 @@ def test_out_may_not_replace_a_secondary_input(world, cli, cmd, option):
 
 
 def test_import_never_replaces_the_folder_of_its_images(world, cli, tmp_path):
-    """`import train.csv --out photos/ --overwrite` used to delete photos/, files the CSV never listed too."""
+    """`import train.csv --out photos/ --overwrite` used to delete photos/, files the CSV never listed too.
+    A folder of the user's is refused as not vltool's; one vltool wrote (an `export --to csv` output,
+    whose CSV lists the images inside it) is refused because the import reads its images."""
     before = tree_hash(world["IN"])
     line = one_error(cli("import", world["csv"], "--out", world["photos"], "--overwrite", "--no-progress"), 2)
-    assert "holds the images this import reads" in line
+    assert "vltool did not write" in line
     assert (world["photos"] / "unlisted.png").is_file() and tree_hash(world["IN"]) == before
+    r = cli("export", world["data"], "--to", "csv", "--out", tmp_path / "exported", "--no-progress")
+    assert r.exit_code == 0, r.stderr
+    (tmp_path / "exported" / "mine.txt").write_text("a file the CSV does not list\n")
+    before = tree_hash(tmp_path / "exported")
+    import shutil
+
+    shutil.copy(tmp_path / "exported" / "data.csv", tmp_path / "list.csv")  # (absolute paths into exported/)
+    line = one_error(cli("import", tmp_path / "list.csv", "--out", tmp_path / "exported", "--overwrite", "--no-progress"), 2)
+    assert "holds the images this import reads" in line and tree_hash(tmp_path / "exported") == before
     r = cli("import", world["csv"], "--out", tmp_path / "imported", "--no-progress")
     assert r.exit_code == 0, r.stderr
 

@@ -713,3 +713,14 @@ def test_a_second_pretrain_into_a_run_being_written_is_refused(tmp_path, pairs, 
     r = cli("pretrain", "--resume", run, "--no-progress")
     assert r.exit_code == 0, r.stderr
     assert [m["step"] for m in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if m["kind"] == "train"] == [1, 2, 3, 4]
+
+
+def test_recaption_skips_and_counts_bad_images(world, cli, captioners, tmp_path):
+    """One corrupt image used to end the whole run ("cannot identify image file <_io.BytesIO ...>"); it is
+    a bad image like in every other command: skipped, counted, its row gets no new caption."""
+    bad = make_colors(tmp_path / "bad", per_class=1, bad_rows=(1, 4))
+    r = cli("recaption", bad, "--out", tmp_path / "o", "--model", captioners["blip"], "--num-captions", "1", "--no-progress")
+    assert r.exit_code == 0, r.stderr
+    assert "warning: 2 images could not be decoded" in r.stderr
+    stats = json.loads((tmp_path / "o" / "vltool.json").read_text())["stats"]
+    assert stats["rows_with_new_captions"] == 4 and stats["bad_images_this_run_process_0"] == 2

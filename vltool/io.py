@@ -768,3 +768,18 @@ def decode_image(value):
     except Exception:
         return None
 
+
+
+def require_a_decodable_image(ds, column: str, what: str) -> None:
+    """An error before any work when not one image of `column` decodes (every image corrupt, missing or
+    too large). Cheap when the data are fine: the scan stops at the first image that decodes."""
+    import datasets
+
+    from vltool.checks import require_decoded
+
+    if isinstance(ds.features[column], datasets.Image) and ds.features[column].decode:
+        ds = ds.cast_column(column, datasets.Image(decode=False))
+    for lo in range(0, len(ds), 256):
+        if any(decode_image(v) is not None for v in ds[lo : lo + 256][column]):
+            return
+    require_decoded([True] * len(ds), what)

@@ -444,7 +444,9 @@ def _load_data(spec: RunSpec, config: PretrainConfig, run_dir: Path, overwrite: 
         train = load_train_data(spec.data, config, spec.where, spec.split)
     evald = load_train_data(spec.eval_data, config, spec.eval_where, None, what="--eval-data") if spec.eval_data else None
     if evald is not None:
-        _require_a_decodable_image(evald)
+        from vltool.io import require_a_decodable_image
+
+        require_a_decodable_image(evald.dataset, C.IMAGE, "--eval-data " + ", ".join(s.spec for s in evald.inputs))
         overlap = set(train.ids) & set(evald.ids)
         if overlap:
             raise UsageError(
@@ -466,19 +468,6 @@ def _load_data(spec: RunSpec, config: PretrainConfig, run_dir: Path, overwrite: 
     inputs = [s.path for s in train.inputs] + ([s.path for s in evald.inputs] if evald else []) + model_inputs(config.init)
     check_output(final, overwrite, inputs=inputs, lock=is_main())
     return train, evald
-
-
-def _require_a_decodable_image(evald: TrainData) -> None:
-    """--eval-data is evaluated during and after training: refuse it before the training when not one of
-    its images decodes (the scan stops at the first that does)."""
-    from vltool.checks import require_decoded
-    from vltool.io import decode_image
-
-    ds = evald.dataset  # (images undecoded: {bytes, path})
-    for lo in range(0, len(ds), 256):
-        if any(decode_image(v) is not None for v in ds[lo : lo + 256][C.IMAGE]):
-            return
-    require_decoded([True] * len(ds), "--eval-data " + ", ".join(s.spec for s in evald.inputs))
 
 
 def _start_run_dir(run: RunState) -> None:

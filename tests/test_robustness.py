@@ -724,3 +724,25 @@ def test_recaption_skips_and_counts_bad_images(world, cli, captioners, tmp_path)
     assert "warning: 2 images could not be decoded" in r.stderr
     stats = json.loads((tmp_path / "o" / "vltool.json").read_text())["stats"]
     assert stats["rows_with_new_captions"] == 4 and stats["bad_images_this_run_process_0"] == 2
+
+
+def test_list_and_string_text_columns_are_told_apart(world, cli, tmp_path):
+    """A `captions` column must hold lists of strings where lists are read (pick-caption, recaption's
+    existing captions, pretrain --caption-sampling); ints were a misleading "no row is left", a string
+    column an ArrowTypeError after recaption's work."""
+    import datasets
+
+    ds = datasets.load_from_disk(world["data"])
+    n = len(ds)
+    ds.remove_columns(["captions"]).add_column("captions", [[i] for i in range(n)], feature=datasets.List(datasets.Value("int64"))) \
+        .save_to_disk(str(tmp_path / "ints"))
+    ds.remove_columns(["captions"]).add_column("captions", ["one text"] * n, feature=datasets.Value("string")) \
+        .save_to_disk(str(tmp_path / "strs"))
+    line = one_error(cli("pick-caption", tmp_path / "ints", "--out", tmp_path / "o1", "--no-progress"), 2)
+    assert "--from 'captions'" in line and "lists of strings, not lists of int64" in line
+    line = one_error(cli("pretrain", tmp_path / "strs", "--out", tmp_path / "o2", "--arch", "vltool-micro", "--steps", "1",
+                         "--caption-sampling", "random", "--no-progress"), 2)
+    assert "one string per row, not lists of strings" in line
+    line = one_error(cli("pretrain", world["data"], "--out", tmp_path / "o3", "--arch", "vltool-micro", "--steps", "1",
+                         "--text-column", "captions", "--no-progress"), 2)
+    assert "holds lists of texts" in line and "--caption-sampling" in line

@@ -48,24 +48,31 @@ def _list_inner(feature):
     return None
 
 
-def text_column(ds, column: str, what: str, *, option: str = "--text-column", allow_list: bool = False) -> bool:
-    """Check that `column` of `ds` holds text: one string per row, or (allow_list) a list of strings.
+def text_column(ds, column: str, what: str, *, option: str = "--text-column", allow_list: bool = False,
+                list_only: bool = False, hint: str = "") -> bool:
+    """Check that `column` of `ds` holds text: one string per row, or (allow_list) a list of strings, or
+    (list_only) only lists of strings.
 
     Returns True for a list column. Bytes are refused (decode them to UTF-8 strings first): a caption is
-    never written as b'...'. `what` names the dataset in the message.
+    never written as b'...'. `what` names the dataset in the message; `hint` ends it (how to fix it).
     """
     if column not in ds.column_names:
         raise UsageError(f"{what!r} has no column {column!r} (it has: {', '.join(ds.column_names)})")
     feature = ds.features[column]
-    if _is_string(feature):
-        return False
     inner = _list_inner(feature)
-    if allow_list and inner is not None and _is_string(inner):
-        return True
-    kinds = "text (strings, or lists of strings)" if allow_list else "text (one string per row)"
+    if _is_string(feature):
+        if list_only:
+            raise UsageError(f"{option} {column!r} of {what!r} holds one string per row, not lists of strings{hint}")
+        return False
+    if inner is not None and _is_string(inner):
+        if allow_list or list_only:
+            return True
+        raise UsageError(f"{option} {column!r} of {what!r} holds lists of texts, not one string per row{hint}")
+    kinds = ("lists of strings" if list_only else "text (strings, or lists of strings)" if allow_list
+             else "text (one string per row)")
     if _is_bytes(feature) or (inner is not None and _is_bytes(inner)):
         raise UsageError(f"{option} {column!r} of {what!r} holds bytes, not {kinds}; decode it to UTF-8 strings first")
-    raise UsageError(f"{option} {column!r} of {what!r} is not a text column: it must hold {kinds}, not {_describe(feature)}")
+    raise UsageError(f"{option} {column!r} of {what!r} is not a text column: it must hold {kinds}, not {_describe(feature)}{hint}")
 
 
 def image_column(ds, column: str, what: str) -> None:

@@ -868,7 +868,7 @@ def recaption(
     # the existing texts the new captions join (checked before the work, not when writing after it)
     for column, lists in ((C.CAPTION, False), (C.CAPTIONS, True)):
         if column in src.dataset.column_names and (column != input_column or not config.paraphrase):
-            text_column(src.dataset, column, data, option="the existing text column", allow_list=lists)
+            text_column(src.dataset, column, data, option="the existing text column", list_only=lists)
     out = check_output(out, overwrite, inputs=[src.path, *[Path(f) for f in (config.model, config.lm, config.examples) if f]])
     if not config.paraphrase:
         from vltool.io import require_a_decodable_image

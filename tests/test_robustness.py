@@ -177,7 +177,7 @@ def cases():
         for cmd in cmds:
             yield pytest.param(cmd, kind, id=f"{cmd}-{kind}")
     for cmd in WRITERS:
-        for kind in ("out_is_a_device", "out_is_a_user_dir", "out_is_a_user_file"):
+        for kind in ("out_is_empty", "out_is_a_device", "out_is_a_user_dir", "out_is_a_user_file"):
             if kind == "out_is_a_user_file" and cmd in FILE_OUTPUTS:
                 continue  # a results JSON replaces the file the user named with --overwrite
             yield pytest.param(cmd, kind, id=f"{cmd}-{kind}")
@@ -197,10 +197,10 @@ def cases():
     yield pytest.param("zeroshot", "subspace_corrupt", id="zeroshot-subspace_corrupt")
     yield pytest.param("pretrain", "resume_corrupt", id="pretrain-resume_corrupt")
     yield pytest.param("pretrain", "resume_not_a_run", id="pretrain-resume_not_a_run")
-    for kind in ("missing", "empty", "files_missing", "captions_empty", "wrong_format", "out_under_a_file", "out_is_csv", "out_is_photos",
+    for kind in ("missing", "empty", "files_missing", "captions_empty", "wrong_format", "out_is_empty", "out_under_a_file", "out_is_csv", "out_is_photos",
                  "out_contains_csv"):
         yield pytest.param("import", kind, id=f"import-{kind}")
-    for kind in ("missing", "empty", "out_under_a_file", "out_inside_runs"):
+    for kind in ("missing", "empty", "out_is_empty", "out_under_a_file", "out_inside_runs"):
         yield pytest.param("report", kind, id=f"report-{kind}")
     for kind in ("not_a_dataset",):
         yield pytest.param("info", kind, id=f"info-{kind}")
@@ -218,6 +218,8 @@ def sweep_argv(cmd: str, kind: str, w: dict) -> tuple[list[str], Path | None]:
             src = str(w["IN"] / "header_only.csv")
         elif kind in ("files_missing", "captions_empty"):
             src = str(w["IN"] / f"{kind}.csv")
+        elif kind == "out_is_empty":
+            out = ""
         elif kind == "out_under_a_file":
             out = w["file"] / "x"
         elif kind == "out_is_csv":
@@ -234,6 +236,8 @@ def sweep_argv(cmd: str, kind: str, w: dict) -> tuple[list[str], Path | None]:
             src = w["IN"] / "no_runs"
         elif kind == "empty":
             src = w["IN"] / "empty_runs"
+        elif kind == "out_is_empty":
+            out = ""
         elif kind == "out_under_a_file":
             out = w["file"] / "x"
         elif kind == "out_inside_runs":
@@ -247,6 +251,8 @@ def sweep_argv(cmd: str, kind: str, w: dict) -> tuple[list[str], Path | None]:
         data = w[kind]
     elif kind == "out_under_a_file":
         out = w["file"] / "x"
+    elif kind == "out_is_empty":
+        out = ""  # what a script passes when its variable is unset: `--out "$OUT"`
     elif kind == "out_is_a_device":
         out = w["IN"] / "a_fifo"
     elif kind == "out_is_a_user_dir":

@@ -359,7 +359,7 @@ def check_output(
     nothing vltool writes could replace it: a device, pipe or socket (`--out /dev/null`), and for a
     directory output an existing file or a non-empty directory vltool did not write (`--out ~`).
     """
-    out = Path(out).expanduser()
+    out = require_output_name(out)
     for inp in inputs:
         if inp is None or not str(inp).strip():
             continue
@@ -407,6 +407,15 @@ def _not_replaceable(out: Path, kind: str) -> str | None:
         if entries and not any(m in entries for m in OUTPUT_MARKS):
             return f"is a directory vltool did not write (no {C.PROVENANCE_FILE}; it holds {len(entries)} entries)"
     return None
+
+
+def require_output_name(out: Path | str) -> Path:
+    """`out`, or an error when it names no new file or directory: "" (which arrives as "."), ".", "..", "/"."""
+    out = Path(out).expanduser()
+    if out.name in ("", ".", ".."):
+        raise UsageError(f"--out {str(out)!r} names no new file or directory (the current, a parent or the root directory); "
+                         "give a name, e.g. --out results/NAME")
+    return out
 
 
 def check_writable(out: Path | str) -> None:

@@ -109,7 +109,10 @@ def world(tmp_path_factory):
     w["runs"] = inp / "runs"
     (inp / "empty_runs").mkdir()
     (inp / "a_file").write_text("not a directory\n")
-    os.mkfifo(inp / "a_fifo")  # stands for /dev/null and other special files
+    import socket
+
+    with socket.socket(socket.AF_UNIX) as sock:  # a special file standing for /dev/null (a socket, not a fifo:
+        sock.bind(str(inp / "a_socket"))          # a regression that opens it fails at once instead of blocking)
     (inp / "user_dir" / "docs").mkdir(parents=True)  # a directory of the user's (stands for ~)
     (inp / "user_dir" / "docs" / "thesis.tex").write_text("precious\n")
     w["file"] = inp / "a_file"
@@ -254,7 +257,7 @@ def sweep_argv(cmd: str, kind: str, w: dict) -> tuple[list[str], Path | None]:
     elif kind == "out_is_empty":
         out = ""  # what a script passes when its variable is unset: `--out "$OUT"`
     elif kind == "out_is_a_device":
-        out = w["IN"] / "a_fifo"
+        out = w["IN"] / "a_socket"
     elif kind == "out_is_a_user_dir":
         out = w["IN"] / "user_dir"
     elif kind == "out_is_a_user_file":

@@ -323,7 +323,13 @@ def captioners(world):
 
 
 @pytest.mark.parametrize("cmd,kind", list(cases()))
-def test_bad_input_sweep(world, cli, request, cmd, kind):
+def test_bad_input_sweep(world, cli, request, monkeypatch, cmd, kind):
+    # Each case runs in a scratch working directory: `--out ""` means the current directory, which the old
+    # code replaced (it emptied the directory the tests ran in); a sentinel file there must survive.
+    cwd = world["root"] / "cwd"
+    cwd.mkdir(exist_ok=True)
+    (cwd / "sentinel").write_text("the user's\n")
+    monkeypatch.chdir(cwd)
     w = world
     if cmd == "recaption":  # captioning images with BLIP, or (text kinds) paraphrasing captions with GPT-2
         models = request.getfixturevalue("captioners")
@@ -339,6 +345,7 @@ def test_bad_input_sweep(world, cli, request, cmd, kind):
     assert "Traceback" not in r.stderr + r.stdout and "internal error" not in r.stderr, r.stderr
     assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
     assert tree_hash(world["IN"]) == before, "an input changed"
+    assert (cwd / "sentinel").read_text() == "the user's\n", "the working directory was replaced"
     if fresh is not None:
         assert not fresh.exists(), f"{fresh} was written"
     assert time.time() - t < 30

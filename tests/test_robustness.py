@@ -472,6 +472,7 @@ def test_a_second_writer_gets_one_line_and_stale_temporaries_go(world, cli, tmp_
         holder.wait()
     r = cli("deform", world["data"], "--out", out, "--no-progress")
     assert r.exit_code == 0, r.stderr
+    assert "warning: removed what 2 killed or stopped write(s)" in r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 

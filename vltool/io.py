@@ -508,7 +508,12 @@ def hold_output_lock(out: Path | str, *, related: Sequence[str] = (), keep: Sequ
     _make_parents(out)
     lk = _acquire(out)
     _SCOPES[-1]["locks"].append(lk)
-    clean_stale(out, related=related, keep=keep)
+    removed = clean_stale(out, related=related, keep=keep)
+    if removed:
+        from vltool.topology import warn
+
+        shown = ", ".join(p.name for p in removed[:3]) + (", ..." if len(removed) > 3 else "")
+        warn(f"removed what {len(removed)} killed or stopped write(s) of {out} left beside it ({shown})")
 
 
 def _make_parents(out: Path) -> None:

@@ -763,3 +763,11 @@ def test_list_and_string_text_columns_are_told_apart(world, cli, tmp_path):
     line = one_error(cli("pretrain", world["data"], "--out", tmp_path / "o3", "--arch", "vltool-micro", "--steps", "1",
                          "--text-column", "captions", "--no-progress"), 2)
     assert "holds lists of texts" in line and "--caption-sampling" in line
+
+
+def test_import_counts_images_over_the_size_limit(world, cli, tmp_path, monkeypatch):
+    from PIL import Image
+
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 50)  # the 8x8 photos (64 pixels) are over it
+    line = one_error(cli("import", world["csv"], "--out", tmp_path / "o", "--no-progress"), 1)
+    assert "'image over the size limit': 4" in line and "DecompressionBombWarning" not in line

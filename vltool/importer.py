@@ -56,6 +56,7 @@ CHUNK_ROWS = 4096  # table rows per unit of work
 MISSING_FILE = "missing file"
 NO_IMAGE = "no image"
 UNDECODABLE = "undecodable image"
+TOO_LARGE = "image over the size limit"  # PIL's MAX_IMAGE_PIXELS (DecompressionBomb): vltool.io.image_size_policy
 EMPTY_CAPTION = "empty caption"
 MISSING_LABEL = "missing label"
 DUPLICATE_ID = "duplicate id"
@@ -338,6 +339,9 @@ def _row(
     try:
         data = prepare_image(image, plan.max_side)
     except Exception as e:  # PIL raises many kinds (OSError, SyntaxError, DecompressionBombError, ...)
+        if type(e).__name__ in ("DecompressionBombWarning", "DecompressionBombError"):
+            skips.add(source, key, TOO_LARGE, " ".join(str(e).split(", could be")[0].split()))
+            return None
         detail = "not a format PIL can read" if type(e).__name__ == "UnidentifiedImageError" else f"{type(e).__name__}: {e}"
         skips.add(source, key, UNDECODABLE, detail)
         return None

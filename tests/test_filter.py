@@ -181,7 +181,7 @@ def test_errors(two_styles, tmp_path):
     src, ref = two_styles
     with pytest.raises(UsageError, match="no column 'text'"):
         run_filter(src, ref, tmp_path / "o", FilterConfig(text_column="text"))
-    with pytest.raises(UsageError, match="not a text column"):
+    with pytest.raises(UsageError, match="holds lists of texts, not one string per row"):
         run_filter(ref, src, tmp_path / "o", FilterConfig(text_column="captions", reference_column="caption"))
     with pytest.raises(UsageError, match="at least 2"):
         run_filter(src, ref, tmp_path / "o", FilterConfig(), reference_where=["id=r0"])

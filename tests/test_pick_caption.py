@@ -50,6 +50,6 @@ def test_random_pick_depends_on_seed_and_id_only(tmp_path, multi):
 
 def test_cli_errors_on_a_string_column(tmp_path, multi):
     r = CliRunner().invoke(app, ["pick-caption", multi, "--from", "caption", "--out", str(tmp_path / "o")])
-    assert r.exit_code == 2 and "not a list column" in r.output
+    assert r.exit_code == 2 and "holds one string per row, not lists of strings" in r.output
     r = CliRunner().invoke(app, ["pick-caption", multi, "--strategy", "best", "--out", str(tmp_path / "o")])
     assert r.exit_code == 2 and "--strategy" in r.output

@@ -6,13 +6,17 @@ text, and results that would be meaningless (docs/conventions.md, "Bad input").
     clean_text(value) / clean_texts(values)   # None, "" and whitespace are all "no text"
     require_rows(n, "...")                    # an error with the reason when nothing is left to compute on
     finite(x, "...")                          # an error instead of a NaN metric
+    read_json(path, "...")                    # a JSON object a command reads (a model config, run.json):
+                                              # unreadable or malformed is one line, not a traceback
 
 A leaf module: it imports only vltool.errors (and `datasets` inside the functions).
 """
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 from typing import Any, Iterable
 
 from vltool.errors import UsageError, VltoolError
@@ -44,24 +48,31 @@ def _list_inner(feature):
     return None
 
 
-def text_column(ds, column: str, what: str, *, option: str = "--text-column", allow_list: bool = False) -> bool:
-    """Check that `column` of `ds` holds text: one string per row, or (allow_list) a list of strings.
+def text_column(ds, column: str, what: str, *, option: str = "--text-column", allow_list: bool = False,
+                list_only: bool = False, hint: str = "") -> bool:
+    """Check that `column` of `ds` holds text: one string per row, or (allow_list) a list of strings, or
+    (list_only) only lists of strings.
 
     Returns True for a list column. Bytes are refused (decode them to UTF-8 strings first): a caption is
-    never written as b'...'. `what` names the dataset in the message.
+    never written as b'...'. `what` names the dataset in the message; `hint` ends it (how to fix it).
     """
     if column not in ds.column_names:
         raise UsageError(f"{what!r} has no column {column!r} (it has: {', '.join(ds.column_names)})")
     feature = ds.features[column]
-    if _is_string(feature):
-        return False
     inner = _list_inner(feature)
-    if allow_list and inner is not None and _is_string(inner):
-        return True
-    kinds = "text (strings, or lists of strings)" if allow_list else "text (one string per row)"
+    if _is_string(feature):
+        if list_only:
+            raise UsageError(f"{option} {column!r} of {what!r} holds one string per row, not lists of strings{hint}")
+        return False
+    if inner is not None and _is_string(inner):
+        if allow_list or list_only:
+            return True
+        raise UsageError(f"{option} {column!r} of {what!r} holds lists of texts, not one string per row{hint}")
+    kinds = ("lists of strings" if list_only else "text (strings, or lists of strings)" if allow_list
+             else "text (one string per row)")
     if _is_bytes(feature) or (inner is not None and _is_bytes(inner)):
         raise UsageError(f"{option} {column!r} of {what!r} holds bytes, not {kinds}; decode it to UTF-8 strings first")
-    raise UsageError(f"{option} {column!r} of {what!r} is not a text column: it must hold {kinds}, not {_describe(feature)}")
+    raise UsageError(f"{option} {column!r} of {what!r} is not a text column: it must hold {kinds}, not {_describe(feature)}{hint}")
 
 
 def image_column(ds, column: str, what: str) -> None:
@@ -142,3 +153,20 @@ def require_decoded(bad, what: str) -> None:
             f"none of the {n} images of {what!r} could be decoded (corrupt, missing files, or over the size limit); "
             "there is nothing to compute on"
         )
+
+
+def read_json(path: Path | str, what: str, error: type[VltoolError] = VltoolError) -> dict:
+    """The JSON object in `path`, or an error naming `what` (e.g. "the model config") when the file cannot
+    be read, is not JSON, or holds something other than an object."""
+    path = Path(path)
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise error(f"{what} {path} does not exist") from None
+    except OSError as e:
+        raise error(f"cannot read {what} {path} ({e.strerror or e})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise error(f"{what} {path} is not valid JSON ({getattr(e, 'msg', e)}); is it damaged?") from None
+    if not isinstance(obj, dict):
+        raise error(f"{what} {path} holds a JSON {type(obj).__name__}, not an object; is it damaged?")
+    return obj

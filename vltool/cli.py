@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from typing import Annotated, Optional
 
 import typer
@@ -77,6 +79,21 @@ class PlainHelpGroup(typer.core.TyperGroup):
     def get_command(self, ctx, cmd_name):
         command = super().get_command(ctx, cmd_name)
         return _markup_escaped(command) if command is not None and self._rich() else command
+
+    def invoke(self, ctx):
+        """A bad command line (an unknown option, a value out of range, a missing argument) is one line on
+        stderr, exit 2, as every other usage error is (docs/conventions.md, "Output and errors")."""
+        exceptions = getattr(typer.core, "_click", None)  # typer >= 0.24 carries its own click
+        exceptions = exceptions.exceptions if exceptions is not None else __import__("click").exceptions
+        try:
+            return super().invoke(ctx)
+        except exceptions.NoArgsIsHelpError:
+            raise
+        except exceptions.UsageError as e:
+            where = e.ctx.command_path if e.ctx is not None else ctx.command_path
+            message = " ".join(e.format_message().split())
+            print(f"error: {message} (see `{where} --help`)", file=sys.stderr)
+            raise typer.Exit(e.exit_code) from None
 
 
 app = typer.Typer(

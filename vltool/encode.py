@@ -109,8 +109,10 @@ class LazyModel:
         self._loaded = None
         self.model_dir = Path(model_dir)
         self.source = str(self.model_dir)
+        from vltool.checks import read_json
+
+        self.config = read_json(self.model_dir / CONFIG_FILE, "the model config")
         config_bytes = (self.model_dir / CONFIG_FILE).read_bytes()
-        self.config = json.loads(config_bytes)
         h = hashlib.sha256(config_bytes)
         with open(self.model_dir / WEIGHTS_FILE, "rb") as f:
             for chunk in iter(lambda: f.read(2**22), b""):

@@ -92,7 +92,9 @@ def check_out(out: str | Path | None, overwrite: bool, inputs: Sequence[Path], c
 
     if config is not None:
         inputs = [*inputs, *model_inputs(config.model, config.pretrained), *([Path(config.debias)] if config.debias else [])]
-    p = check_output(out, overwrite, inputs, related=[examples_path(Path(out).expanduser()).name])
+    from vltool.io import require_output_name
+
+    p = check_output(out, overwrite, inputs, related=[examples_path(require_output_name(out)).name], kind="file")
     if p.is_dir():
         raise UsageError(f"--out {p} is a directory; give a file name such as results.json")
     ex = examples_path(p)

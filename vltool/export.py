@@ -155,8 +155,9 @@ def _write_shard(shard: tuple[int, int, int]) -> dict:
                     continue
                 try:
                     img, changed = encode_image(data, config.image_format, config.jpeg_quality)
-                except Exception:  # PIL raises many kinds
-                    skipped["undecodable image"] += 1
+                except Exception as e:  # PIL raises many kinds
+                    too_large = type(e).__name__ in ("DecompressionBombWarning", "DecompressionBombError")
+                    skipped["image over the size limit" if too_large else "undecodable image"] += 1
                     continue
                 reencoded += changed
                 if tar is not None:

@@ -346,9 +346,10 @@ class Scorer:
 
 
 def train_classifier(
-    ref_texts: Sequence[str], src_texts: Sequence[str], config: FilterConfig, log=None
+    ref_texts: Sequence[str], src_texts: Sequence[str], config: FilterConfig, log=None, bar=None
 ) -> tuple[Classifier, dict]:
-    """Fit the classifier on reference (label 1) and source (label 0) texts; classes weigh equally."""
+    """Fit the classifier on reference (label 1) and source (label 0) texts; classes weigh equally.
+    `bar` (a vltool.console.Bar) advances by one per training step."""
     import torch
 
     ids_r, off_r = featurize(ref_texts, config.buckets, config.ngrams)
@@ -364,14 +365,20 @@ def train_classifier(
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # steps are tiny sparse updates: more threads only add synchronisation
     try:
-        model, stats = _train(ids.astype(np.int64), offsets, y, w, len(vocab), config, log)
+        model, stats = _train(ids.astype(np.int64), offsets, y, w, len(vocab), config, log, bar)
     finally:
         torch.set_num_threads(threads)
     return Classifier(model, vocab, config.buckets, config.ngrams), {"known_buckets": int(len(vocab)), **stats}
 
 
+def training_steps(n: int, config: FilterConfig) -> int:
+    """The optimizer steps of one classifier trained on `n` texts."""
+    steps_per_epoch = -(-n // config.batch_size)
+    return steps_per_epoch * max(config.epochs, -(-config.min_steps // steps_per_epoch))
+
+
 def _train(ids: np.ndarray, offsets: np.ndarray, y: np.ndarray, w: np.ndarray, rows: int, config: FilterConfig,
-           log):
+           log, bar=None):
     import torch
 
     n = len(y)
@@ -421,9 +428,13 @@ def _train(ids: np.ndarray, offsets: np.ndarray, y: np.ndarray, w: np.ndarray, r
                 opt.step()
             epoch_loss += loss.item() * len(rows)
             step += 1
+            if bar is not None and step % 50 == 0:
+                bar.advance(50)
         losses.append(round(epoch_loss / n, 5))
         if log and (epoch + 1) % max(1, epochs // 5) == 0:
             log(f"filter: epoch {epoch + 1}/{epochs}: training loss {losses[-1]:.4f}")
+    if bar is not None:
+        bar.advance(step % 50)
     model.eval()
     every = max(1, epochs // 10)
     return model, {"epochs_run": epochs, "train_steps": total_steps,
@@ -563,11 +574,15 @@ def filter_dataset(ds, ref_texts, config: FilterConfig, *, log=None) -> tuple[ob
     scores = np.empty(n_src, dtype=np.float64)
     held_ref, held_src, scorers, fold_stats = [], [], [], []
     train_s = score_s = 0.0
+    from vltool.console import Bar
+
+    steps = sum(training_steps(int((part_s != f).sum() + (part_r != f).sum()), config) for f in range(config.folds))
+    bar = Bar("filter: training", steps, unit="steps", enabled=log is not None)
     for f in range(config.folds):
         tr_s, ho_s = np.flatnonzero(part_s != f), np.flatnonzero(part_s == f)
         tr_r, ho_r = np.flatnonzero(part_r != f), np.flatnonzero(part_r == f)
         t0 = time.perf_counter()
-        clf, st = train_classifier(take(ref_arr, tr_r), take(src_arr, tr_s), config)
+        clf, st = train_classifier(take(ref_arr, tr_r), take(src_arr, tr_s), config, bar=bar)
         train_s += time.perf_counter() - t0
         if log:
             log(f"filter: classifier {f + 1}/{config.folds}: trained on {len(tr_s):,} source and {len(tr_r):,} "
@@ -583,6 +598,7 @@ def filter_dataset(ds, ref_texts, config: FilterConfig, *, log=None) -> tuple[ob
         held_ref.append(scorer.scores(take(ref_arr, ho_r)))
         scorers.append(scorer)
         fold_stats.append({"train_source_rows": int(len(tr_s)), "train_reference_captions": int(len(tr_r)), **st})
+    bar.close()
     metrics = heldout_metrics(np.concatenate(held_ref), np.concatenate(held_src), config.seed)
     mean_scorer = Scorer(np.mean([x.table for x in scorers], axis=0), np.max([x.seen for x in scorers], axis=0),
                          float(np.mean([x.bias for x in scorers])), config.buckets, config.ngrams)

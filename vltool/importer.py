@@ -35,6 +35,7 @@ import shutil
 import tarfile
 import uuid
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -60,6 +61,7 @@ CHUNK_ROWS = 4096  # table rows per unit of work
 MISSING_FILE = "missing file"
 NO_IMAGE = "no image"
 UNDECODABLE = "undecodable image"
+TOO_LARGE = "image over the size limit"  # PIL's MAX_IMAGE_PIXELS (DecompressionBomb): vltool.io.image_size_policy
 EMPTY_CAPTION = "empty caption"
 MISSING_LABEL = "missing label"
 DUPLICATE_ID = "duplicate id"
@@ -348,6 +350,9 @@ def _row(
     try:
         data = prepare_image(image, plan.max_side)
     except Exception as e:  # PIL raises many kinds (OSError, SyntaxError, DecompressionBombError, ...)
+        if type(e).__name__ in ("DecompressionBombWarning", "DecompressionBombError"):
+            skips.add(source, key, TOO_LARGE, " ".join(str(e).split(", could be")[0].split()))
+            return None
         detail = "not a format PIL can read" if type(e).__name__ == "UnidentifiedImageError" else f"{type(e).__name__}: {e}"
         skips.add(source, key, UNDECODABLE, detail)
         return None
@@ -868,6 +873,18 @@ def _plan_parquet_shards(files: Sequence[Path], config: ImportConfig) -> tuple[l
     return units, used, labels
 
 
+@contextmanager
+def _reading(fmt: str, files) -> Iterator[None]:
+    """Arrow's errors reading a source (a CSV given as --format parquet, a damaged file) as one line."""
+    import pyarrow as pa
+
+    try:
+        yield
+    except pa.ArrowException as e:
+        shown = ", ".join(str(f) for f in list(files)[:3]) + (", ..." if len(files) > 3 else "")
+        raise VltoolError(f"cannot read {shown} as {fmt}: {' '.join(str(e).split())}") from None
+
+
 def _parquet_has_image_bytes(path: Path, config: ImportConfig) -> bool:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -1000,44 +1017,45 @@ def import_data(sources: Sequence[str] | str, out, config: ImportConfig, *, over
         skip_dir.mkdir()
         plan = _Plan(kind="rows", skip_dir=str(skip_dir), max_side=config.max_side, multi=False, label_names=None,
                      extras=list(config.extra_columns))
-        if fmt == "webdataset":
-            units = [(i, str(p)) for i, p in enumerate(files)]
-            plan.kind = "webdataset"
-            plan.image_column, plan.caption_column = config.image_column, config.caption_column
-            plan.multi = _peek_webdataset_captions(files[0])
-        elif fmt == "parquet" and _parquet_has_image_bytes(files[0], config):
-            units, used, labels = _plan_parquet_shards(files, config)
-            plan.kind = "parquet"
-            plan.image_column, plan.caption_column = used["image_column"], used["caption_column"]
-            plan.id_column, plan.label_column = used["id_column"], used["label_column"]
-            if used["label_column"]:
-                plan.label_names = _sort_labels(labels)
-            import pyarrow as pa
-            import pyarrow.parquet as pq
+        with _reading(fmt, files):  # a file that is not what --format says: one line, not a traceback
+            if fmt == "webdataset":
+                units = [(i, str(p)) for i, p in enumerate(files)]
+                plan.kind = "webdataset"
+                plan.image_column, plan.caption_column = config.image_column, config.caption_column
+                plan.multi = _peek_webdataset_captions(files[0])
+            elif fmt == "parquet" and _parquet_has_image_bytes(files[0], config):
+                units, used, labels = _plan_parquet_shards(files, config)
+                plan.kind = "parquet"
+                plan.image_column, plan.caption_column = used["image_column"], used["caption_column"]
+                plan.id_column, plan.label_column = used["id_column"], used["label_column"]
+                if used["label_column"]:
+                    plan.label_names = _sort_labels(labels)
+                import pyarrow as pa
+                import pyarrow.parquet as pq
 
-            cap_type = pq.ParquetFile(files[0]).schema_arrow.field(used["caption_column"]).type
-            plan.multi = pa.types.is_list(cap_type) or pa.types.is_large_list(cap_type)
-            stats.update(used)
-        else:
-            writer = _ChunkWriter(work, config.extra_columns)
-            scan_skips = _Skips(plan, 99_999_999)  # rows the first pass could not read, listed after the others
-            try:
-                if fmt in TABLE_FORMATS:
-                    stats.update(_scan_tables(files, fmt, config, writer, scan_skips))
-                elif fmt == "imagefolder":
-                    found = _scan_imagefolder(files[0], config, writer)
-                    stats.update(classes=len(found["classes"]), ignored_files=found["ignored_files"])
-                    writer.labels = set(found["classes"])
-                    plan.label_names = found["classes"]
-                elif fmt == "coco":
-                    stats.update(_scan_coco(files[0], config, writer))
-            finally:
-                scan_skips.close()
-            units = writer.units
-            plan.multi = writer.multi
-            _check_out_spares_images(out, writer.image_dirs)
-            if plan.label_names is None and (config.label_column is not None):
-                plan.label_names = _sort_labels(writer.labels)
+                cap_type = pq.ParquetFile(files[0]).schema_arrow.field(used["caption_column"]).type
+                plan.multi = pa.types.is_list(cap_type) or pa.types.is_large_list(cap_type)
+                stats.update(used)
+            else:
+                writer = _ChunkWriter(work, config.extra_columns)
+                scan_skips = _Skips(plan, 99_999_999)  # rows the first pass could not read, listed after the others
+                try:
+                    if fmt in TABLE_FORMATS:
+                        stats.update(_scan_tables(files, fmt, config, writer, scan_skips))
+                    elif fmt == "imagefolder":
+                        found = _scan_imagefolder(files[0], config, writer)
+                        stats.update(classes=len(found["classes"]), ignored_files=found["ignored_files"])
+                        writer.labels = set(found["classes"])
+                        plan.label_names = found["classes"]
+                    elif fmt == "coco":
+                        stats.update(_scan_coco(files[0], config, writer))
+                finally:
+                    scan_skips.close()
+                units = writer.units
+                plan.multi = writer.multi
+                _check_out_spares_images(out, writer.image_dirs)
+                if plan.label_names is None and (config.label_column is not None):
+                    plan.label_names = _sort_labels(writer.labels)
         if plan.label_names is not None:
             plan.label_index = {n: i for i, n in enumerate(plan.label_names)}
             stats["classes"] = len(plan.label_names)
@@ -1047,8 +1065,8 @@ def import_data(sources: Sequence[str] | str, out, config: ImportConfig, *, over
             num_proc = min(config.num_proc, len(units))
             from vltool.console import progress_enabled
 
-            if progress_enabled():  # the "Generating train split" bar is the import's progress (--no-progress: none)
-                datasets.enable_progress_bars()
+            # the "Generating train split" bar is the import's progress (--no-progress: none)
+            datasets.enable_progress_bars() if progress_enabled() else datasets.disable_progress_bars()
             try:
                 ds = datasets.Dataset.from_generator(
                     _generate,

@@ -353,6 +353,7 @@ def check_output(
     *,
     related: Sequence[str] = (),
     lock: bool | None = None,
+    kind: str = "dir",
 ) -> Path:
     """Refuse a bad output before any work, and (inside an output_scope) lock it for the command.
 
@@ -361,8 +362,12 @@ def check_output(
     output whose directory cannot be written (a file on the way, read-only, no permission), and an existing
     output without `overwrite`. `related` are the names of other files written beside `out` (stale
     temporaries of theirs are cleaned too); `lock` (default: the main process) takes the lock.
+
+    `kind` is what the command writes at `out`: a directory ("dir") or a file ("file"). Refused always, as
+    nothing vltool writes could replace it: a device, pipe or socket (`--out /dev/null`), and for a
+    directory output an existing file or a non-empty directory vltool did not write (`--out ~`).
     """
-    out = Path(out).expanduser()
+    out = require_output_name(out)
     for inp in inputs:
         if inp is None or not str(inp).strip():
             continue
@@ -374,10 +379,50 @@ def check_output(
     if resolved == ASSETS or ASSETS in resolved.parents:
         raise UsageError(f"--out {out} is inside vltool's built-in data; choose another --out")
     check_writable(out)
+    not_ours = _not_replaceable(out, kind)
+    if not_ours:
+        raise UsageError(f"--out {out} {not_ours}; vltool replaces only what it wrote (even with --overwrite): choose another --out")
     if out.exists() and not overwrite:
         raise UsageError(f"{out} exists; pass --overwrite to replace it")
     if _SCOPES and (lock if lock is not None else is_main_process()):
         hold_output_lock(out, related=related)
+    return out
+
+
+# What marks a directory as an output of vltool (or a dataset, which vltool reads and writes alike).
+OUTPUT_MARKS = (C.PROVENANCE_FILE, "state.json", "dataset_dict.json", "run.json")
+
+
+def _not_replaceable(out: Path, kind: str) -> str | None:
+    """Why an existing `out` may not be replaced by a `kind` output ("dir" or "file"), or None."""
+    import stat
+
+    try:
+        mode = os.stat(out).st_mode  # (through a symlink: what it points to)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return f"cannot be inspected ({e.strerror})"
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        return "is a device, pipe or socket, not a file or directory"
+    if kind == "dir" and stat.S_ISREG(mode):
+        return "is an existing file, not an output directory"
+    if kind == "dir" and stat.S_ISDIR(mode):
+        try:
+            entries = os.listdir(out)
+        except OSError as e:
+            return f"cannot be listed ({e.strerror})"
+        if entries and not any(m in entries for m in OUTPUT_MARKS):
+            return f"is a directory vltool did not write (no {C.PROVENANCE_FILE}; it holds {len(entries)} entries)"
+    return None
+
+
+def require_output_name(out: Path | str) -> Path:
+    """`out`, or an error when it names no new file or directory: "" (which arrives as "."), ".", "..", "/"."""
+    out = Path(out).expanduser()
+    if out.name in ("", ".", ".."):
+        raise UsageError(f"--out {str(out)!r} names no new file or directory (the current, a parent or the root directory); "
+                         "give a name, e.g. --out results/NAME")
     return out
 
 
@@ -471,7 +516,12 @@ def hold_output_lock(out: Path | str, *, related: Sequence[str] = (), keep: Sequ
     _make_parents(out)
     lk = _acquire(out)
     _SCOPES[-1]["locks"].append(lk)
-    clean_stale(out, related=related, keep=keep)
+    removed = clean_stale(out, related=related, keep=keep)
+    if removed:
+        from vltool.topology import warn
+
+        shown = ", ".join(p.name for p in removed[:3]) + (", ..." if len(removed) > 3 else "")
+        warn(f"removed what {len(removed)} killed or stopped write(s) of {out} left beside it ({shown})")
 
 
 def _make_parents(out: Path) -> None:
@@ -628,6 +678,8 @@ def atomic_output(out: Path | str, overwrite: bool = False) -> Iterator[Path]:
 def replace_path(src: Path, out: Path, overwrite: bool) -> None:
     """Rename `src` onto `out`; an existing `out` is moved aside first and removed after."""
     if out.exists() or out.is_symlink():
+        if out.exists() and not (out.is_dir() or out.is_file()):  # a device or pipe (/dev/null) is never replaced
+            raise UsageError(f"{out} is a device, pipe or socket; vltool replaces only what it wrote")
         if not overwrite:
             shutil.rmtree(src, ignore_errors=True) if src.is_dir() else src.unlink(missing_ok=True)
             raise UsageError(f"{out} exists; pass --overwrite to replace it")
@@ -686,7 +738,9 @@ def read_provenance(path: Path | str) -> dict | None:
     f = Path(path) / C.PROVENANCE_FILE
     if not f.is_file():
         return None
-    return json.loads(f.read_text())
+    from vltool.checks import read_json
+
+    return read_json(f, "the provenance record")
 
 
 def default_cache_dir() -> Path:
@@ -695,21 +749,21 @@ def default_cache_dir() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "vltool"
 
 
-_IMAGE_POLICY: list = []
-
-
 def image_size_policy() -> None:
     """vltool's policy on huge images: one over PIL's limit (PIL.Image.MAX_IMAGE_PIXELS, about 89
     megapixels) is a bad image, skipped and counted like an undecodable one, never a raw
-    DecompressionBombWarning. Every reader of images (decode_image, import, export) calls this first."""
-    if _IMAGE_POLICY:
-        return
+    DecompressionBombWarning. Every reader of images (decode_image, import, export) calls this first.
+
+    The rule is put back in front of the warning filters whenever something (a notebook's or a test's
+    warnings.catch_warnings, a library) has replaced or shadowed it."""
     import warnings
 
     from PIL import Image
 
+    first = warnings.filters[0] if warnings.filters else None
+    if first is not None and first[0] == "error" and first[2] is Image.DecompressionBombWarning:
+        return
     warnings.filterwarnings("error", category=Image.DecompressionBombWarning)
-    _IMAGE_POLICY.append(True)
 
 
 def decode_image(value):
@@ -736,3 +790,18 @@ def decode_image(value):
     except Exception:
         return None
 
+
+
+def require_a_decodable_image(ds, column: str, what: str) -> None:
+    """An error before any work when not one image of `column` decodes (every image corrupt, missing or
+    too large). Cheap when the data are fine: the scan stops at the first image that decodes."""
+    import datasets
+
+    from vltool.checks import require_decoded
+
+    if isinstance(ds.features[column], datasets.Image) and ds.features[column].decode:
+        ds = ds.cast_column(column, datasets.Image(decode=False))
+    for lo in range(0, len(ds), 256):
+        if any(decode_image(v) is not None for v in ds[lo : lo + 256][column]):
+            return
+    require_decoded([True] * len(ds), what)

@@ -122,6 +122,7 @@ def mine(
     chunk: int = 2048,
     query_rows: np.ndarray | None = None,
     pair_budget: int = 2_000_000,
+    progress: bool = False,
 ) -> Mined:
     """All positives of M over the whole set.
 
@@ -132,7 +133,10 @@ def mine(
     Memory is bounded by `pair_budget`, not by the data: queries go in blocks of at most `chunk`, made
     smaller when the search hits are many (a weak model puts most pairs near the thresholds), so that a
     block holds about `pair_budget` candidate pairs; their scores are computed in slices of that size.
+    `progress`: a progress bar over the query images on stderr.
     """
+    from vltool.console import Bar
+
     th = thresholds or Thresholds()
     th.validate()
     img = _normalise(img)
@@ -146,6 +150,7 @@ def mine(
     capped = 0
     qrows = np.arange(n) if query_rows is None else np.asarray(query_rows, dtype=np.int64)
     lo, size, blocks, largest = 0, min(chunk, 64), 0, 0  # a small first block measures the hits per query
+    bar = Bar("mining", len(qrows), unit="images", enabled=progress)
     while lo < len(qrows):
         q_idx = qrows[lo : lo + size]  # (B,) global image index of each query
         pq, pj, sc, tm, hits = _mine_block(ctx, q_idx, pair_budget)
@@ -158,9 +163,11 @@ def mine(
             scores.append(sc[a:b])
             terms.append(tm[a:b])
         lo += len(q_idx)
+        bar.advance(len(q_idx))
         blocks, largest = blocks + 1, max(largest, hits)
         per_query = max(hits / max(len(q_idx), 1), 1.0)
         size = int(max(1, min(chunk, pair_budget // per_query)))
+    bar.close()
     return Mined(positives, scores, terms, capped, stats={"blocks": blocks, "largest_block_hits": largest})
 
 
@@ -466,7 +473,7 @@ def mine_positives(data: str, out, config: MinePositivesConfig, *, where=(), spl
         config = dataclasses.replace(config, p_it=calib["suggested"]["p_it"], p_it_tt=calib["suggested"]["p_it_tt"])
     stats["thresholds"] = vars(config.thresholds)
     mined = mine(i_emb, t_emb, owner_arg, config.thresholds, max_positives=config.max_positives,
-                 index=config.index, nprobe=config.nprobe)
+                 index=config.index, nprobe=config.nprobe, progress=True)
     stats.update(summarise(mined, len(rows)))
     if groups is not None:
         stats["groups"] = {"column": config.group_column, **group_agreement(mined, groups)}

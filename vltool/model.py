@@ -1004,10 +1004,9 @@ def _finish(model: TwoTower, tokenizer: Tokenizer, device, source: str) -> Loade
 
 def read_model_dir(model_dir: Path) -> tuple[TwoTower, Tokenizer]:
     """The model and tokenizer of a vltool model directory (on CPU, not yet in eval mode)."""
-    try:
-        config = json.loads((model_dir / CONFIG_FILE).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise VltoolError(f"cannot read {model_dir / CONFIG_FILE}: {e}") from None
+    from vltool.checks import read_json
+
+    config = read_json(model_dir / CONFIG_FILE, "the model config")
     if config.get("format") != FORMAT:
         raise VltoolError(f"{model_dir / CONFIG_FILE} is not a vltool model config (format {config.get('format')!r})")
     if config.get("format_version", 0) > FORMAT_VERSION:
@@ -1060,7 +1059,11 @@ def load_model(spec: str | Path, pretrained: str | Path | None = None, device: s
         cfg_file = path / OPEN_CLIP_CONFIG
         if not cfg_file.is_file():
             raise UsageError(f"{spec_s}: no {OPEN_CLIP_CONFIG} in {path}")
-        oc = json.loads(cfg_file.read_text())
+        from vltool.checks import read_json
+
+        oc = read_json(cfg_file, spec_s + ":")
+        if not isinstance(oc.get("model_cfg"), dict):
+            raise VltoolError(f"{spec_s}: {cfg_file} has no model_cfg object")
         from open_clip.factory import _find_checkpoint_in_dir
 
         ckpt = _find_checkpoint_in_dir(path)

@@ -59,9 +59,9 @@ def pick_caption(data: str, out, config: PickConfig, *, where=(), split_name=Non
     src = load_dataset(data, split=split_name, where=where, required=[C.ID, config.source_column])
     out = check_output(out, overwrite, inputs=[src.path])
     ds = src.dataset
-    feat = ds.features[config.source_column]
-    if not isinstance(feat, (datasets.Sequence, datasets.List)) and not isinstance(feat, list):
-        raise UsageError(f"--from {config.source_column!r} is not a list column ({feat})")
+    from vltool.checks import text_column
+
+    text_column(ds, config.source_column, data, option="--from", list_only=True)
     current = ds[C.CAPTION] if C.CAPTION in ds.column_names else [None] * len(ds)
     picked, keep, dropped = [], [], []
     for i, (rid, texts, cap) in enumerate(zip(ds[C.ID], ds[config.source_column], current)):

@@ -648,8 +648,18 @@ def run_shards(
     stats = {"shards_run": 0, "rows_run": 0, "generate_seconds": 0.0}
     if not todo:
         return stats
+    import datasets
+
+    from vltool.io import decode_image
+
     gen = gen_factory()
     cols = ds.select_columns([C.ID, input_column])
+    # images are decoded here, through the policy every command shares: an undecodable or oversized image
+    # is a bad image, skipped (its row gets no new caption) and counted, never the end of the run
+    images = isinstance(cols.features[input_column], datasets.Image)
+    if images:
+        cols = cols.cast_column(input_column, datasets.Image(decode=False))
+    stats["bad_images"] = 0
     unit = "images" if gen.kind == "captioner" else "captions"
     label = f"{config.mode}" + (f" [process {dist.rank}/{dist.world}]" if dist.world > 1 else "")
     bs = config.batch_size
@@ -666,16 +676,23 @@ def run_shards(
 
                 def load(span):
                     rows = cols[span[0]:span[1]]
-                    keep = [j for j, x in enumerate(rows[input_column]) if _has_input(x)]
-                    items = [rows[input_column][j] for j in keep]
-                    return rows[C.ID], keep, items, (gen.prepare(items) if items else None)
+                    values = rows[input_column]
+                    bad = 0
+                    if images:
+                        decoded = [decode_image(v) if v is not None else None for v in values]
+                        bad = sum(v is not None and d is None for v, d in zip(values, decoded))
+                        values = decoded
+                    keep = [j for j, x in enumerate(values) if _has_input(x)]
+                    items = [values[j] for j in keep]
+                    return rows[C.ID], keep, items, (gen.prepare(items) if items else None), bad
 
                 nxt = pool.submit(load, batches[0])
                 for bi in range(len(batches)):
-                    batch_ids, keep, items, prepared = nxt.result()
+                    batch_ids, keep, items, prepared, bad = nxt.result()
+                    stats["bad_images"] += bad
                     if bi + 1 < len(batches):
                         nxt = pool.submit(load, batches[bi + 1])  # decode the next batch while this one runs
-                    got = gen(items, [batch_ids[j] for j in keep], prepared)
+                    got = gen(items, [batch_ids[j] for j in keep], prepared) if items else []
                     per_row: list[list[str]] = [[] for _ in batch_ids]
                     for j, caps in zip(keep, got):
                         per_row[j] = caps
@@ -691,6 +708,11 @@ def run_shards(
                 f"interrupted after {stats['shards_run']} new shard(s); finished shards are kept in {work.root}: "
                 "rerun the same command to continue"
             ) from None
+    if stats["bad_images"]:
+        from vltool.topology import warn
+
+        warn(f"{stats['bad_images']:,} images could not be decoded (corrupt, missing, or over the size limit); "
+             "their rows get no new captions")
     stats["generate_seconds"] = round(time.perf_counter() - t_start, 3)
     stats["rows_per_second"] = round(stats["rows_run"] / max(stats["generate_seconds"], 1e-9), 2)
     log(f"{config.mode}: {stats['rows_run']:,} rows in {stats['generate_seconds']:.1f}s "
@@ -839,11 +861,19 @@ def recaption(
     input_column = config.text_column if config.paraphrase else C.IMAGE
     src = load_dataset(data, split=split, where=where, required=[C.ID],
                        **({"texts": [input_column]} if config.paraphrase else {"images": [input_column]}))
-    if config.paraphrase:
-        from vltool.checks import clean_text, require_texts
+    from vltool.checks import clean_text, require_texts, text_column
 
+    if config.paraphrase:
         require_texts(sum(clean_text(t) is not None for t in src.dataset[input_column]), src.rows, input_column, data)
+    # the existing texts the new captions join (checked before the work, not when writing after it)
+    for column, lists in ((C.CAPTION, False), (C.CAPTIONS, True)):
+        if column in src.dataset.column_names and (column != input_column or not config.paraphrase):
+            text_column(src.dataset, column, data, option="the existing text column", list_only=lists)
     out = check_output(out, overwrite, inputs=[src.path, *[Path(f) for f in (config.model, config.lm, config.examples) if f]])
+    if not config.paraphrase:
+        from vltool.io import require_a_decodable_image
+
+        require_a_decodable_image(src.dataset.select_columns([input_column]), input_column, data)
     info = inspect_model(config.model_path, config.paraphrase)
     examples = load_examples(config.examples) if config.paraphrase else ()
     dist = distributed(config, process_index, num_processes)
@@ -891,6 +921,12 @@ def recaption(
     for i in range(num_shards):
         lo, hi = i * config.shard_size, min(n, (i + 1) * config.shard_size)
         generated.extend(work.read(i, ids[lo:hi]))
+    if not any(generated):  # (the shards hold nothing worth resuming)
+        shutil.rmtree(work.root, ignore_errors=True)
+        raise VltoolError(
+            f"no row of {data!r} got a new caption ({n:,} rows; {run.get('bad_images', 0):,} undecodable images, "
+            f"{int(sum(not _has_input(x) for x in ds[input_column])) if input_column != C.IMAGE else 0:,} empty texts); nothing was written"
+        )
     label = source_label(config, info)
     out_ds = assemble(ds, generated, config, label)
     stats = {
@@ -905,6 +941,7 @@ def recaption(
         "shards_done_before_this_run": done_before,
         "shards_run_by_process_0": run["shards_run"],
         "rows_per_second_process_0": run.get("rows_per_second"),
+        "bad_images_this_run_process_0": run.get("bad_images", 0),  # undecodable: no new captions for them
     }
     options = {**provenance.jsonable(config), "resolved": settings}
     prov = provenance.make("recaption", options, [src, info], rows_in=n, rows_out=len(out_ds), stats=stats, timer=timer)

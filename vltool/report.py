@@ -544,14 +544,14 @@ def report_stem(out_stem: str | Path) -> Path:
 def check_report_out(runs_dir: str | Path, out_stem: str | Path) -> Path:
     """Refuse a --out whose files would replace a run the report reads (RUNS_DIR/<variant>/seed<N>), or
     that cannot be written; in the CLI, lock it. STEM.json, .md and .png are replaced (no --overwrite)."""
-    from vltool.io import check_output
+    from vltool.io import check_output, require_output_name
 
-    stem = report_stem(out_stem)
+    stem = report_stem(require_output_name(out_stem))
     runs = [d for seeds in find_runs(Path(runs_dir)).values() for d in seeds.values()] if Path(runs_dir).is_dir() else []
     names = [stem.name + ext for ext in (".json", ".md", ".png")]
     for name in names:
-        check_output(stem.with_name(name), True, inputs=runs, lock=False)
-    return check_output(stem, True, inputs=runs, related=names)
+        check_output(stem.with_name(name), True, inputs=runs, lock=False, kind="file")
+    return check_output(stem, True, inputs=runs, related=names, kind="file")
 
 
 def write_report(report: dict, out_stem: str | Path, *, chart: bool = True, overwrite: bool = True) -> dict[str, str]:

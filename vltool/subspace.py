@@ -55,7 +55,12 @@ def load_subspace(path: Path | str, model_fingerprint: str | None = None) -> np.
     meta = path / "vltool.json"
     if not f.is_file() or not meta.is_file():
         raise UsageError(f"--debias {path}: not a subspace directory written by `vltool debias --out` (no {SUBSPACE_FILE})")
-    info = json.loads(meta.read_text())
+    try:  # (a leaf: the few lines of vltool.checks.read_json, not an import of it)
+        info = json.loads(meta.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--debias {path}: cannot read {meta} ({e}); is it damaged?") from None
+    if not isinstance(info, dict):
+        raise UsageError(f"--debias {path}: {meta} is not a provenance record; is it damaged?")
     fp = info.get("stats", {}).get("model_fingerprint")
     if model_fingerprint is not None and fp != model_fingerprint:
         raise UsageError(

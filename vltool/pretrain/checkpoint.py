@@ -119,5 +119,7 @@ def load_checkpoint(ckpt: Path, model, loss_fn, optimizer, accelerator, rank: in
     if accelerator.scaler is not None and (ckpt / "scaler.pt").is_file():
         accelerator.scaler.load_state_dict(torch.load(ckpt / "scaler.pt", weights_only=True))
     _set_rng_state(torch.load(ckpt / f"rng_{rank}.pt", weights_only=True))
-    state = json.loads((ckpt / "state.json").read_text())
+    from vltool.checks import read_json
+
+    state = read_json(ckpt / "state.json", "the checkpoint state")
     return state["step"], state["samples_seen"], set(state["bad_image_ids"]), state.get("first_loss")

@@ -78,13 +78,14 @@ def load_train_data(
     if config.mined_positives and what == "input":
         needed.append(C.POSITIVES)
     loaded = [load_dataset(spec, split=split, where=where, required=needed) for spec in data]
+    from vltool.checks import text_column
+
     for src in loaded:
-        feat = src.dataset.features[text_col]
         if lists:
-            if not (isinstance(feat, (datasets.Sequence, getattr(datasets, "List", datasets.Sequence))) or isinstance(feat, list)):
-                raise UsageError(f"--caption-sampling and --captions-per-image read the list column {C.CAPTIONS!r}, but in {src.spec!r} it is {feat}")
-        elif not (isinstance(feat, datasets.Value) and feat.dtype in ("string", "large_string")):
-            raise UsageError(f"--text-column {text_col!r} of {src.spec!r} is not a text column (it is {feat})")
+            text_column(src.dataset, text_col, src.spec, option="the column --caption-sampling and --captions-per-image read,", list_only=True)
+        else:
+            text_column(src.dataset, text_col, src.spec,
+                        hint="; a row's several texts are sampled with --caption-sampling (which reads 'captions')")
         if not isinstance(src.dataset.features[C.IMAGE], datasets.Image):
             raise UsageError(f"column {C.IMAGE!r} of {src.spec!r} is not an image column (it is {src.dataset.features[C.IMAGE]})")
     parts = []
@@ -211,8 +212,9 @@ def _role_texts(ds, col: str, role: str, spec_: str, classes: dict[str, int]) ->
             if n is not None and n not in classes:
                 classes[n] = len(classes)
     else:
-        if not (isinstance(feat, datasets.Value) and feat.dtype in ("string", "large_string")):
-            raise UsageError(f"--text-column {col!r} of {spec_!r} is not a text column (it is {feat})")
+        from vltool.checks import text_column
+
+        text_column(ds, col, spec_)
         texts = [t if isinstance(t, str) and t.strip() else None for t in ds[col]]
     return texts
 

@@ -29,6 +29,10 @@ def evaluate(model, tokenizer, eval_data: TrainData, transform, loss_fn, batch: 
             i, t = model(x, to_device(tokenizer([t for _, t in good]), accelerator.device))
             imgs.append(i.float())
             txts.append(t.float())
+    if not imgs:
+        from vltool.checks import require_decoded
+
+        require_decoded([True] * len(ds), "--eval-data")
     img, txt = torch.cat(imgs), torch.cat(txts)  # (N, D)
     scale = model.logit_scale.exp().detach().float()
     bias = model.logit_bias.detach().float() if model.logit_bias is not None else None

@@ -112,12 +112,28 @@ def pretrain(
     if stop_after_steps is not None and stop_after_steps < 1:
         raise UsageError(f"--stop-after-steps must be >= 1, got {stop_after_steps}")
     spec, run_dir, config = resolve_run(data, out, config, where, split, eval_data, eval_where, resume)
-    run = setup(spec, run_dir, config, overwrite=overwrite, resumed=resume is not None, progress=progress)
-    stopped = train(run, stop_after_steps)
+    existed = run_dir.exists()
+    try:
+        run = setup(spec, run_dir, config, overwrite=overwrite, resumed=resume is not None, progress=progress)
+        stopped = train(run, stop_after_steps)
+    except BaseException:
+        if not existed:
+            _drop_if_nothing_to_resume(run_dir)
+        raise
     bad_all = ckpt.gather_set(run.bad_ids, run.accelerator)
     if stopped:
         return {"status": "stopped", "step": run.step, "total_steps": run.total_steps, "run_dir": str(run_dir)}
     return finish(run, bad_all, timer)
+
+
+def _drop_if_nothing_to_resume(run_dir: Path) -> None:
+    """A run this invocation started that failed before its first checkpoint leaves nothing behind (there
+    is nothing to resume); one with a checkpoint stays, for --resume."""
+    from vltool.topology import is_main
+
+    if is_main() and (run_dir / RUN_FILE).is_file() and not (run_dir / C.PROVENANCE_FILE).exists() \
+            and not ckpt.list_checkpoints(run_dir):
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def resolve_run(data, out, config, where, split, eval_data, eval_where, resume) -> tuple[RunSpec, Path, PretrainConfig]:
@@ -128,7 +144,13 @@ def resolve_run(data, out, config, where, split, eval_data, eval_where, resume) 
             raise UsageError(f"--resume {run_dir}: not a vltool pretrain run directory (no {RUN_FILE})")
         if (run_dir / C.PROVENANCE_FILE).is_file():
             raise UsageError(f"--resume {run_dir}: this run has finished (its model is {run_dir / 'model'})")
-        spec = RunSpec(**json.loads((run_dir / RUN_FILE).read_text()))
+        from vltool.checks import read_json
+
+        saved = read_json(run_dir / RUN_FILE, f"--resume {run_dir}:")
+        try:
+            spec = RunSpec(**saved)
+        except TypeError as e:
+            raise VltoolError(f"--resume {run_dir}: {RUN_FILE} is not a run description this vltool reads ({e})") from None
         if "cpu" in spec.config:  # a run started before --cpu became --device
             spec.config["device"] = "cpu" if spec.config.pop("cpu") else "auto"
         if data and list(data) != spec.data:
@@ -258,6 +280,13 @@ def step(run: RunState, batches) -> tuple[dict, float]:
     micro = [next(batches) for _ in range(config.accum_steps)]
     for batch in micro:
         run.bad_ids.update(batch["bad_ids"])
+    if run.accelerator.num_processes == 1 and sum(b["n"] for b in micro) == 0:  # nothing to compute a loss on
+        example = sorted(run.bad_ids)[0] if run.bad_ids else None
+        raise VltoolError(
+            f"step {run.step + 1}: not one image of the batch could be decoded ({len(run.bad_ids)} undecodable images "
+            f"so far{f', e.g. id {example!r}' if example is not None else ''}); the training data's images are corrupt "
+            "or missing"
+        )
     if len(micro) == 1:
         with _autocast(run):
             out, n = objective(model, micro[0], run.inputs(micro[0]))
@@ -417,6 +446,9 @@ def _load_data(spec: RunSpec, config: PretrainConfig, run_dir: Path, overwrite: 
         train = load_train_data(spec.data, config, spec.where, spec.split)
     evald = load_train_data(spec.eval_data, config, spec.eval_where, None, what="--eval-data") if spec.eval_data else None
     if evald is not None:
+        from vltool.io import require_a_decodable_image
+
+        require_a_decodable_image(evald.dataset, C.IMAGE, "--eval-data " + ", ".join(s.spec for s in evald.inputs))
         overlap = set(train.ids) & set(evald.ids)
         if overlap:
             raise UsageError(

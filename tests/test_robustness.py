@@ -52,6 +52,7 @@ def world(tmp_path_factory):
     import datasets
     import torch
 
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("world")
     inp, outs = root / "IN", root / "OUT"
@@ -116,7 +117,8 @@ def world(tmp_path_factory):
     (inp / "user_dir" / "docs").mkdir(parents=True)  # a directory of the user's (stands for ~)
     (inp / "user_dir" / "docs" / "thesis.tex").write_text("precious\n")
     w["file"] = inp / "a_file"
-    return w
+    yield w
+    torch.set_num_threads(threads)  # the other test modules run with the machine's threads
 
 
 COMMON = ["--no-progress"]

@@ -329,5 +329,6 @@ def test_device_choices_keep_the_arithmetic():
     cl.set_channels_last(True)
     assert cl.visual.conv1.weight.is_contiguous(memory_format=torch.channels_last)
     got = _grads_and_stats(cl, inputs, False)[0]
-    for n in plain:
-        torch.testing.assert_close(got[n], plain[n], atol=1e-5, rtol=1e-4, msg=n)
+    for n in plain:  # float rounding differs with the layout (and the thread count): scale the tolerance
+        scale = max(1.0, plain[n].abs().max().item())
+        torch.testing.assert_close(got[n], plain[n], atol=2e-5 * scale, rtol=1e-4, msg=n)

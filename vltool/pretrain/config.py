@@ -22,6 +22,7 @@ DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("no", "bf16", "fp16")
 SCHEDULES = ("cosine", "constant")
 CAPTION_SAMPLING = ("random", "first")
+DATA_FORMATS = ("auto", "hf", "wds")
 
 
 @dataclass
@@ -68,6 +69,8 @@ class PretrainConfig:
     prefix_ids: bool = False
     augment: str = "clip"
     workers: int = 0
+    data_format: str = "auto"
+    shuffle_buffer: int = 2000  # wds: samples held per stream (about 2000 x 30 KB = 60 MB with CC3M-sized JPEGs)
     # The optimisation.
     batch_size: int = 64
     epochs: float | None = None
@@ -205,6 +208,10 @@ def _data_problems(c: PretrainConfig) -> list[str]:
         problems.append(f"--caption-sampling {c.caption_sampling!r}: use random or first")
     if c.augment not in AUGMENTATIONS:
         problems.append(f"--augment {c.augment!r}: use {', '.join(AUGMENTATIONS)}")
+    if c.data_format not in DATA_FORMATS:
+        problems.append(f"--data-format {c.data_format!r}: use {' | '.join(DATA_FORMATS)}")
+    if c.shuffle_buffer < 1:
+        problems.append(f"--shuffle-buffer must be >= 1, got {c.shuffle_buffer}")
     return problems
 
 

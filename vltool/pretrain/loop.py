@@ -175,6 +175,11 @@ def setup(spec: RunSpec, run_dir: Path, config: PretrainConfig, *, overwrite: bo
         raise UsageError("--sync-bn needs GPUs: torch's SyncBatchNorm does not run on CPU (freeze BatchNorm with --lock-image instead)")
     train, evald = _load_data(spec, config, run_dir, overwrite, resumed)
     if isinstance(train, ShardData):
+        streams = world * max(1, config.workers)
+        if len(train.shards) < streams:
+            raise UsageError(
+                f"{len(train.shards)} shard(s) for {world} process(es) x {max(1, config.workers)} data stream(s) each: every "
+                "stream reads whole shards, so give at least as many shards as processes x max(1, --workers)")
         epoch_rows = train.rows  # from img2dataset's statistics files, or None
         if epoch_rows is None and config.steps is None:
             raise UsageError("the shards' sample count is unknown (no img2dataset NNNNN_stats.json beside each shard), "

@@ -42,7 +42,9 @@ class TrainData:
 
     @property
     def ids(self) -> list:
-        return self.dataset[C.ID]
+        from vltool.io import column_values
+
+        return column_values(self.dataset, C.ID)
 
 
 def rows_key(loaded, role: Sequence[str], prefix_ids: bool, dropped: Sequence[int]) -> dict:
@@ -88,38 +90,46 @@ def load_train_data(
             raise UsageError(f"--text-column {text_col!r} of {src.spec!r} is not a text column (it is {feat})")
         if not isinstance(src.dataset.features[C.IMAGE], datasets.Image):
             raise UsageError(f"column {C.IMAGE!r} of {src.spec!r} is not an image column (it is {src.dataset.features[C.IMAGE]})")
-    parts = []
-    seen: dict[str, int] = {}
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from vltool.io import arrow_column
+
+    # Whole-column work in Arrow (no per-row Python before the first step): ids checked for duplicates and
+    # clashes by distinct counts, rows without text found by a vectorised test; only the offending ids
+    # (duplicates, clashes, dropped rows) ever become Python objects.
+    parts, all_ids = [], []
     for k, src in enumerate(loaded):
         ds = src.dataset.select_columns(needed).cast_column(C.IMAGE, datasets.Image(decode=False))
-        ids = ds[C.ID]
+        ids = arrow_column(ds, C.ID)
         if config.prefix_ids and len(loaded) > 1:
-            ids = [f"{k}:{i}" for i in ids]
-            ds = ds.remove_columns([C.ID]).add_column(C.ID, ids)
+            ids = pc.binary_join_element_wise(pa.scalar(f"{k}:"), ids, "")
+            ds = ds.flatten_indices().remove_columns([C.ID]).add_column(C.ID, ids.combine_chunks())
             if C.POSITIVES in needed:
-                pos = [[f"{k}:{p}" for p in (ps or [])] for ps in ds[C.POSITIVES]]
+                pos = [[f"{k}:{p}" for p in (ps or [])] for ps in arrow_column(ds, C.POSITIVES).to_pylist()]
                 ds = ds.remove_columns([C.POSITIVES]).add_column(C.POSITIVES, pos)
-        if len(set(ids)) != len(ids):
-            raise UsageError(f"{src.spec!r} has duplicate ids; ids must be unique")
-        for i in ids:
-            if i in seen:
-                raise UsageError(
-                    f"id {i!r} is in both {loaded[seen[i]].spec!r} and {src.spec!r}; "
-                    "pass --prefix-ids to make ids unique as '<input index>:<id>'"
-                )
-            seen[i] = k
+        if pc.count_distinct(ids, mode="all").as_py() != len(ids):
+            raise UsageError(f"{src.spec!r} has duplicate ids (e.g. {_a_repeated(ids)!r}); ids must be unique")
+        all_ids.append(ids)
         parts.append(ds.select_columns(needed))
+    if len(loaded) > 1:
+        joined = pa.chunked_array([c for ids in all_ids for c in ids.chunks], type=all_ids[0].type)
+        if pc.count_distinct(joined, mode="all").as_py() != len(joined):
+            clash = _a_repeated(joined)
+            first, second = [loaded[k].spec for k, ids in enumerate(all_ids) if pc.any(pc.equal(ids, clash)).as_py()][:2]
+            raise UsageError(
+                f"id {clash!r} is in both {first!r} and {second!r}; "
+                "pass --prefix-ids to make ids unique as '<input index>:<id>'"
+            )
     ds = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
     rows_in = len(ds)
-    texts = ds[text_col]
-    keep = [i for i, t in enumerate(texts) if texts_of(t, "first" if lists else None)]
+    has_text = _has_text(arrow_column(ds, text_col), lists)  # (rows,) bool
     empty_ids, dropped = [], []
-    if len(keep) != rows_in:
-        all_ids = ds[C.ID]
-        keep_set = set(keep)
-        dropped = [i for i in range(rows_in) if i not in keep_set]
-        empty_ids = [all_ids[i] for i in dropped]
-        ds = ds.select(keep)
+    if not has_text.all():
+        dropped = np.flatnonzero(~has_text)
+        empty_ids = arrow_column(ds, C.ID).take(pa.array(dropped)).to_pylist()
+        ds = ds.select(np.flatnonzero(has_text))
+        dropped = dropped.tolist()
     if len(ds) == 0:
         raise UsageError(f"the {what} has no rows with text in {text_col!r}")
     positives = _positive_rows(ds) if C.POSITIVES in needed else None
@@ -127,11 +137,39 @@ def load_train_data(
     return TrainData(ds, text_col, loaded, rows_in, empty_ids, positives, rows_key=key, text_source=text_col)
 
 
+def _a_repeated(ids) -> str:
+    """One id that occurs more than once (for the error message)."""
+    import pyarrow.compute as pc
+
+    counts = pc.value_counts(ids)
+    return counts.field("values").filter(pc.greater(counts.field("counts"), 1))[0].as_py()
+
+
+def _has_text(column, lists: bool) -> np.ndarray:
+    """(rows,) bool: the row has a text that is not blank (texts_of's test, on the whole column, chunk by
+    chunk): a string, or a list with at least one string."""
+    import pyarrow.compute as pc
+
+    def nonblank(strings) -> np.ndarray:
+        return pc.fill_null(pc.not_equal(pc.utf8_trim_whitespace(strings), ""), False).to_numpy(zero_copy_only=False)
+
+    out = []
+    for chunk in getattr(column, "chunks", [column]):
+        if not lists:
+            out.append(nonblank(chunk))
+        else:
+            parent = pc.list_parent_indices(chunk).to_numpy()
+            out.append(np.bincount(parent[nonblank(pc.list_flatten(chunk))], minlength=len(chunk)) > 0)
+    return np.concatenate(out) if out else np.zeros(0, dtype=bool)
+
+
 def _positive_rows(ds) -> dict[int, list[int]]:
     """Row -> rows of its mined positives (`positives` ids outside the training rows are ignored)."""
-    row_of = {i: r for r, i in enumerate(ds[C.ID])}
+    from vltool.io import column_values
+
+    row_of = {i: r for r, i in enumerate(column_values(ds, C.ID))}
     positives = {}
-    for r, ps in enumerate(ds[C.POSITIVES]):
+    for r, ps in enumerate(column_values(ds, C.POSITIVES)):
         rows_ = [row_of[p] for p in (ps or []) if p in row_of and row_of[p] != r]
         if rows_:
             positives[r] = rows_

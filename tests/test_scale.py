@@ -1,0 +1,76 @@
+"""Start-up without per-row Python work (issue 22): the training rows of a dataset on disk are checked,
+filtered and keyed by whole-column Arrow work, never by formatting rows one by one in Python.
+
+bench/bench_scale.py measures the time and memory this saves; these tests check the behaviour on tiny data
+(no timings): what is computed is what the row-by-row code computed, and no row is formatted.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_pretrain import make_pairs  # noqa: E402
+
+from vltool.errors import UsageError  # noqa: E402
+
+
+@pytest.fixture
+def rows_formatted(monkeypatch):
+    """Counts the rows datasets formats into Python (what iterating a column or indexing a row does)."""
+    import datasets.arrow_dataset as ad
+
+    calls = []
+    original = ad.format_table
+
+    def counting(table, *a, **k):
+        calls.append(table.num_rows)
+        return original(table, *a, **k)
+
+    monkeypatch.setattr(ad, "format_table", counting)
+    return calls
+
+
+def test_blank_text_test_equals_texts_of():
+    from vltool.pretrain.data import _has_text, texts_of
+
+    strings = pa.chunked_array([["a", "", "  ", None, " b\t"], ["\u3000", "x", "\n"]])
+    lists = pa.chunked_array([[["", "a"], [], None, ["  ", None]], [["z"], [" "]]])
+    assert _has_text(strings, False).tolist() == [bool(texts_of(v, None)) for v in strings.to_pylist()]
+    assert _has_text(lists, True).tolist() == [bool(texts_of(v, "first")) for v in lists.to_pylist()]
+
+
+def test_load_train_data_formats_no_row(tmp_path, rows_formatted):
+    """Checking ids, dropping rows without text and keying the rows read whole columns: no row is formatted
+    (the row-by-row code formatted each row 3 times: ids twice and texts once)."""
+    from vltool.pretrain import PretrainConfig
+    from vltool.pretrain.data import load_train_data
+
+    data = make_pairs(tmp_path / "d", n=40, empty=(3, 17))
+    other = make_pairs(tmp_path / "o", n=8, ids=[f"q{i}" for i in range(8)])
+    rows_formatted.clear()  # (saving the fixtures formats batches)
+    td = load_train_data([data], PretrainConfig())
+    assert rows_formatted == []
+    assert len(td.dataset) == 38 and td.rows_in == 40 and td.empty_text_ids == ["p3", "p17"]
+    td = load_train_data([data, other], PretrainConfig(caption_sampling="random"))
+    assert rows_formatted == [] and len(td.dataset) == 48  # the lists of captions are not empty in any row
+    td = load_train_data([data, data], PretrainConfig(prefix_ids=True))
+    assert all(n >= 40 for n in rows_formatted)  # prefixing the ids rewrites whole tables (datasets' add_column), no row alone
+    assert td.ids[:2] == ["0:p0", "0:p1"] and td.ids[-1] == "1:p39" and len(td.ids) == 76
+
+
+def test_duplicate_and_clashing_ids_are_named(tmp_path):
+    from vltool.pretrain import PretrainConfig
+    from vltool.pretrain.data import load_train_data
+
+    dup = make_pairs(tmp_path / "dup", n=8, ids=["a", "b", "c", "b", "e", "f", "g", "h"])
+    with pytest.raises(UsageError, match="duplicate ids \\(e.g. 'b'\\)"):
+        load_train_data([dup], PretrainConfig())
+    one = make_pairs(tmp_path / "one", n=8, ids=[f"x{i}" for i in range(8)])
+    two = make_pairs(tmp_path / "two", n=8, ids=[f"y{i}" for i in range(7)] + ["x5"])
+    with pytest.raises(UsageError, match=f"id 'x5' is in both '{one}' and '{two}'"):
+        load_train_data([one, two], PretrainConfig())

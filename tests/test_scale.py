@@ -74,3 +74,18 @@ def test_duplicate_and_clashing_ids_are_named(tmp_path):
     two = make_pairs(tmp_path / "two", n=8, ids=[f"y{i}" for i in range(7)] + ["x5"])
     with pytest.raises(UsageError, match=f"id 'x5' is in both '{one}' and '{two}'"):
         load_train_data([one, two], PretrainConfig())
+
+
+def test_column_digest_equals_ids_digest():
+    """Encoding keys its cache entries' ids by an Arrow digest of the id column: the same digest as hashing
+    each id in Python (so existing cache entries stay valid), for selections and non-string ids too."""
+    import datasets
+
+    from vltool.cache import ids_digest
+    from vltool.io import column_digest, column_values
+
+    ds = datasets.Dataset.from_dict({"id": ["a", "bé", "", "x" * 5], "n": [1, 2, 3, 4]})
+    for d in (ds, ds.select([3, 0, 2]), ds.select([])):
+        for col in ("id", "n"):
+            assert column_digest(d, col) == ids_digest(column_values(d, col))
+    assert ids_digest(["a", "b"]) == "8fb20ef63ced4145fc2e983ffe597d1dcff39154c3bf21f0fa9dde6a0c50fdc9"  # sha256(b"a\0b\0"): the digest's definition, unchanged

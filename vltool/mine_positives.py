@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from vltool.errors import UsageError, VltoolError
+from vltool.io import column_values
 
 # FFF's thresholds, chosen for its model (section 4.1); p1 starts from the true pairs' mean S_it, 0.29.
 P_IT, P_II, P_TT, P_IT_TT = 0.27, 0.92, 0.99, 0.24
@@ -448,7 +449,10 @@ def mine_positives(data: str, out, config: MinePositivesConfig, *, where=(), spl
     np.maximum.at(s_true, t_owner, np.einsum("nd,nd->n", _normalise(i_emb)[t_owner], tn))
     calib = calibrate(s_true)
     stats["calibration"] = calib
-    groups = [ds[config.group_column][int(r)] for r in rows] if config.group_column else None
+    groups = None
+    if config.group_column:
+        group_values = column_values(ds, config.group_column)
+        groups = [group_values[int(r)] for r in rows]
 
     if config.dry_run:
         grid = []
@@ -473,7 +477,7 @@ def mine_positives(data: str, out, config: MinePositivesConfig, *, where=(), spl
     if config.index == "ivf":
         stats["ivf_recall"] = _ivf_recall(i_emb, t_emb, owner_arg, config, mined)
 
-    ids = ds[C.ID]
+    ids = column_values(ds, C.ID)
     row_ids = [ids[int(r)] for r in rows]
     positives: list[list[str]] = [[] for _ in range(n)]
     scores: list[list[list[float]]] = [[] for _ in range(n)]

@@ -7,7 +7,7 @@ rows as WebDataset shards of 10,000 samples in img2dataset's layout; a fresh `vl
 once. Each command runs in its own process (`python -m vltool`, so PYTHONPATH picks the checkout), with an
 empty cache directory, and the benchmark prints its wall time (for pretrain: two optimizer steps, i.e. the
 time to the first steps), its throughput (rows per second), its peak resident memory (the kernel's
-maximum RSS) and its peak anonymous resident memory (RssAnon, sampled every 20 ms: the memory it
+maximum RSS, from /usr/bin/time) and its peak anonymous resident memory (RssAnon, sampled every 20 ms: the memory it
 allocated, without the clean file pages of a memory-mapped dataset that the kernel maps into its RSS),
 then the ratio of the largest size to the smallest. Target (issue 22): time to first step and peak memory
 within 2x from 10k to 1M rows (10M with --big).
@@ -147,28 +147,29 @@ def _anon_kb(pid: int) -> int:
 
 
 def measure(cmd: list[str], cache: Path) -> dict:
-    """Wall seconds, peak RSS (GB, the kernel's maximum resident set) and peak anonymous RSS (sampled every
-    20 ms) of one command in a fresh process, with its own empty cache."""
+    """Wall seconds, peak RSS (GB, the kernel's maximum resident set, from /usr/bin/time) and peak anonymous
+    RSS (sampled every 20 ms) of one command in a fresh process, with its own empty cache."""
     env = {**os.environ, "VLTOOL_CACHE": str(cache), "HF_DATASETS_CACHE": str(cache / "hf"), "PYTHONWARNINGS": "ignore"}
     err = cache.parent / f"{cache.name}.stderr"
     t0 = time.perf_counter()
     with open(err, "w") as f:
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=f)
+        proc = subprocess.Popen(["/usr/bin/time", "-f", "VLTOOL_TIME %e %M", *cmd], env=env, stdout=subprocess.DEVNULL, stderr=f)
     anon = 0
-    while True:
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-        if pid:
-            break
-        anon = max(anon, _anon_kb(proc.pid))
+    while proc.poll() is None:
+        try:  # the command is /usr/bin/time's child
+            child = int(open(f"/proc/{proc.pid}/task/{proc.pid}/children").read().split()[0])
+            anon = max(anon, _anon_kb(child))
+        except (OSError, IndexError, ValueError):
+            pass
         time.sleep(0.02)
     wall = time.perf_counter() - t0
-    code = os.waitstatus_to_exitcode(status)
-    proc.returncode = code
-    if code != 0:
-        said = err.read_text().strip().splitlines()
-        return {"ok": False, "error": said[-1] if said else f"exit {code}", "seconds": round(wall, 2)}
-    return {"ok": True, "seconds": round(wall, 2), "peak_rss_gb": round(usage.ru_maxrss / 1024**2, 3),
-            "peak_anon_gb": round(anon / 1024**2, 3)}
+    said = err.read_text().strip().splitlines()
+    line = [ln for ln in said if ln.startswith("VLTOOL_TIME ")]
+    if proc.returncode != 0 or not line:
+        said = [ln for ln in said if not ln.startswith("VLTOOL_TIME ")]
+        return {"ok": False, "error": said[-1] if said else f"exit {proc.returncode}", "seconds": round(wall, 2)}
+    _, secs, kb = line[-1].split()
+    return {"ok": True, "seconds": float(secs), "peak_rss_gb": round(int(kb) / 1024**2, 3), "peak_anon_gb": round(anon / 1024**2, 3)}
 
 
 def accepted(command: str, rows: int, big: bool) -> bool:

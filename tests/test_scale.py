@@ -89,3 +89,33 @@ def test_column_digest_equals_ids_digest():
         for col in ("id", "n"):
             assert column_digest(d, col) == ids_digest(column_values(d, col))
     assert ids_digest(["a", "b"]) == "8fb20ef63ced4145fc2e983ffe597d1dcff39154c3bf21f0fa9dde6a0c50fdc9"  # sha256(b"a\0b\0"): the digest's definition, unchanged
+
+
+def test_deform_drops_rows_without_copying_the_images(tmp_path):
+    """deform writes the kept rows through an indices mapping over the input's memory-mapped table: the
+    image column of its output is the input's (the same buffers, no copy), and what is written is exactly
+    the selected rows that keep a text, with their own images."""
+    import datasets
+
+    from vltool.deform import DeformConfig, deform, deform_dataset
+    from vltool.io import load_dataset
+
+    caps = ["A man riding a red bike.", "The the the.", "Two cats play with a ball.", "The the the.", "A dog on a red couch."] * 4
+    data = make_pairs(tmp_path / "d", n=20)
+    ds = datasets.load_from_disk(data).remove_columns(["caption"]).add_column("caption", caps)
+    ds.add_column("split", ["train", "test"] * 10).save_to_disk(str(tmp_path / "src"))
+    src = load_dataset(str(tmp_path / "src"), where=["split=train"])
+    out, stats = deform_dataset(src.dataset, DeformConfig(ops="rmstop", base_frac=0))
+
+    def buffers(d):
+        return [b.address for c in d.data.table.column("image").chunks for b in c.buffers() if b is not None]
+
+    assert buffers(out) == buffers(src.dataset)
+    deform(str(tmp_path / "src"), tmp_path / "out", DeformConfig(ops="rmstop", base_frac=0), where=["split=train"])
+    written = datasets.load_from_disk(str(tmp_path / "out")).cast_column("image", datasets.Image(decode=False))
+    source = {r["id"]: r for r in datasets.load_from_disk(str(tmp_path / "src")).cast_column("image", datasets.Image(decode=False))}
+    expected = [i for k, i in enumerate(f"p{j}" for j in range(20)) if k % 2 == 0 and caps[k] != "The the the."]
+    assert written["id"] == expected and stats["rows_out"] == len(expected) == 6
+    for r in written:
+        assert r["image"]["bytes"] == source[r["id"]]["image"]["bytes"] and r["caption_original"] == source[r["id"]]["caption"]
+        assert r["split"] == "train" and r["caption"] and not r["is_base"]

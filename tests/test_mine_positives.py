@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from vltool.mine_positives import Thresholds, calibrate, dense_reference, mine, summarise
+from vltool.mine_positives import Thresholds, _normalise, calibrate, dense_reference, mine, summarise
 
 D = 16
 
@@ -254,3 +254,39 @@ def test_bounded_blocks_give_the_same_pairs_as_one_block(captions):
     for i, p in enumerate(full.positives):
         got[i, p] = True
     assert (got == dense).all()
+
+
+@pytest.mark.parametrize("captions", [1, 3], ids=["one-caption", "three-captions"])
+@pytest.mark.parametrize("low_precision", [False, True], ids=["fp32", "bf16"])
+def test_blocked_search_gives_the_pairs_of_the_faiss_search(captions, low_precision, monkeypatch):
+    """--index blocked (torch matmul over tiles of the targets; bf16 candidates with the margin, then the
+    exact float32 recheck) mines exactly the pairs, order, scores and terms of the faiss flat search, with
+    tiles smaller than the targets and blocks cut by the pair budget; bf16 is forced on CPU here."""
+    import vltool.mine_positives as MP
+
+    monkeypatch.setattr(MP, "TILE_ELEMENTS", 64 * 37)  # several tiles per search
+    real = MP._Blocked
+    monkeypatch.setattr(MP, "_Blocked", lambda x: real(x, device="cpu", low_precision=low_precision))
+    rng = np.random.default_rng(2)
+    n = 150
+    img = rng.normal(size=(n, 8)) + 2.0
+    txt = np.repeat(img, captions, axis=0) + 0.3 * rng.normal(size=(n * captions, 8))
+    owner = np.repeat(np.arange(n), captions) if captions > 1 else None
+    th = Thresholds(p_it=0.9, p_ii=0.95, p_tt=0.95, p_it_tt=0.85)
+    flat = mine(img, txt, owner, th, max_positives=40, pair_budget=400)
+    blocked = mine(img, txt, owner, th, max_positives=40, pair_budget=400, index="blocked")
+    assert sum(len(p) for p in flat.positives) > 10 * n and flat.capped_rows > 0  # a case with many pairs, some rows capped
+    assert blocked.capped_rows == flat.capped_rows
+    for a, b, sa, sb, ta, tb in zip(flat.positives, blocked.positives, flat.scores, blocked.scores, flat.terms, blocked.terms):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(sa, sb)
+        np.testing.assert_array_equal(ta, tb)
+    # the candidates hold every exact pair, also at a radius where many pairs are within rounding of it
+    # (the median score): the margin covers bf16's error (without it, pairs are missed here)
+    x = real(_normalise(txt), device="cpu", low_precision=low_precision)
+    assert str(x.dtype) == ("torch.bfloat16" if low_precision else "torch.float32")
+    exact = _normalise(img) @ _normalise(txt).T  # (N, N_txt) float64
+    radius = float(np.median(exact))
+    lims, _, ids = x.range_search(_normalise(img), radius)
+    got = set(zip(np.repeat(np.arange(n), np.diff(lims)).tolist(), ids.tolist()))
+    assert set(zip(*[a.tolist() for a in np.nonzero(exact > radius)])) <= got

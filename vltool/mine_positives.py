@@ -84,7 +84,51 @@ def text_rows(txt: np.ndarray, owner: np.ndarray | None, n_rows: int) -> tuple[n
     return mean / counts[:, None], owner  # (N, D) not renormalised: dot products give mean pair similarity
 
 
+INDEXES = ("flat", "ivf", "blocked")
+BF16_MARGIN = 0.02  # |bf16 dot - fp32 dot| of unit vectors stays far below this (inputs rounded to 8 bits, fp32 sums)
+FP32_MARGIN = 1e-5  # float32 matmul vs the recheck's einsum: another order of the same sums
+TILE_ELEMENTS = 1 << 24  # scores computed at once by the blocked search: 64 MB of float32
+
+
+class _Blocked:
+    """The blocked search's "index": the targets (N, D) on the device, compared with queries by torch matmul
+    in tiles of the targets; on a GPU in bf16, on CPU in float32. It returns every pair scoring above the
+    radius minus a margin that covers the low precision: the caller (_mine_block) rescores each candidate
+    exactly in float32 and applies the thresholds, so the pairs are those of the exact search."""
+
+    def __init__(self, x: np.ndarray, device=None, low_precision: bool | None = None):
+        import torch
+
+        from vltool.encode import encode_device
+
+        self.device = torch.device(device) if device is not None else encode_device()
+        low = self.device.type == "cuda" if low_precision is None else low_precision
+        self.dtype = torch.bfloat16 if low else torch.float32
+        self.margin = BF16_MARGIN if low else FP32_MARGIN
+        self.x = torch.from_numpy(np.ascontiguousarray(x)).to(self.device, self.dtype)  # (N, D)
+
+    def range_search(self, queries: np.ndarray, radius: float):
+        """faiss's range_search result layout (lims, scores, ids) for the candidates above radius - margin."""
+        import torch
+
+        q = torch.from_numpy(np.ascontiguousarray(queries)).to(self.device, self.dtype)  # (B, D)
+        tile = max(1, TILE_ELEMENTS // max(len(q), 1))
+        qs, js = [], []
+        with torch.inference_mode():
+            for a in range(0, len(self.x), tile):
+                s = (q @ self.x[a : a + tile].T).float()  # (B, tile): fp32 accumulation in either dtype
+                qi, j = (s > radius - self.margin).nonzero(as_tuple=True)
+                qs.append(qi.cpu().numpy())
+                js.append(j.cpu().numpy() + a)
+        qi, j = np.concatenate(qs).astype(np.int64), np.concatenate(js).astype(np.int64)
+        order = np.argsort(qi, kind="stable")
+        lims = np.concatenate([[0], np.cumsum(np.bincount(qi, minlength=len(q)))])
+        return lims, np.zeros(len(qi), np.float32), j[order]  # (scores are recomputed exactly by the caller)
+
+
 def _index(x: np.ndarray, kind: str, nprobe: int):
+    if kind == "blocked":
+        return _Blocked(x)
     import faiss
 
     d = x.shape[1]
@@ -99,7 +143,7 @@ def _index(x: np.ndarray, kind: str, nprobe: int):
         index.train(sample)
         index.nprobe = min(nprobe, nlist)
     else:
-        raise UsageError(f"--index must be flat or ivf, got {kind!r}")
+        raise UsageError(f"--index must be {', '.join(INDEXES)}, got {kind!r}")
     index.add(x)
     return index
 
@@ -146,6 +190,12 @@ def mine(
     positives, scores, terms = [], [], []
     capped = 0
     qrows = np.arange(n) if query_rows is None else np.asarray(query_rows, dtype=np.int64)
+    from vltool.topology import process_state
+
+    state = process_state()
+    world, rank = (state.num_processes, state.process_index) if index == "blocked" else (1, 0)
+    if world > 1:  # the blocked search spreads the queries over processes: rank r mines its contiguous share
+        qrows = qrows[rank * len(qrows) // world : (rank + 1) * len(qrows) // world]
     lo, size, blocks, largest = 0, min(chunk, 64), 0, 0  # a small first block measures the hits per query
     while lo < len(qrows):
         q_idx = qrows[lo : lo + size]  # (B,) global image index of each query
@@ -162,6 +212,15 @@ def mine(
         blocks, largest = blocks + 1, max(largest, hits)
         per_query = max(hits / max(len(q_idx), 1), 1.0)
         size = int(max(1, min(chunk, pair_budget // per_query)))
+    if world > 1:  # every process gets the whole result, in query order (each query's positives are its own)
+        from accelerate.utils import gather_object
+
+        parts = gather_object([(rank, positives, scores, terms, capped, blocks, largest)])
+        parts.sort(key=lambda p: p[0])
+        positives = [x for p in parts for x in p[1]]
+        scores = [x for p in parts for x in p[2]]
+        terms = [x for p in parts for x in p[3]]
+        capped, blocks, largest = sum(p[4] for p in parts), sum(p[5] for p in parts), max(p[6] for p in parts)
     return Mined(positives, scores, terms, capped, stats={"blocks": blocks, "largest_block_hits": largest})
 
 
@@ -352,7 +411,7 @@ class MinePositivesConfig:
         for name in ("nprobe", "recall_sample", "batch_size", "workers"):
             if getattr(self, name) < 1:
                 problems.append(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        if self.index not in ("flat", "ivf"):
+        if self.index not in INDEXES:
             problems.append(f"--index must be flat or ivf, got {self.index!r}")
         if problems:
             raise UsageError("; ".join(problems))

@@ -290,3 +290,44 @@ def test_blocked_search_gives_the_pairs_of_the_faiss_search(captions, low_precis
     lims, _, ids = x.range_search(_normalise(img), radius)
     got = set(zip(np.repeat(np.arange(n), np.diff(lims)).tolist(), ids.tolist()))
     assert set(zip(*[a.tolist() for a in np.nonzero(exact > radius)])) <= got
+
+
+BLOCKED_SCRIPT = """
+import sys, numpy as np
+from vltool.mine_positives import Thresholds, mine
+from vltool.topology import process_state
+
+rng = np.random.default_rng(2)
+img = rng.normal(size=(150, 8)) + 2.0
+txt = np.repeat(img, 3, axis=0) + 0.3 * rng.normal(size=(450, 8))
+owner = np.repeat(np.arange(150), 3)
+th = Thresholds(p_it=0.9, p_ii=0.95, p_tt=0.95, p_it_tt=0.85)
+m = mine(img, txt, owner, th, max_positives=40, pair_budget=400, index=sys.argv[2])
+if process_state().is_main_process:
+    np.savez(sys.argv[1], counts=[len(p) for p in m.positives], pos=np.concatenate(m.positives),
+             scores=np.concatenate(m.scores), terms=np.concatenate(m.terms), capped=m.capped_rows)
+"""
+
+
+@pytest.mark.slow
+def test_blocked_search_over_two_processes_equals_one(tmp_path):
+    """2 processes (accelerate launch, CPU) each mine half the queries with --index blocked; the gathered
+    result is the single-process faiss flat search's."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    script = tmp_path / "blocked.py"
+    script.write_text(BLOCKED_SCRIPT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(repo)}
+    subprocess.run([sys.executable, str(script), str(tmp_path / "one.npz"), "flat"], env=env, check=True, timeout=300)
+    r = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                        "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0",
+                        str(script), str(tmp_path / "two.npz"), "blocked"], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    one, two = np.load(tmp_path / "one.npz"), np.load(tmp_path / "two.npz")
+    assert one["pos"].size > 1000 and int(one["capped"]) > 0
+    for k in ("counts", "pos", "scores", "terms", "capped"):
+        np.testing.assert_array_equal(one[k], two[k], err_msg=k)

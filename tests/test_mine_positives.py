@@ -331,3 +331,28 @@ def test_blocked_search_over_two_processes_equals_one(tmp_path):
     assert one["pos"].size > 1000 and int(one["capped"]) > 0
     for k in ("counts", "pos", "scores", "terms", "capped"):
         np.testing.assert_array_equal(one[k], two[k], err_msg=k)
+
+
+@pytest.mark.parametrize("captions", [1, 3], ids=["one-caption", "three-captions"])
+def test_dry_run_grid_in_one_search_equals_one_search_per_point(captions):
+    """--dry-run's 9 thresholds from one search at the loosest of them (each point's terms recomputed from
+    the exact scores, then capped) equal 9 separate searches: pairs, order, scores, terms, capped rows."""
+    from vltool.mine_positives import mine_grid, threshold_grid
+
+    rng = np.random.default_rng(3)
+    n = 150
+    img = rng.normal(size=(n, 8)) + 2.0
+    txt = np.repeat(img, captions, axis=0) + 0.3 * rng.normal(size=(n * captions, 8))
+    owner = np.repeat(np.arange(n), captions) if captions > 1 else None
+    grid = threshold_grid(Thresholds(p_it=0.9, p_ii=0.95, p_tt=0.95, p_it_tt=0.85))
+    together = mine_grid(img, txt, owner, grid, max_positives=30, pair_budget=500)
+    counts = set()
+    for th, got in zip(grid, together):
+        want = mine(img, txt, owner, th, max_positives=30, pair_budget=500)
+        assert got.capped_rows == want.capped_rows
+        counts.add(sum(len(p) for p in want.positives))
+        for a, b, sa, sb, ta, tb in zip(want.positives, got.positives, want.scores, got.scores, want.terms, got.terms):
+            np.testing.assert_array_equal(a, b)
+            np.testing.assert_array_equal(sa, sb)
+            np.testing.assert_array_equal(ta, tb)
+    assert len(counts) > 3 and any(m.capped_rows for m in together)  # the points differ, and the cap is exercised

@@ -180,6 +180,71 @@ def mine(
     """
     th = thresholds or Thresholds()
     th.validate()
+    collector = _Collector(th, max_positives, rescore=False)
+    stats = _search(img, txt, owner, th, [collector], index=index, nprobe=nprobe, chunk=chunk, query_rows=query_rows,
+                    pair_budget=pair_budget)
+    return collector.result(stats)
+
+
+def mine_grid(img: np.ndarray, txt: np.ndarray, owner: np.ndarray | None, grid: list[Thresholds], *, max_positives: int = 256,
+              index: str = "flat", nprobe: int = 32, chunk: int = 2048, pair_budget: int = 2_000_000) -> list[Mined]:
+    """`mine` at every thresholds of `grid` (--dry-run) in one search: the candidates at the loosest
+    thresholds of the grid are scored once, and each grid point keeps its own pairs (its terms recomputed
+    from the exact scores) and caps them, block by block. Equal to [mine(..., th) for th in grid]."""
+    for th in grid:
+        th.validate()
+    loose = Thresholds(min(t.p_it for t in grid), min(t.p_ii for t in grid), min(t.p_tt for t in grid),
+                       min(t.p_it_tt for t in grid), ",".join(t for t in TERMS if any(t in g.enabled for g in grid)))
+    collectors = [_Collector(th, max_positives, rescore=True) for th in grid]
+    stats = _search(img, txt, owner, loose, collectors, index=index, nprobe=nprobe, chunk=chunk, pair_budget=pair_budget)
+    return [c.result(stats) for c in collectors]
+
+
+class _Collector:
+    """Each query's positives under thresholds `th` (rescore: the terms recomputed from the exact scores of
+    a looser search), capped at `max_positives` by S_it."""
+
+    def __init__(self, th: Thresholds, max_positives: int, rescore: bool):
+        self.th, self.max_positives, self.rescore = th, max_positives, rescore
+        self.positives: list = []
+        self.scores: list = []
+        self.terms: list = []
+        self.capped = 0
+
+    def add(self, n_queries: int, pq, pj, sc, tm) -> None:
+        if self.rescore:
+            th = self.th
+            use_it, use_ii, use_tt = (t in th.enabled for t in TERMS)
+            tm = np.stack([(sc[:, 0] > th.p_it) & use_it, (sc[:, 1] > th.p_ii) & use_ii,
+                           (sc[:, 2] > th.p_tt) & (sc[:, 0] > th.p_it_tt) & use_tt], axis=1)  # (P, 3)
+            m = tm.any(axis=1)
+            pq, pj, sc, tm = pq[m], pj[m], sc[m], tm[m]  # (the order, by query then S_it, is kept)
+        bounds = np.searchsorted(pq, np.arange(n_queries + 1))
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            if b - a > self.max_positives:
+                self.capped += 1
+                b = a + self.max_positives
+            self.positives.append(pj[a:b])
+            self.scores.append(sc[a:b])
+            self.terms.append(tm[a:b])
+
+    def state(self) -> tuple:
+        return self.positives, self.scores, self.terms, self.capped
+
+    def merge(self, parts: list) -> None:
+        self.positives = [x for p in parts for x in p[0]]
+        self.scores = [x for p in parts for x in p[1]]
+        self.terms = [x for p in parts for x in p[2]]
+        self.capped = sum(p[3] for p in parts)
+
+    def result(self, stats: dict) -> Mined:
+        return Mined(self.positives, self.scores, self.terms, self.capped, stats=dict(stats))
+
+
+def _search(img, txt, owner, th: Thresholds, collectors: list, *, index: str, nprobe: int, chunk: int,
+            query_rows=None, pair_budget: int) -> dict:
+    """The candidate search and exact scoring at thresholds `th`, block by block, each block's pairs handed
+    to every collector. Returns the blocks' statistics."""
     img = _normalise(img)
     txt = _normalise(txt)
     n = len(img)
@@ -187,8 +252,6 @@ def mine(
         raise UsageError(f"{n} images but {len(txt)} texts; give each caption's row")
     tmean, owner_idx = text_rows(txt, owner, n)
     ctx = _MineContext(img, txt, tmean, owner_idx, owner is not None, th, _index(txt, index, nprobe), _index(img, index, nprobe))
-    positives, scores, terms = [], [], []
-    capped = 0
     qrows = np.arange(n) if query_rows is None else np.asarray(query_rows, dtype=np.int64)
     from vltool.topology import process_state
 
@@ -200,14 +263,8 @@ def mine(
     while lo < len(qrows):
         q_idx = qrows[lo : lo + size]  # (B,) global image index of each query
         pq, pj, sc, tm, hits = _mine_block(ctx, q_idx, pair_budget)
-        bounds = np.searchsorted(pq, np.arange(len(q_idx) + 1))
-        for a, b in zip(bounds[:-1], bounds[1:]):
-            if b - a > max_positives:
-                capped += 1
-                b = a + max_positives
-            positives.append(pj[a:b])
-            scores.append(sc[a:b])
-            terms.append(tm[a:b])
+        for c in collectors:
+            c.add(len(q_idx), pq, pj, sc, tm)
         lo += len(q_idx)
         blocks, largest = blocks + 1, max(largest, hits)
         per_query = max(hits / max(len(q_idx), 1), 1.0)
@@ -215,13 +272,11 @@ def mine(
     if world > 1:  # every process gets the whole result, in query order (each query's positives are its own)
         from accelerate.utils import gather_object
 
-        parts = gather_object([(rank, positives, scores, terms, capped, blocks, largest)])
-        parts.sort(key=lambda p: p[0])
-        positives = [x for p in parts for x in p[1]]
-        scores = [x for p in parts for x in p[2]]
-        terms = [x for p in parts for x in p[3]]
-        capped, blocks, largest = sum(p[4] for p in parts), sum(p[5] for p in parts), max(p[6] for p in parts)
-    return Mined(positives, scores, terms, capped, stats={"blocks": blocks, "largest_block_hits": largest})
+        parts = sorted(gather_object([(rank, [c.state() for c in collectors], blocks, largest)]), key=lambda p: p[0])
+        for k, c in enumerate(collectors):
+            c.merge([p[1][k] for p in parts])
+        blocks, largest = sum(p[2] for p in parts), max(p[3] for p in parts)
+    return {"blocks": blocks, "largest_block_hits": largest}
 
 
 @dataclass
@@ -412,7 +467,7 @@ class MinePositivesConfig:
             if getattr(self, name) < 1:
                 problems.append(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.index not in INDEXES:
-            problems.append(f"--index must be flat or ivf, got {self.index!r}")
+            problems.append(f"--index must be {', '.join(INDEXES)}, got {self.index!r}")
         if problems:
             raise UsageError("; ".join(problems))
 
@@ -515,8 +570,9 @@ def mine_positives(data: str, out, config: MinePositivesConfig, *, where=(), spl
 
     if config.dry_run:
         grid = []
-        for th in threshold_grid(config.thresholds):
-            mined = mine(i_emb, t_emb, owner_arg, th, max_positives=config.max_positives, index=config.index, nprobe=config.nprobe)
+        points = threshold_grid(config.thresholds)
+        each = mine_grid(i_emb, t_emb, owner_arg, points, max_positives=config.max_positives, index=config.index, nprobe=config.nprobe)
+        for th, mined in zip(points, each):  # one search for the 9 points
             row = {"thresholds": vars(th), **{k: v for k, v in summarise(mined, len(rows)).items() if k != "histogram"}}
             if groups is not None:
                 row["groups"] = group_agreement(mined, groups)

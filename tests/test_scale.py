@@ -119,3 +119,28 @@ def test_deform_drops_rows_without_copying_the_images(tmp_path):
     for r in written:
         assert r["image"]["bytes"] == source[r["id"]]["image"]["bytes"] and r["caption_original"] == source[r["id"]]["caption"]
         assert r["split"] == "train" and r["caption"] and not r["is_base"]
+
+
+def test_workers_default_is_chosen_from_the_machine_and_recorded(tmp_path, monkeypatch):
+    import json
+    import os
+
+    from test_pretrain import micro
+
+    from vltool.pretrain import pretrain
+    from vltool.pretrain.loop import default_workers
+
+    assert default_workers("cpu", 1) == 0
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert default_workers("cuda", 16) == 8 - 1  # 64 cores / 8 local processes, less one
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert default_workers("cuda", 2) == 8  # at most 8
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    assert default_workers("cuda", 2) == 0
+    data = make_pairs(tmp_path / "d", n=16)
+    cfg = micro(steps=1)
+    assert cfg.workers is None
+    r = pretrain([data], tmp_path / "run", cfg, progress=False)
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["config"]["workers"] == 0  # on CPU
+    assert r["options"]["workers"] == 0

@@ -68,7 +68,7 @@ class PretrainConfig:
     caption_sampling: str | None = None
     prefix_ids: bool = False
     augment: str = "clip"
-    workers: int = 0
+    workers: int | None = None  # None: chosen from the machine when the run starts (loop.default_workers), then recorded
     data_format: str = "auto"
     shuffle_buffer: int = 2000  # wds: samples held per stream (about 2000 x 30 KB = 60 MB with CC3M-sized JPEGs)
     # The optimisation.
@@ -141,7 +141,7 @@ def _model_problems(c: PretrainConfig) -> list[str]:
     if c.logit_scale_init is not None and not 0 < c.logit_scale_init <= 100:
         problems.append(f"--logit-scale-init must be in (0, 100], got {c.logit_scale_init}")
     for name in ("unfreeze_image_last", "unfreeze_text_last", "warmup_steps", "workers"):
-        if getattr(c, name) < 0:
+        if getattr(c, name) is not None and getattr(c, name) < 0:
             problems.append(f"{_opt(name)} must be >= 0")
     if c.unfreeze_image_last and not c.lock_image:
         problems.append("--unfreeze-image-last needs --lock-image")

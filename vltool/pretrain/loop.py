@@ -166,6 +166,9 @@ def setup(spec: RunSpec, run_dir: Path, config: PretrainConfig, *, overwrite: bo
     frozen features, the resume state and the data loader."""
     accelerator = _accelerator(config)
     world = accelerator.num_processes
+    if config.workers is None:  # chosen once, from this machine, and recorded in run.json (resume uses it)
+        config.workers = default_workers(accelerator.device.type, world)
+        spec.config["workers"] = config.workers
     if resumed and spec.num_processes != world:
         raise UsageError(
             f"--resume {run_dir}: the run was started with {spec.num_processes} process(es), now {world}; "
@@ -246,6 +249,20 @@ def train(run: RunState, stop_after_steps: int | None = None) -> bool:
             _keep_freed_memory(False)
         run.log.close()
     return stopped
+
+
+def default_workers(device_type: str, world: int) -> int:
+    """--workers when not given: 0 when training on CPU (the model's threads use the cores; decoding in
+    the main process costs little next to a CPU step); on GPUs the CPU cores each process of this machine
+    gets, less one for the process itself, at most 8."""
+    if device_type == "cpu":
+        return 0
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))  # (set by accelerate launch and torchrun)
+    return max(0, min(8, cores // max(local, 1) - 1))
 
 
 def _keep_freed_memory(keep: bool) -> bool:

@@ -189,8 +189,10 @@ def plot(results: list[dict], path: Path) -> None:
         pts = [r for r in results if r["command"] == command and r["ok"]]
         if pts:
             axes[0].plot([p["rows"] for p in pts], [p["seconds"] for p in pts], "o-", label=command)
-            axes[1].plot([p["rows"] for p in pts], [p["peak_rss_gb"] for p in pts], "o-", label=command)
-    for ax, ylabel in zip(axes, ("seconds (pretrain: to 2 steps)", "peak RSS (GB)")):
+            line = axes[1].plot([p["rows"] for p in pts], [p["peak_rss_gb"] for p in pts], "o-", label=command)[0]
+            if all("peak_anon_gb" in p for p in pts):
+                axes[1].plot([p["rows"] for p in pts], [p["peak_anon_gb"] for p in pts], "x--", color=line.get_color(), alpha=0.6)
+    for ax, ylabel in zip(axes, ("seconds (pretrain: to 2 steps)", "peak RSS (GB); dashed: peak anonymous RSS")):
         ax.set_xscale("log")
         ax.set_xlabel("rows")
         ax.set_ylabel(ylabel)
@@ -209,11 +211,17 @@ def main() -> None:
     ap.add_argument("--commands", default=",".join(COMMANDS))
     ap.add_argument("--out", default="bench-scale")
     ap.add_argument("--work", default=None, help="where the synthetic data go [default: a temporary directory]")
+    ap.add_argument("--merge", nargs="+", default=None, metavar="SCALE_JSON",
+                    help="measure nothing: the table, ratios and PNG of earlier runs' scale.json files together")
     args = ap.parse_args()
     sizes = [int(s) for s in args.rows.split(",")] + ([10_000_000] if args.big else [])
     commands = args.commands.split(",")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.merge:
+        results = [r for f in args.merge for r in json.loads(Path(f).read_text())["results"]]
+        report(results, list(dict.fromkeys(r["command"] for r in results)), sorted({r["rows"] for r in results}), out)
+        return
     results = []
     with tempfile.TemporaryDirectory(dir=args.work) as tmp:
         work = Path(tmp)
@@ -236,6 +244,11 @@ def main() -> None:
                 results.append(res)
                 print(json.dumps(res), flush=True)
             subprocess.run(["rm", "-rf", str(data), str(work / f"shards-{rows}")] + [str(p) for p in work.glob(f"out-*-{rows}*")] + [str(p) for p in work.glob(f"cache-*-{rows}")])
+    report(results, commands, sizes, out)
+
+
+def report(results: list[dict], commands: list[str], sizes: list[int], out: Path) -> None:
+    """The table, the growth ratios, OUT/scale.json and OUT/scale.png."""
     print("\n| command | rows | seconds | rows/s | peak RSS (GB) | peak anonymous RSS (GB) |\n|---|---|---|---|---|---|")
     for r in results:
         if r["ok"]:

@@ -356,3 +356,28 @@ def test_dry_run_grid_in_one_search_equals_one_search_per_point(captions):
             np.testing.assert_array_equal(sa, sb)
             np.testing.assert_array_equal(ta, tb)
     assert len(counts) > 3 and any(m.capped_rows for m in together)  # the points differ, and the cap is exercised
+
+
+def test_positive_columns_equal_the_per_row_lists():
+    """The output columns built as Arrow arrays equal the per-row Python lists they replace (reference
+    beside it), with rows that were not mined, rows without positives, and mined rows out of order."""
+    import pyarrow as pa
+
+    from vltool.mine_positives import Mined, positive_columns
+
+    rng = np.random.default_rng(4)
+    n = 12
+    rows = np.array([7, 0, 3, 4, 9, 11])  # dataset row of each mined row (not sorted)
+    pos = [rng.choice(len(rows), size=k, replace=False) for k in (3, 0, 1, 5, 2, 0)]
+    sc = [rng.random((len(p), 3)).astype(np.float32) for p in pos]
+    mined = Mined(pos, sc, [np.ones((len(p), 3), bool) for p in pos])
+    ids = [f"id{i}" for i in range(n)]
+    positives, scores = positive_columns(mined, rows, n, pa.chunked_array([ids[:5], ids[5:]]))
+    want_p, want_s = [[] for _ in range(n)], [[] for _ in range(n)]  # the reference: what the command built before
+    row_ids = [ids[int(r)] for r in rows]
+    for k, r in enumerate(rows.tolist()):
+        want_p[r] = [row_ids[j] for j in mined.positives[k].tolist()]
+        want_s[r] = np.round(mined.scores[k], 5).tolist()
+    assert positives.type == pa.list_(pa.string()) and scores.type == pa.list_(pa.list_(pa.float32(), 3))
+    assert positives.to_pylist() == want_p
+    assert scores.to_pylist() == [[[float(np.float32(x)) for x in t] for t in r] for r in want_s]

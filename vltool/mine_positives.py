@@ -592,13 +592,9 @@ def mine_positives(data: str, out, config: MinePositivesConfig, *, where=(), spl
     if config.index == "ivf":
         stats["ivf_recall"] = _ivf_recall(i_emb, t_emb, owner_arg, config, mined)
 
-    ids = column_values(ds, C.ID)
-    row_ids = [ids[int(r)] for r in rows]
-    positives: list[list[str]] = [[] for _ in range(n)]
-    scores: list[list[list[float]]] = [[] for _ in range(n)]
-    for k, r in enumerate(rows.tolist()):
-        positives[r] = [row_ids[j] for j in mined.positives[k].tolist()]
-        scores[r] = np.round(mined.scores[k], 5).tolist()
+    from vltool.io import arrow_column
+
+    positives, scores = positive_columns(mined, rows, n, arrow_column(ds, C.ID))
     drop = [c for c in (C.POSITIVES, POSITIVE_SCORES) if c in ds.column_names]
     if drop:
         ds = ds.remove_columns(drop)
@@ -608,6 +604,28 @@ def mine_positives(data: str, out, config: MinePositivesConfig, *, where=(), spl
     prov["model"] = model_record(m, config.model, config.pretrained)
     save_dataset(ds, out, prov, overwrite=overwrite)
     return prov
+
+
+def positive_columns(mined: Mined, rows: np.ndarray, n: int, ids):
+    """The `positives` (ids) and `positive_scores` ([S_it, S_ii, S_tt], rounded to 5 decimals) columns of the
+    n dataset rows, built as Arrow arrays from the mined arrays (no Python object per pair: a list of
+    strings and a list of float lists per row cost ~150 bytes a pair). mined.positives[k] holds indices
+    into `rows` of the positives of dataset row rows[k]; rows not mined get empty lists. ids: the id column."""
+    import pyarrow as pa
+
+    rows = np.asarray(rows, dtype=np.int64)
+    counts = np.zeros(n, dtype=np.int64)
+    counts[rows] = [len(p) for p in mined.positives]
+    order = np.argsort(rows, kind="stable")  # mined rows in dataset order
+    flat_j = np.concatenate([mined.positives[k] for k in order]) if len(rows) else np.zeros(0, np.int64)
+    flat_s = np.concatenate([mined.scores[k] for k in order]) if len(rows) else np.zeros((0, 3), np.float32)
+    offsets = pa.array(np.concatenate([[0], np.cumsum(counts)]), type=pa.int64())
+    ids = pa.chunked_array(ids).combine_chunks() if isinstance(ids, pa.ChunkedArray) else pa.array(ids)
+    names = ids.take(pa.array(rows[flat_j.astype(np.int64)], type=pa.int64())).cast(pa.large_string()).cast(pa.string())
+    positives = pa.LargeListArray.from_arrays(offsets, names).cast(pa.list_(pa.string()))
+    triples = pa.FixedSizeListArray.from_arrays(pa.array(np.round(flat_s.astype(np.float32), 5).ravel(), type=pa.float32()), 3)
+    scores = pa.LargeListArray.from_arrays(offsets, triples).cast(pa.list_(pa.list_(pa.float32(), 3)))
+    return positives, scores
 
 
 def _ivf_recall(i_emb, t_emb, owner, config: MinePositivesConfig, approx: Mined) -> dict:

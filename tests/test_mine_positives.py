@@ -381,3 +381,14 @@ def test_positive_columns_equal_the_per_row_lists():
     assert positives.type == pa.list_(pa.string()) and scores.type == pa.list_(pa.list_(pa.float32(), 3))
     assert positives.to_pylist() == want_p
     assert scores.to_pylist() == [[[float(np.float32(x)) for x in t] for t in r] for r in want_s]
+
+
+def test_mined_rows_own_their_arrays():
+    """Each row's positives, scores and terms are copies, not views of a block's arrays: a view keeps the
+    whole block (up to pair_budget pairs) alive, so memory grew with the blocks (GBs at 10k rows)."""
+    rng = np.random.default_rng(1)
+    img = rng.normal(size=(60, 8)) + 2.0
+    txt = img + 0.3 * rng.normal(size=(60, 8))
+    m = mine(img, txt, None, Thresholds(p_it=0.9, p_ii=0.95, p_tt=0.95, p_it_tt=0.85), pair_budget=100, max_positives=10)
+    assert sum(len(p) for p in m.positives) > 100
+    assert all(a.base is None for arrays in (m.positives, m.scores, m.terms) for a in arrays)

@@ -224,9 +224,10 @@ class _Collector:
             if b - a > self.max_positives:
                 self.capped += 1
                 b = a + self.max_positives
-            self.positives.append(pj[a:b])
-            self.scores.append(sc[a:b])
-            self.terms.append(tm[a:b])
+            # copies: a slice would keep the whole block's arrays alive (pair_budget pairs per block, for ever)
+            self.positives.append(pj[a:b].copy())
+            self.scores.append(sc[a:b].copy())
+            self.terms.append(tm[a:b].copy())
 
     def state(self) -> tuple:
         return self.positives, self.scores, self.terms, self.capped

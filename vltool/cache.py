@@ -41,7 +41,9 @@ def canonical(obj: Any) -> str:
 
 def ids_digest(ids: Sequence[str]) -> str:
     """SHA-256 of the row ids in order: what rows an array holds, and in which order."""
-    return hashlib.sha256("".join(f"{i}\0" for i in ids).encode()).hexdigest()
+    from vltool.io import values_digest
+
+    return values_digest(ids)
 
 
 def texts_digest(texts: Sequence[str]) -> str:

@@ -231,8 +231,15 @@ def arrow_column(ds, name: str):
     return arr
 
 
+def values_digest(values) -> str:
+    """SHA-256 of the values in order, each as text followed by a NUL (vltool.cache.ids_digest)."""
+    import hashlib
+
+    return hashlib.sha256("".join(f"{v}\0" for v in values).encode()).hexdigest()
+
+
 def column_digest(ds, name: str) -> str:
-    """vltool.cache.ids_digest of a column's values (SHA-256 of each value as text, each followed by a NUL),
+    """values_digest (vltool.cache.ids_digest) of a column's values (SHA-256 of each value as text, each followed by a NUL),
     computed on the Arrow column: one join in Arrow and one hash, no Python object per row."""
     import hashlib
 
@@ -241,14 +248,10 @@ def column_digest(ds, name: str) -> str:
 
     arr = arrow_column(ds, name)
     if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
-        from vltool.cache import ids_digest
-
-        return ids_digest(column_values(ds, name))
+        return values_digest(column_values(ds, name))
     flat = pc.cast(arr, pa.large_string()).combine_chunks()
     if flat.null_count:
-        from vltool.cache import ids_digest
-
-        return ids_digest(column_values(ds, name))
+        return values_digest(column_values(ds, name))
     joined = pc.binary_join(pa.LargeListArray.from_arrays(pa.array([0, len(flat)], pa.int64()), flat),
                             pa.scalar("\0", pa.large_string()))
     h = hashlib.sha256(joined[0].as_buffer() if len(flat) else b"")

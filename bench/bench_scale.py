@@ -2,15 +2,19 @@
 a whole dataset.
 
 A synthetic image-text set is built on the fly (32x32 PNGs, five-to-ten-word captions, a list of two
-captions, a 100-class label) at each size, and a fresh `vltool-micro` model is saved once. Each command runs
-in its own process under `/usr/bin/time`, with an empty cache directory, and the benchmark prints its wall
-time (for pretrain: two optimizer steps, i.e. the time to the first steps), its throughput (rows per
-second) and its peak resident memory, then the ratio of the largest size to the smallest. Target (issue 22):
-time to first step and peak memory within 2x from 10k to 1M rows (10M with --big).
+captions, a 100-class label) at each size, saved with save_to_disk, and for `pretrain-wds` the same kind of
+rows as WebDataset shards of 10,000 samples in img2dataset's layout; a fresh `vltool-micro` model is saved
+once. Each command runs in its own process (`python -m vltool`, so PYTHONPATH picks the checkout), with an
+empty cache directory, and the benchmark prints its wall time (for pretrain: two optimizer steps, i.e. the
+time to the first steps), its throughput (rows per second), its peak resident memory (the kernel's
+maximum RSS, from /usr/bin/time) and its peak anonymous resident memory (RssAnon, sampled every 20 ms: the memory it
+allocated, without the clean file pages of a memory-mapped dataset that the kernel maps into its RSS),
+then the ratio of the largest size to the smallest. Target (issue 22): time to first step and peak memory
+within 2x from 10k to 1M rows (10M with --big).
 
-    python bench/bench_scale.py                                  # 10k, 100k, 1M rows; all five commands
-    python bench/bench_scale.py --rows 10000,100000 --commands pretrain,deform
-    python bench/bench_scale.py --big                            # adds 10M rows (about 3 GB of disk)
+    python bench/bench_scale.py                                  # 10k, 100k, 1M rows; every command
+    python bench/bench_scale.py --rows 10000,100000 --commands pretrain,pretrain-wds,deform
+    python bench/bench_scale.py --big                            # adds 10M rows (about 32 GB of disk per copy)
 
 Writes OUT/scale.json and OUT/scale.png (time and memory against rows, one line per command).
 """
@@ -30,7 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 WORDS = ("red blue green small large happy face hand heart cat dog bird tree house car sun moon star flag "
          "person man woman child old young sitting standing running smiling food cake cup water fire").split()
-COMMANDS = ("pretrain", "deform", "zeroshot", "retrieve", "mine-positives")
+COMMANDS = ("pretrain", "pretrain-wds", "deform", "zeroshot", "retrieve", "mine-positives")
+VLTOOL = (sys.executable, "-m", "vltool")
+SHARD_ROWS = 10_000  # samples per shard of the WebDataset copy (img2dataset's default)
 
 
 def build_dataset(path: Path, rows: int, chunk: int = 200_000) -> None:
@@ -69,6 +75,40 @@ def build_dataset(path: Path, rows: int, chunk: int = 200_000) -> None:
     ds.save_to_disk(str(path), num_shards=max(1, rows // 500_000))
 
 
+def build_shards(path: Path, rows: int) -> str:
+    """The same kind of rows as WebDataset shards in img2dataset's layout (KEY.png, KEY.txt, KEY.json, and
+    NNNNN_stats.json beside each shard); returns the brace pattern naming them."""
+    import io
+    import json as json_
+    import tarfile
+
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    pngs = []
+    for k in range(256):
+        buf = io.BytesIO()
+        Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(buf, format="PNG")
+        pngs.append(buf.getvalue())
+    path.mkdir(parents=True)
+    shards = max(1, -(-rows // SHARD_ROWS))
+    for s in range(shards):
+        lo, hi = s * SHARD_ROWS, min(rows, (s + 1) * SHARD_ROWS)
+        lengths, words = rng.integers(5, 11, hi - lo), rng.integers(0, len(WORDS), (hi - lo, 10))
+        with tarfile.open(path / f"{s:05d}.tar", "w") as tar:
+            for i in range(lo, hi):
+                key = f"{i:09d}"
+                cap = " ".join(WORDS[w] for w in words[i - lo, : lengths[i - lo]])
+                for ext, data in (("png", pngs[i % 256]), ("txt", cap.encode()),
+                                  ("json", json_.dumps({"key": key, "caption": cap, "status": "success"}).encode())):
+                    info = tarfile.TarInfo(f"{key}.{ext}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+        (path / f"{s:05d}_stats.json").write_text(json_.dumps({"count": hi - lo, "successes": hi - lo}))
+    return str(path / f"{{00000..{shards - 1:05d}}}.tar")
+
+
 def build_model(path: Path) -> Path:
     import torch
 
@@ -82,36 +122,60 @@ def build_model(path: Path) -> Path:
 
 def command_line(command: str, data: Path, model: Path, out: Path) -> list[str]:
     common = ["--no-progress"]
-    if command == "pretrain":
-        return ["vltool", "pretrain", str(data), "--arch", "vltool-micro", "--steps", "2", "--batch-size", "64",
+    if command in ("pretrain", "pretrain-wds"):
+        return [*VLTOOL, "pretrain", str(data), "--arch", "vltool-micro", "--steps", "2", "--batch-size", "64",
                 "--device", "cpu", "--out", str(out), *common]
     if command == "deform":
-        return ["vltool", "deform", str(data), "--out", str(out)]
+        return [*VLTOOL, "deform", str(data), "--out", str(out)]
     if command in ("zeroshot", "retrieve"):
-        return ["vltool", command, str(data), "--model", str(model), "--bootstrap", "100", "--out", str(out) + ".json", *common]
+        return [*VLTOOL, command, str(data), "--model", str(model), "--bootstrap", "100", "--out", str(out) + ".json", *common]
     if command == "mine-positives":
-        return ["vltool", "mine-positives", str(data), "--model", str(model), "--out", str(out)]
+        return [*VLTOOL, "mine-positives", str(data), "--model", str(model), "--out", str(out)]
     raise SystemExit(f"unknown command {command}")
 
 
+def _anon_kb(pid: int) -> int:
+    """The process's anonymous resident memory (RssAnon, kB): what it allocated, without the file pages a
+    memory-mapped dataset puts in its RSS (clean page cache the kernel maps around each page read)."""
+    try:
+        for line in open(f"/proc/{pid}/status"):
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
 def measure(cmd: list[str], cache: Path) -> dict:
-    """Wall seconds and peak RSS (GB) of one command in a fresh process, with its own empty cache."""
+    """Wall seconds, peak RSS (GB, the kernel's maximum resident set, from /usr/bin/time) and peak anonymous
+    RSS (sampled every 20 ms) of one command in a fresh process, with its own empty cache."""
     env = {**os.environ, "VLTOOL_CACHE": str(cache), "HF_DATASETS_CACHE": str(cache / "hf"), "PYTHONWARNINGS": "ignore"}
+    err = cache.parent / f"{cache.name}.stderr"
     t0 = time.perf_counter()
-    r = subprocess.run(["/usr/bin/time", "-f", "VLTOOL_TIME %e %M", *cmd], env=env, capture_output=True, text=True)
+    with open(err, "w") as f:
+        proc = subprocess.Popen(["/usr/bin/time", "-f", "VLTOOL_TIME %e %M", *cmd], env=env, stdout=subprocess.DEVNULL, stderr=f)
+    anon = 0
+    while proc.poll() is None:
+        try:  # the command is /usr/bin/time's child
+            child = int(open(f"/proc/{proc.pid}/task/{proc.pid}/children").read().split()[0])
+            anon = max(anon, _anon_kb(child))
+        except (OSError, IndexError, ValueError):
+            pass
+        time.sleep(0.02)
     wall = time.perf_counter() - t0
-    line = [ln for ln in r.stderr.splitlines() if ln.startswith("VLTOOL_TIME ")]
-    if r.returncode != 0 or not line:
-        said = [ln for ln in r.stderr.strip().splitlines() if not ln.startswith("VLTOOL_TIME ")]
-        return {"ok": False, "error": said[-1] if said else f"exit {r.returncode}", "seconds": round(wall, 2)}
+    said = err.read_text().strip().splitlines()
+    line = [ln for ln in said if ln.startswith("VLTOOL_TIME ")]
+    if proc.returncode != 0 or not line:
+        said = [ln for ln in said if not ln.startswith("VLTOOL_TIME ")]
+        return {"ok": False, "error": said[-1] if said else f"exit {proc.returncode}", "seconds": round(wall, 2)}
     _, secs, kb = line[-1].split()
-    return {"ok": True, "seconds": float(secs), "peak_rss_gb": round(int(kb) / 1024**2, 3)}
+    return {"ok": True, "seconds": float(secs), "peak_rss_gb": round(int(kb) / 1024**2, 3), "peak_anon_gb": round(anon / 1024**2, 3)}
 
 
 def accepted(command: str, rows: int, big: bool) -> bool:
     """Encoding every image of 1M rows on 2 CPU cores takes minutes per command: at the default sizes the
     encoding commands stop at 100k rows unless --big asks for everything."""
-    return big or command in ("pretrain", "deform") or rows <= 100_000
+    return big or command in ("pretrain", "pretrain-wds", "deform") or rows <= 100_000
 
 
 def plot(results: list[dict], path: Path) -> None:
@@ -125,8 +189,10 @@ def plot(results: list[dict], path: Path) -> None:
         pts = [r for r in results if r["command"] == command and r["ok"]]
         if pts:
             axes[0].plot([p["rows"] for p in pts], [p["seconds"] for p in pts], "o-", label=command)
-            axes[1].plot([p["rows"] for p in pts], [p["peak_rss_gb"] for p in pts], "o-", label=command)
-    for ax, ylabel in zip(axes, ("seconds (pretrain: to 2 steps)", "peak RSS (GB)")):
+            line = axes[1].plot([p["rows"] for p in pts], [p["peak_rss_gb"] for p in pts], "o-", label=command)[0]
+            if all("peak_anon_gb" in p for p in pts):
+                axes[1].plot([p["rows"] for p in pts], [p["peak_anon_gb"] for p in pts], "x--", color=line.get_color(), alpha=0.6)
+    for ax, ylabel in zip(axes, ("seconds (pretrain: to 2 steps)", "peak RSS (GB); dashed: peak anonymous RSS")):
         ax.set_xscale("log")
         ax.set_xlabel("rows")
         ax.set_ylabel(ylabel)
@@ -145,11 +211,17 @@ def main() -> None:
     ap.add_argument("--commands", default=",".join(COMMANDS))
     ap.add_argument("--out", default="bench-scale")
     ap.add_argument("--work", default=None, help="where the synthetic data go [default: a temporary directory]")
+    ap.add_argument("--merge", nargs="+", default=None, metavar="SCALE_JSON",
+                    help="measure nothing: the table, ratios and PNG of earlier runs' scale.json files together")
     args = ap.parse_args()
     sizes = [int(s) for s in args.rows.split(",")] + ([10_000_000] if args.big else [])
     commands = args.commands.split(",")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.merge:
+        results = [r for f in args.merge for r in json.loads(Path(f).read_text())["results"]]
+        report(results, list(dict.fromkeys(r["command"] for r in results)), sorted({r["rows"] for r in results}), out)
+        return
     results = []
     with tempfile.TemporaryDirectory(dir=args.work) as tmp:
         work = Path(tmp)
@@ -157,31 +229,40 @@ def main() -> None:
         for rows in sizes:
             data = work / f"data-{rows}"
             t0 = time.perf_counter()
-            build_dataset(data, rows)
+            if any(c != "pretrain-wds" for c in commands):
+                build_dataset(data, rows)
+            shards = build_shards(work / f"shards-{rows}", rows) if "pretrain-wds" in commands else None
             print(f"built {rows:,} rows in {time.perf_counter() - t0:.1f} s", flush=True)
             for command in commands:
                 if not accepted(command, rows, args.big):
                     continue
-                res = measure(command_line(command, data, model, work / f"out-{command}-{rows}"), work / f"cache-{command}-{rows}")
+                source = shards if command == "pretrain-wds" else data
+                res = measure(command_line(command, source, model, work / f"out-{command}-{rows}"), work / f"cache-{command}-{rows}")
                 res.update(command=command, rows=rows)
                 if res["ok"]:
                     res["rows_per_s"] = round(rows / res["seconds"], 1)
                 results.append(res)
                 print(json.dumps(res), flush=True)
-            subprocess.run(["rm", "-rf", str(data)] + [str(p) for p in work.glob(f"out-*-{rows}*")] + [str(p) for p in work.glob(f"cache-*-{rows}")])
-    print("\n| command | rows | seconds | rows/s | peak RSS (GB) |\n|---|---|---|---|---|")
+            subprocess.run(["rm", "-rf", str(data), str(work / f"shards-{rows}")] + [str(p) for p in work.glob(f"out-*-{rows}*")] + [str(p) for p in work.glob(f"cache-*-{rows}")])
+    report(results, commands, sizes, out)
+
+
+def report(results: list[dict], commands: list[str], sizes: list[int], out: Path) -> None:
+    """The table, the growth ratios, OUT/scale.json and OUT/scale.png."""
+    print("\n| command | rows | seconds | rows/s | peak RSS (GB) | peak anonymous RSS (GB) |\n|---|---|---|---|---|---|")
     for r in results:
         if r["ok"]:
-            print(f"| {r['command']} | {r['rows']:,} | {r['seconds']:.1f} | {r['rows_per_s']:,.0f} | {r['peak_rss_gb']:.2f} |")
+            print(f"| {r['command']} | {r['rows']:,} | {r['seconds']:.1f} | {r['rows_per_s']:,.0f} | {r['peak_rss_gb']:.2f} | "
+                  f"{r['peak_anon_gb']:.2f} |")
         else:
-            print(f"| {r['command']} | {r['rows']:,} | failed: {r['error']} | | |")
+            print(f"| {r['command']} | {r['rows']:,} | failed: {r['error']} | | | |")
     print("\ngrowth from the smallest to the largest size measured (target: within 2x):")
     for command in commands:
         pts = [r for r in results if r["command"] == command and r["ok"]]
         if len(pts) >= 2:
             a, b = pts[0], pts[-1]
             print(f"  {command}: {a['rows']:,} -> {b['rows']:,} rows: time x{b['seconds'] / a['seconds']:.2f}, "
-                  f"peak RSS x{b['peak_rss_gb'] / a['peak_rss_gb']:.2f}")
+                  f"peak RSS x{b['peak_rss_gb'] / a['peak_rss_gb']:.2f}, peak anonymous RSS x{b['peak_anon_gb'] / a['peak_anon_gb']:.2f}")
     (out / "scale.json").write_text(json.dumps({"results": results, "sizes": sizes}, indent=2))
     plot(results, out / "scale.png")
     print(f"wrote {out / 'scale.json'}, {out / 'scale.png'}")

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from vltool.mine_positives import Thresholds, calibrate, dense_reference, mine, summarise
+from vltool.mine_positives import Thresholds, _normalise, calibrate, dense_reference, mine, summarise
 
 D = 16
 
@@ -254,3 +254,141 @@ def test_bounded_blocks_give_the_same_pairs_as_one_block(captions):
     for i, p in enumerate(full.positives):
         got[i, p] = True
     assert (got == dense).all()
+
+
+@pytest.mark.parametrize("captions", [1, 3], ids=["one-caption", "three-captions"])
+@pytest.mark.parametrize("low_precision", [False, True], ids=["fp32", "bf16"])
+def test_blocked_search_gives_the_pairs_of_the_faiss_search(captions, low_precision, monkeypatch):
+    """--index blocked (torch matmul over tiles of the targets; bf16 candidates with the margin, then the
+    exact float32 recheck) mines exactly the pairs, order, scores and terms of the faiss flat search, with
+    tiles smaller than the targets and blocks cut by the pair budget; bf16 is forced on CPU here."""
+    import vltool.mine_positives as MP
+
+    monkeypatch.setattr(MP, "TILE_ELEMENTS", 64 * 37)  # several tiles per search
+    real = MP._Blocked
+    monkeypatch.setattr(MP, "_Blocked", lambda x: real(x, device="cpu", low_precision=low_precision))
+    rng = np.random.default_rng(2)
+    n = 150
+    img = rng.normal(size=(n, 8)) + 2.0
+    txt = np.repeat(img, captions, axis=0) + 0.3 * rng.normal(size=(n * captions, 8))
+    owner = np.repeat(np.arange(n), captions) if captions > 1 else None
+    th = Thresholds(p_it=0.9, p_ii=0.95, p_tt=0.95, p_it_tt=0.85)
+    flat = mine(img, txt, owner, th, max_positives=40, pair_budget=400)
+    blocked = mine(img, txt, owner, th, max_positives=40, pair_budget=400, index="blocked")
+    assert sum(len(p) for p in flat.positives) > 10 * n and flat.capped_rows > 0  # a case with many pairs, some rows capped
+    assert blocked.capped_rows == flat.capped_rows
+    for a, b, sa, sb, ta, tb in zip(flat.positives, blocked.positives, flat.scores, blocked.scores, flat.terms, blocked.terms):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(sa, sb)
+        np.testing.assert_array_equal(ta, tb)
+    # the candidates hold every exact pair, also at a radius where many pairs are within rounding of it
+    # (the median score): the margin covers bf16's error (without it, pairs are missed here)
+    x = real(_normalise(txt), device="cpu", low_precision=low_precision)
+    assert str(x.dtype) == ("torch.bfloat16" if low_precision else "torch.float32")
+    exact = _normalise(img) @ _normalise(txt).T  # (N, N_txt) float64
+    radius = float(np.median(exact))
+    lims, _, ids = x.range_search(_normalise(img), radius)
+    got = set(zip(np.repeat(np.arange(n), np.diff(lims)).tolist(), ids.tolist()))
+    assert set(zip(*[a.tolist() for a in np.nonzero(exact > radius)])) <= got
+
+
+BLOCKED_SCRIPT = """
+import sys, numpy as np
+from vltool.mine_positives import Thresholds, mine
+from vltool.topology import process_state
+
+rng = np.random.default_rng(2)
+img = rng.normal(size=(150, 8)) + 2.0
+txt = np.repeat(img, 3, axis=0) + 0.3 * rng.normal(size=(450, 8))
+owner = np.repeat(np.arange(150), 3)
+th = Thresholds(p_it=0.9, p_ii=0.95, p_tt=0.95, p_it_tt=0.85)
+m = mine(img, txt, owner, th, max_positives=40, pair_budget=400, index=sys.argv[2])
+if process_state().is_main_process:
+    np.savez(sys.argv[1], counts=[len(p) for p in m.positives], pos=np.concatenate(m.positives),
+             scores=np.concatenate(m.scores), terms=np.concatenate(m.terms), capped=m.capped_rows)
+"""
+
+
+@pytest.mark.slow
+def test_blocked_search_over_two_processes_equals_one(tmp_path):
+    """2 processes (accelerate launch, CPU) each mine half the queries with --index blocked; the gathered
+    result is the single-process faiss flat search's."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    script = tmp_path / "blocked.py"
+    script.write_text(BLOCKED_SCRIPT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(repo)}
+    subprocess.run([sys.executable, str(script), str(tmp_path / "one.npz"), "flat"], env=env, check=True, timeout=300)
+    r = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                        "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0",
+                        str(script), str(tmp_path / "two.npz"), "blocked"], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    one, two = np.load(tmp_path / "one.npz"), np.load(tmp_path / "two.npz")
+    assert one["pos"].size > 1000 and int(one["capped"]) > 0
+    for k in ("counts", "pos", "scores", "terms", "capped"):
+        np.testing.assert_array_equal(one[k], two[k], err_msg=k)
+
+
+@pytest.mark.parametrize("captions", [1, 3], ids=["one-caption", "three-captions"])
+def test_dry_run_grid_in_one_search_equals_one_search_per_point(captions):
+    """--dry-run's 9 thresholds from one search at the loosest of them (each point's terms recomputed from
+    the exact scores, then capped) equal 9 separate searches: pairs, order, scores, terms, capped rows."""
+    from vltool.mine_positives import mine_grid, threshold_grid
+
+    rng = np.random.default_rng(3)
+    n = 150
+    img = rng.normal(size=(n, 8)) + 2.0
+    txt = np.repeat(img, captions, axis=0) + 0.3 * rng.normal(size=(n * captions, 8))
+    owner = np.repeat(np.arange(n), captions) if captions > 1 else None
+    grid = threshold_grid(Thresholds(p_it=0.9, p_ii=0.95, p_tt=0.95, p_it_tt=0.85))
+    together = mine_grid(img, txt, owner, grid, max_positives=30, pair_budget=500)
+    counts = set()
+    for th, got in zip(grid, together):
+        want = mine(img, txt, owner, th, max_positives=30, pair_budget=500)
+        assert got.capped_rows == want.capped_rows
+        counts.add(sum(len(p) for p in want.positives))
+        for a, b, sa, sb, ta, tb in zip(want.positives, got.positives, want.scores, got.scores, want.terms, got.terms):
+            np.testing.assert_array_equal(a, b)
+            np.testing.assert_array_equal(sa, sb)
+            np.testing.assert_array_equal(ta, tb)
+    assert len(counts) > 3 and any(m.capped_rows for m in together)  # the points differ, and the cap is exercised
+
+
+def test_positive_columns_equal_the_per_row_lists():
+    """The output columns built as Arrow arrays equal the per-row Python lists they replace (reference
+    beside it), with rows that were not mined, rows without positives, and mined rows out of order."""
+    import pyarrow as pa
+
+    from vltool.mine_positives import Mined, positive_columns
+
+    rng = np.random.default_rng(4)
+    n = 12
+    rows = np.array([7, 0, 3, 4, 9, 11])  # dataset row of each mined row (not sorted)
+    pos = [rng.choice(len(rows), size=k, replace=False) for k in (3, 0, 1, 5, 2, 0)]
+    sc = [rng.random((len(p), 3)).astype(np.float32) for p in pos]
+    mined = Mined(pos, sc, [np.ones((len(p), 3), bool) for p in pos])
+    ids = [f"id{i}" for i in range(n)]
+    positives, scores = positive_columns(mined, rows, n, pa.chunked_array([ids[:5], ids[5:]]))
+    want_p, want_s = [[] for _ in range(n)], [[] for _ in range(n)]  # the reference: what the command built before
+    row_ids = [ids[int(r)] for r in rows]
+    for k, r in enumerate(rows.tolist()):
+        want_p[r] = [row_ids[j] for j in mined.positives[k].tolist()]
+        want_s[r] = np.round(mined.scores[k], 5).tolist()
+    assert positives.type == pa.list_(pa.string()) and scores.type == pa.list_(pa.list_(pa.float32(), 3))
+    assert positives.to_pylist() == want_p
+    assert scores.to_pylist() == [[[float(np.float32(x)) for x in t] for t in r] for r in want_s]
+
+
+def test_mined_rows_own_their_arrays():
+    """Each row's positives, scores and terms are copies, not views of a block's arrays: a view keeps the
+    whole block (up to pair_budget pairs) alive, so memory grew with the blocks (GBs at 10k rows)."""
+    rng = np.random.default_rng(1)
+    img = rng.normal(size=(60, 8)) + 2.0
+    txt = img + 0.3 * rng.normal(size=(60, 8))
+    m = mine(img, txt, None, Thresholds(p_it=0.9, p_ii=0.95, p_tt=0.95, p_it_tt=0.85), pair_budget=100, max_positives=10)
+    assert sum(len(p) for p in m.positives) > 100
+    assert all(a.base is None for arrays in (m.positives, m.scores, m.terms) for a in arrays)

@@ -41,11 +41,9 @@ def canonical(obj: Any) -> str:
 
 def ids_digest(ids: Sequence[str]) -> str:
     """SHA-256 of the row ids in order: what rows an array holds, and in which order."""
-    h = hashlib.sha256()
-    for i in ids:
-        h.update(str(i).encode())
-        h.update(b"\0")
-    return h.hexdigest()
+    from vltool.io import values_digest
+
+    return values_digest(ids)
 
 
 def texts_digest(texts: Sequence[str]) -> str:

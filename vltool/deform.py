@@ -399,18 +399,31 @@ def deform_dataset(ds, config: DeformConfig) -> tuple[object, dict]:
     vocab = fit_vocabulary_parallel(base_texts, ops, stopwords, config.num_proc)
     new_texts, removed, words_in, words_out = deform_texts(texts, ids, is_base, ops, vocab, config.seed, config.num_proc)
 
-    # Build the output table with Arrow: keep the non-empty rows, swap the text column, add the new ones.
+    # Build the output with Arrow without copying the table: the new columns are appended to the input's
+    # (memory-mapped) table, and the rows kept are an indices mapping that save_to_disk follows batch by
+    # batch, so the images are never held in memory (a filter would copy every column, images included).
     # (a base row stays intact, but a row without text, base or not, is dropped: None, "" and whitespace are no text)
     has_text = np.fromiter((clean_text(t) is not None for t in texts), dtype=bool, count=n)
     keep = np.fromiter((bool(t) for t in new_texts), dtype=bool, count=n) | (is_base & has_text)  # (n,)
-    kept_texts = [t for t, k in zip(new_texts, keep.tolist()) if k] if not keep.all() else new_texts
+    rows_out = int(keep.sum())
     del texts
-    table = ds.data.table if ds._indices is None else ds.flatten_indices().data.table
-    if not keep.all():
-        table = table.filter(pa.array(keep))
+    table = ds.data.table
     col_type = table.schema.field(config.text_column).type
+    if ds._indices is None:
+        rows = np.arange(n)
+        scatter = None
+    else:  # the selected rows' values go to their places in the whole table (other places: null, never read)
+        rows = ds._indices.column(0).to_numpy()
+        inverse = np.full(len(table), -1, dtype=np.int64)
+        inverse[rows] = np.arange(n)
+        scatter = pa.array(inverse, mask=inverse < 0)
+
+    def whole(values, type_):  # (n,) values of the selected rows -> a column of the whole table
+        arr = pa.array(values, type=type_)
+        return arr if scatter is None else arr.take(scatter)
+
     original = table.column(config.text_column)
-    table = table.set_column(table.schema.get_field_index(config.text_column), config.text_column, pa.array(kept_texts, type=col_type))
+    table = table.set_column(table.schema.get_field_index(config.text_column), config.text_column, whole(new_texts, col_type))
     features = ds.features.copy()
     original_col = C.CAPTION_ORIGINAL if config.text_column == C.CAPTION else f"{config.text_column}_original"
     if original_col not in table.column_names:  # a second deform keeps the intact text of the first
@@ -419,10 +432,14 @@ def deform_dataset(ds, config: DeformConfig) -> tuple[object, dict]:
     if C.IS_BASE in table.column_names:
         table = table.drop_columns([C.IS_BASE])
         del features[C.IS_BASE]
-    table = table.append_column(C.IS_BASE, pa.array(is_base[keep]))
+    table = table.append_column(C.IS_BASE, whole(is_base, pa.bool_()))
     features[C.IS_BASE] = datasets.Value("bool")
+    indices = None
+    if scatter is not None or not keep.all():
+        indices = InMemoryTable(pa.table({"indices": pa.array(rows[keep], type=pa.uint64())}))
     out = datasets.Dataset(
-        InMemoryTable(table), info=datasets.DatasetInfo(features=features), fingerprint=_fingerprint(ds._fingerprint, config)
+        InMemoryTable(table), info=datasets.DatasetInfo(features=features), indices_table=indices,
+        fingerprint=_fingerprint(ds._fingerprint, config),
     )
 
     warnings = []
@@ -432,7 +449,6 @@ def deform_dataset(ds, config: DeformConfig) -> tuple[object, dict]:
             f"{int(is_base.sum())} base captions, so only words outside the base vocabulary survive "
             "(none, with basevocab); the paper's t=1000 is for millions of captions: choose a smaller t here"
         )
-    rows_out = len(kept_texts)
     top_removed = [
         [w, c] for w, c in sorted(removed.items(), key=lambda kv: (-kv[1], kv[0])) if w.isalpha() and w not in stopwords
     ][:20]

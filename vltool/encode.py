@@ -27,9 +27,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from vltool import columns as C
-from vltool.cache import CacheKey, EmbeddingCache, ids_digest, row_filter, texts_digest
+from vltool.cache import CacheKey, EmbeddingCache, row_filter, texts_digest
 from vltool.errors import UsageError, VltoolError
-from vltool.io import decode_image  # noqa: F401  (re-exported: callers import it from here)
+from vltool.io import column_digest, column_values, decode_image  # noqa: F401  (decode_image re-exported: callers import it from here)
 from vltool.topology import is_main, process_state, warn
 
 FEATURES = ("post", "pre")
@@ -368,7 +368,7 @@ def encode_images(
     image_column(ds, column, data.spec)  # path strings are refused here, not decoded as bad images
     n = len(ds)
     key = dataset_key(m, data, column, image_preprocessing(m, features))
-    ids = ids_digest(ds[C.ID]) if C.ID in ds.column_names else None
+    ids = column_digest(ds, C.ID) if C.ID in ds.column_names else None  # (Arrow: no row formatted)
     raw = ds.select_columns([column])
     if isinstance(raw.features[column], datasets.Image):
         raw = raw.cast_column(column, datasets.Image(decode=False))
@@ -464,7 +464,7 @@ def encode_texts(
 
     ds = data.dataset
     text_column(ds, column, data.spec, allow_list=True)
-    texts, owner = text_owner(ds[column])
+    texts, owner = text_owner(column_values(ds, column))
     require_texts(len(texts), len(ds), column, data.spec)
     key = dataset_key(m, data, column, text_preprocessing(m))
     ids = texts_digest(texts)

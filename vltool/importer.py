@@ -42,12 +42,11 @@ from typing import Any, Iterator, Sequence
 
 from vltool import columns as C
 from vltool.errors import UsageError, VltoolError
+from vltool.shards import IMAGE_EXTS, TAR_SUFFIXES, expand_braces, iter_tar, split_member  # noqa: F401 (re-exported)
 from vltool.templates import DATASET_TEMPLATES
 
 FORMATS = ("auto", "csv", "tsv", "jsonl", "parquet", "webdataset", "imagefolder", "coco", "clip_benchmark")
 TABLE_FORMATS = ("csv", "tsv", "jsonl", "parquet")
-IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm", "pnm")
-TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 
 # Column names tried, in order, when --image-column / --caption-column / --id-column are not given.
 IMAGE_COLUMN_CANDIDATES = ("filepath", "image", "image_path", "img_path", "path", "file", "filename", "file_name", "img", "jpg", "png")
@@ -107,26 +106,6 @@ class ImportConfig:
 
 # --------------------------------------------------------------------------------------------------
 # Finding the source files
-
-
-def expand_braces(pattern: str) -> list[str]:
-    """`a{00..02}b{x,y}` -> a00bx a00by a01bx ... (braceexpand's rules for ranges and alternatives)."""
-    m = re.search(r"\{([^{}]*)\}", pattern)
-    if not m:
-        return [pattern]
-    head, body, tail = pattern[: m.start()], m.group(1), pattern[m.end() :]
-    r = re.fullmatch(r"(-?\d+)\.\.(-?\d+)", body)
-    if r:
-        a, b = r.groups()
-        width = max(len(a), len(b)) if (a.lstrip("-").startswith("0") and len(a) > 1) or (b.startswith("0") and len(b) > 1) else 0
-        lo, hi = int(a), int(b)
-        step = 1 if hi >= lo else -1
-        values = [str(v).zfill(width) for v in range(lo, hi + step, step)]
-    elif "," in body:
-        values = body.split(",")
-    else:  # literal braces
-        return [head + "{" + body + "}" + rest for rest in expand_braces(tail)]
-    return [head + v + rest for v in values for rest in expand_braces(tail)]
 
 
 def expand_sources(specs: Sequence[str]) -> list[Path]:
@@ -430,87 +409,6 @@ def _gen_parquet(unit: tuple, plan: _Plan, skips: _Skips) -> Iterator[dict]:
                 yield row
 
 
-def _split_member(name: str) -> tuple[str, str] | None:
-    """WebDataset's rule: the key is the path up to the first dot of the file name, the rest is the extension."""
-    d, _, base = name.rpartition("/")
-    if base.startswith((".", "_")) or "." not in base:
-        return None
-    stem, _, ext = base.partition(".")
-    return (f"{d}/{stem}" if d else stem), ext.lower()
-
-
-_ZERO_BLOCK = bytes(512)
-
-
-def _tar_number(field: bytes) -> int:
-    if field[:1] and field[0] & 0x80:  # GNU base-256 for large values
-        return int.from_bytes(field[1:], "big")
-    text = field.split(b"\0", 1)[0].strip()
-    return int(text, 8) if text else 0
-
-
-def iter_tar(path: str) -> Iterator[tuple[str, bytes]]:
-    """(name, data) of each regular file of a tar stream, in order (ustar, GNU long names, PAX paths).
-
-    A few times faster than `tarfile` on shards of many small members. Raises `tarfile.ReadError` on
-    a bad header checksum or a truncated archive; `.tar.gz` / `.tgz` are read through gzip.
-    """
-    import gzip
-
-    raw = open(path, "rb", buffering=1 << 20)
-    f = gzip.open(raw) if path.lower().endswith((".gz", ".tgz")) else raw
-    try:
-        long_name = None
-        while True:
-            header = f.read(512)
-            if len(header) < 512:
-                if header.strip(b"\0"):
-                    raise tarfile.ReadError("truncated header")
-                return
-            if header == _ZERO_BLOCK:
-                return
-            stored = _tar_number(header[148:156])
-            unsigned = sum(header[:148]) + 256 + sum(header[156:])
-            if stored != unsigned and stored != unsigned - 256 * sum(1 for b in header[:148] + header[156:] if b > 127):
-                raise tarfile.ReadError("bad header checksum")
-            size = _tar_number(header[124:136])
-            kind = header[156:157]
-            data = f.read(size)
-            if len(data) < size:
-                raise tarfile.ReadError("truncated member")
-            if size % 512 and len(f.read(512 - size % 512)) < 512 - size % 512:
-                raise tarfile.ReadError("truncated member")
-            if kind == b"L":  # GNU long name of the next member
-                long_name = data.split(b"\0", 1)[0].decode("utf-8", "replace")
-                continue
-            if kind == b"x":  # PAX header: "LEN key=value\n" records
-                i = 0
-                while i < len(data):
-                    sp = data.index(b" ", i)
-                    n = int(data[i:sp])
-                    key, _, value = data[sp + 1 : i + n - 1].partition(b"=")
-                    if key == b"path":
-                        long_name = value.decode("utf-8", "replace")
-                    i += n
-                continue
-            if kind not in (b"0", b"\0", b"7"):  # directories, links, global headers: no sample data
-                long_name = None
-                continue
-            if long_name is not None:
-                name, long_name = long_name, None
-            else:
-                name = header[:100].split(b"\0", 1)[0]
-                if header[257:262] == b"ustar":
-                    prefix = header[345:500].split(b"\0", 1)[0]
-                    if prefix:
-                        name = prefix + b"/" + name
-                name = name.decode("utf-8", "replace")
-            yield name, data
-    finally:
-        f.close()
-        raw.close()
-
-
 def _wds_sample_row(plan: _Plan, skips: _Skips, source: str, key: str, files: dict) -> dict | None:
     meta: dict = {}
     if "json" in files:
@@ -544,7 +442,7 @@ def _gen_webdataset(unit: tuple, plan: _Plan, skips: _Skips) -> Iterator[dict]:
     key, files = None, {}
     try:
         for member, data in iter_tar(path):
-            parts = _split_member(member)
+            parts = split_member(member)
             if parts is None:
                 continue
             k, ext = parts
@@ -900,7 +798,7 @@ def _peek_webdataset_captions(path: Path) -> bool:
     try:
         first = None
         for member, data in iter_tar(str(path)):
-            parts = _split_member(member)
+            parts = split_member(member)
             if parts is None:
                 continue
             if first is None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from vltool.errors import UsageError, VltoolError
+from vltool.io import column_values
 
 # FFF's thresholds, chosen for its model (section 4.1); p1 starts from the true pairs' mean S_it, 0.29.
 P_IT, P_II, P_TT, P_IT_TT = 0.27, 0.92, 0.99, 0.24
@@ -83,7 +84,51 @@ def text_rows(txt: np.ndarray, owner: np.ndarray | None, n_rows: int) -> tuple[n
     return mean / counts[:, None], owner  # (N, D) not renormalised: dot products give mean pair similarity
 
 
+INDEXES = ("flat", "ivf", "blocked")
+BF16_MARGIN = 0.02  # |bf16 dot - fp32 dot| of unit vectors stays far below this (inputs rounded to 8 bits, fp32 sums)
+FP32_MARGIN = 1e-5  # float32 matmul vs the recheck's einsum: another order of the same sums
+TILE_ELEMENTS = 1 << 24  # scores computed at once by the blocked search: 64 MB of float32
+
+
+class _Blocked:
+    """The blocked search's "index": the targets (N, D) on the device, compared with queries by torch matmul
+    in tiles of the targets; on a GPU in bf16, on CPU in float32. It returns every pair scoring above the
+    radius minus a margin that covers the low precision: the caller (_mine_block) rescores each candidate
+    exactly in float32 and applies the thresholds, so the pairs are those of the exact search."""
+
+    def __init__(self, x: np.ndarray, device=None, low_precision: bool | None = None):
+        import torch
+
+        from vltool.encode import encode_device
+
+        self.device = torch.device(device) if device is not None else encode_device()
+        low = self.device.type == "cuda" if low_precision is None else low_precision
+        self.dtype = torch.bfloat16 if low else torch.float32
+        self.margin = BF16_MARGIN if low else FP32_MARGIN
+        self.x = torch.from_numpy(np.ascontiguousarray(x)).to(self.device, self.dtype)  # (N, D)
+
+    def range_search(self, queries: np.ndarray, radius: float):
+        """faiss's range_search result layout (lims, scores, ids) for the candidates above radius - margin."""
+        import torch
+
+        q = torch.from_numpy(np.ascontiguousarray(queries)).to(self.device, self.dtype)  # (B, D)
+        tile = max(1, TILE_ELEMENTS // max(len(q), 1))
+        qs, js = [], []
+        with torch.inference_mode():
+            for a in range(0, len(self.x), tile):
+                s = (q @ self.x[a : a + tile].T).float()  # (B, tile): fp32 accumulation in either dtype
+                qi, j = (s > radius - self.margin).nonzero(as_tuple=True)
+                qs.append(qi.cpu().numpy())
+                js.append(j.cpu().numpy() + a)
+        qi, j = np.concatenate(qs).astype(np.int64), np.concatenate(js).astype(np.int64)
+        order = np.argsort(qi, kind="stable")
+        lims = np.concatenate([[0], np.cumsum(np.bincount(qi, minlength=len(q)))])
+        return lims, np.zeros(len(qi), np.float32), j[order]  # (scores are recomputed exactly by the caller)
+
+
 def _index(x: np.ndarray, kind: str, nprobe: int):
+    if kind == "blocked":
+        return _Blocked(x)
     import faiss
 
     d = x.shape[1]
@@ -98,7 +143,7 @@ def _index(x: np.ndarray, kind: str, nprobe: int):
         index.train(sample)
         index.nprobe = min(nprobe, nlist)
     else:
-        raise UsageError(f"--index must be flat or ivf, got {kind!r}")
+        raise UsageError(f"--index must be {', '.join(INDEXES)}, got {kind!r}")
     index.add(x)
     return index
 
@@ -135,10 +180,74 @@ def mine(
     block holds about `pair_budget` candidate pairs; their scores are computed in slices of that size.
     `progress`: a progress bar over the query images on stderr.
     """
-    from vltool.console import Bar
-
     th = thresholds or Thresholds()
     th.validate()
+    collector = _Collector(th, max_positives, rescore=False)
+    stats = _search(img, txt, owner, th, [collector], index=index, nprobe=nprobe, chunk=chunk, query_rows=query_rows,
+                    pair_budget=pair_budget, progress=progress)
+    return collector.result(stats)
+
+
+def mine_grid(img: np.ndarray, txt: np.ndarray, owner: np.ndarray | None, grid: list[Thresholds], *, max_positives: int = 256,
+              index: str = "flat", nprobe: int = 32, chunk: int = 2048, pair_budget: int = 2_000_000) -> list[Mined]:
+    """`mine` at every thresholds of `grid` (--dry-run) in one search: the candidates at the loosest
+    thresholds of the grid are scored once, and each grid point keeps its own pairs (its terms recomputed
+    from the exact scores) and caps them, block by block. Equal to [mine(..., th) for th in grid]."""
+    for th in grid:
+        th.validate()
+    loose = Thresholds(min(t.p_it for t in grid), min(t.p_ii for t in grid), min(t.p_tt for t in grid),
+                       min(t.p_it_tt for t in grid), ",".join(t for t in TERMS if any(t in g.enabled for g in grid)))
+    collectors = [_Collector(th, max_positives, rescore=True) for th in grid]
+    stats = _search(img, txt, owner, loose, collectors, index=index, nprobe=nprobe, chunk=chunk, pair_budget=pair_budget)
+    return [c.result(stats) for c in collectors]
+
+
+class _Collector:
+    """Each query's positives under thresholds `th` (rescore: the terms recomputed from the exact scores of
+    a looser search), capped at `max_positives` by S_it."""
+
+    def __init__(self, th: Thresholds, max_positives: int, rescore: bool):
+        self.th, self.max_positives, self.rescore = th, max_positives, rescore
+        self.positives: list = []
+        self.scores: list = []
+        self.terms: list = []
+        self.capped = 0
+
+    def add(self, n_queries: int, pq, pj, sc, tm) -> None:
+        if self.rescore:
+            th = self.th
+            use_it, use_ii, use_tt = (t in th.enabled for t in TERMS)
+            tm = np.stack([(sc[:, 0] > th.p_it) & use_it, (sc[:, 1] > th.p_ii) & use_ii,
+                           (sc[:, 2] > th.p_tt) & (sc[:, 0] > th.p_it_tt) & use_tt], axis=1)  # (P, 3)
+            m = tm.any(axis=1)
+            pq, pj, sc, tm = pq[m], pj[m], sc[m], tm[m]  # (the order, by query then S_it, is kept)
+        bounds = np.searchsorted(pq, np.arange(n_queries + 1))
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            if b - a > self.max_positives:
+                self.capped += 1
+                b = a + self.max_positives
+            # copies: a slice would keep the whole block's arrays alive (pair_budget pairs per block, for ever)
+            self.positives.append(pj[a:b].copy())
+            self.scores.append(sc[a:b].copy())
+            self.terms.append(tm[a:b].copy())
+
+    def state(self) -> tuple:
+        return self.positives, self.scores, self.terms, self.capped
+
+    def merge(self, parts: list) -> None:
+        self.positives = [x for p in parts for x in p[0]]
+        self.scores = [x for p in parts for x in p[1]]
+        self.terms = [x for p in parts for x in p[2]]
+        self.capped = sum(p[3] for p in parts)
+
+    def result(self, stats: dict) -> Mined:
+        return Mined(self.positives, self.scores, self.terms, self.capped, stats=dict(stats))
+
+
+def _search(img, txt, owner, th: Thresholds, collectors: list, *, index: str, nprobe: int, chunk: int,
+            query_rows=None, pair_budget: int, progress: bool = False) -> dict:
+    """The candidate search and exact scoring at thresholds `th`, block by block, each block's pairs handed
+    to every collector. Returns the blocks' statistics."""
     img = _normalise(img)
     txt = _normalise(txt)
     n = len(img)
@@ -146,29 +255,36 @@ def mine(
         raise UsageError(f"{n} images but {len(txt)} texts; give each caption's row")
     tmean, owner_idx = text_rows(txt, owner, n)
     ctx = _MineContext(img, txt, tmean, owner_idx, owner is not None, th, _index(txt, index, nprobe), _index(img, index, nprobe))
-    positives, scores, terms = [], [], []
-    capped = 0
     qrows = np.arange(n) if query_rows is None else np.asarray(query_rows, dtype=np.int64)
+    from vltool.topology import process_state
+
+    state = process_state()
+    world, rank = (state.num_processes, state.process_index) if index == "blocked" else (1, 0)
+    if world > 1:  # the blocked search spreads the queries over processes: rank r mines its contiguous share
+        qrows = qrows[rank * len(qrows) // world : (rank + 1) * len(qrows) // world]
+    from vltool.console import Bar
+
     lo, size, blocks, largest = 0, min(chunk, 64), 0, 0  # a small first block measures the hits per query
     bar = Bar("mining", len(qrows), unit="images", enabled=progress)
     while lo < len(qrows):
         q_idx = qrows[lo : lo + size]  # (B,) global image index of each query
         pq, pj, sc, tm, hits = _mine_block(ctx, q_idx, pair_budget)
-        bounds = np.searchsorted(pq, np.arange(len(q_idx) + 1))
-        for a, b in zip(bounds[:-1], bounds[1:]):
-            if b - a > max_positives:
-                capped += 1
-                b = a + max_positives
-            positives.append(pj[a:b])
-            scores.append(sc[a:b])
-            terms.append(tm[a:b])
+        for c in collectors:
+            c.add(len(q_idx), pq, pj, sc, tm)
         lo += len(q_idx)
         bar.advance(len(q_idx))
         blocks, largest = blocks + 1, max(largest, hits)
         per_query = max(hits / max(len(q_idx), 1), 1.0)
         size = int(max(1, min(chunk, pair_budget // per_query)))
     bar.close()
-    return Mined(positives, scores, terms, capped, stats={"blocks": blocks, "largest_block_hits": largest})
+    if world > 1:  # every process gets the whole result, in query order (each query's positives are its own)
+        from accelerate.utils import gather_object
+
+        parts = sorted(gather_object([(rank, [c.state() for c in collectors], blocks, largest)]), key=lambda p: p[0])
+        for k, c in enumerate(collectors):
+            c.merge([p[1][k] for p in parts])
+        blocks, largest = sum(p[2] for p in parts), max(p[3] for p in parts)
+    return {"blocks": blocks, "largest_block_hits": largest}
 
 
 @dataclass
@@ -358,8 +474,8 @@ class MinePositivesConfig:
         for name in ("nprobe", "recall_sample", "batch_size", "workers"):
             if getattr(self, name) < 1:
                 problems.append(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        if self.index not in ("flat", "ivf"):
-            problems.append(f"--index must be flat or ivf, got {self.index!r}")
+        if self.index not in INDEXES:
+            problems.append(f"--index must be {', '.join(INDEXES)}, got {self.index!r}")
         if problems:
             raise UsageError("; ".join(problems))
 
@@ -455,12 +571,16 @@ def mine_positives(data: str, out, config: MinePositivesConfig, *, where=(), spl
     np.maximum.at(s_true, t_owner, np.einsum("nd,nd->n", _normalise(i_emb)[t_owner], tn))
     calib = calibrate(s_true)
     stats["calibration"] = calib
-    groups = [ds[config.group_column][int(r)] for r in rows] if config.group_column else None
+    groups = None
+    if config.group_column:
+        group_values = column_values(ds, config.group_column)
+        groups = [group_values[int(r)] for r in rows]
 
     if config.dry_run:
         grid = []
-        for th in threshold_grid(config.thresholds):
-            mined = mine(i_emb, t_emb, owner_arg, th, max_positives=config.max_positives, index=config.index, nprobe=config.nprobe)
+        points = threshold_grid(config.thresholds)
+        each = mine_grid(i_emb, t_emb, owner_arg, points, max_positives=config.max_positives, index=config.index, nprobe=config.nprobe)
+        for th, mined in zip(points, each):  # one search for the 9 points
             row = {"thresholds": vars(th), **{k: v for k, v in summarise(mined, len(rows)).items() if k != "histogram"}}
             if groups is not None:
                 row["groups"] = group_agreement(mined, groups)
@@ -480,13 +600,9 @@ def mine_positives(data: str, out, config: MinePositivesConfig, *, where=(), spl
     if config.index == "ivf":
         stats["ivf_recall"] = _ivf_recall(i_emb, t_emb, owner_arg, config, mined)
 
-    ids = ds[C.ID]
-    row_ids = [ids[int(r)] for r in rows]
-    positives: list[list[str]] = [[] for _ in range(n)]
-    scores: list[list[list[float]]] = [[] for _ in range(n)]
-    for k, r in enumerate(rows.tolist()):
-        positives[r] = [row_ids[j] for j in mined.positives[k].tolist()]
-        scores[r] = np.round(mined.scores[k], 5).tolist()
+    from vltool.io import arrow_column
+
+    positives, scores = positive_columns(mined, rows, n, arrow_column(ds, C.ID))
     drop = [c for c in (C.POSITIVES, POSITIVE_SCORES) if c in ds.column_names]
     if drop:
         ds = ds.remove_columns(drop)
@@ -496,6 +612,28 @@ def mine_positives(data: str, out, config: MinePositivesConfig, *, where=(), spl
     prov["model"] = model_record(m, config.model, config.pretrained)
     save_dataset(ds, out, prov, overwrite=overwrite)
     return prov
+
+
+def positive_columns(mined: Mined, rows: np.ndarray, n: int, ids):
+    """The `positives` (ids) and `positive_scores` ([S_it, S_ii, S_tt], rounded to 5 decimals) columns of the
+    n dataset rows, built as Arrow arrays from the mined arrays (no Python object per pair: a list of
+    strings and a list of float lists per row cost ~150 bytes a pair). mined.positives[k] holds indices
+    into `rows` of the positives of dataset row rows[k]; rows not mined get empty lists. ids: the id column."""
+    import pyarrow as pa
+
+    rows = np.asarray(rows, dtype=np.int64)
+    counts = np.zeros(n, dtype=np.int64)
+    counts[rows] = [len(p) for p in mined.positives]
+    order = np.argsort(rows, kind="stable")  # mined rows in dataset order
+    flat_j = np.concatenate([mined.positives[k] for k in order]) if len(rows) else np.zeros(0, np.int64)
+    flat_s = np.concatenate([mined.scores[k] for k in order]) if len(rows) else np.zeros((0, 3), np.float32)
+    offsets = pa.array(np.concatenate([[0], np.cumsum(counts)]), type=pa.int64())
+    ids = pa.chunked_array(ids).combine_chunks() if isinstance(ids, pa.ChunkedArray) else pa.array(ids)
+    names = ids.take(pa.array(rows[flat_j.astype(np.int64)], type=pa.int64())).cast(pa.large_string()).cast(pa.string())
+    positives = pa.LargeListArray.from_arrays(offsets, names).cast(pa.list_(pa.string()))
+    triples = pa.FixedSizeListArray.from_arrays(pa.array(np.round(flat_s.astype(np.float32), 5).ravel(), type=pa.float32()), 3)
+    scores = pa.LargeListArray.from_arrays(offsets, triples).cast(pa.list_(pa.list_(pa.float32(), 3)))
+    return positives, scores
 
 
 def _ivf_recall(i_emb, t_emb, owner, config: MinePositivesConfig, approx: Mined) -> dict:

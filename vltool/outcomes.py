@@ -56,7 +56,9 @@ def read_groups(ds, column: str | None, spec: str = "the data") -> np.ndarray | 
         return None
     if column not in ds.column_names:
         raise UsageError(f"--group-column {column!r}: {spec!r} has no such column (it has: {', '.join(ds.column_names)})")
-    values = list(ds[column])
+    from vltool.io import column_values
+
+    values = column_values(ds, column)  # (whole column; iterating ds[column] formats row by row)
     missing = sum(v is None or (isinstance(v, str) and not v.strip()) for v in values)
     if missing:
         raise UsageError(f"--group-column {column!r}: {missing} selected rows of {spec!r} have no value; every row needs its group")
@@ -70,7 +72,9 @@ def example_ids(ds) -> np.ndarray:
     from vltool import columns as C
 
     if C.ID in ds.column_names:
-        return np.asarray([str(v) for v in ds[C.ID]], dtype=str)
+        from vltool.io import column_values
+
+        return np.asarray([str(v) for v in column_values(ds, C.ID)], dtype=str)
     return np.asarray([f"#{i}" for i in range(len(ds))], dtype=str)
 
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from vltool import columns as C
 from vltool.errors import UsageError, VltoolError, check
+from vltool.io import column_values
 from vltool.evaluation import EvalCommon
 
 
@@ -86,7 +87,7 @@ def read_labels(ds, column: str | None, classnames_file: str | None, spec: str) 
         names = list(feat.names)
     elif multilabel and isinstance(inner, datasets.ClassLabel):
         names = list(inner.names)
-    values = list(ds[column])
+    values = column_values(ds, column)
     if not multilabel and not isinstance(feat, datasets.ClassLabel):
         if not (isinstance(feat, datasets.Value) and feat.dtype.startswith(("int", "uint"))):
             raise UsageError(f"label column {column!r} must be a ClassLabel, integers or lists of integers (it is {feat})")

@@ -48,7 +48,7 @@ def mine_positives_command(
     terms: Annotated[str, typer.Option("--terms", help="Terms of M used, a subset of it,ii,tt (FFF Table 5's ablation).")] = "it,ii,tt",
     text_column: Annotated[str, typer.Option("--text-column", help="caption, or a list column such as captions (section 4.3).")] = "caption",
     max_positives: Annotated[int, typer.Option("--max-positives", min=1, help="Cap on positives per row.")] = 256,
-    index: Annotated[str, typer.Option("--index", help="flat (exact) or ivf (approximate; reports its recall).")] = "flat",
+    index: Annotated[str, typer.Option("--index", help="flat (exact, faiss), ivf (approximate, faiss; reports its recall) or blocked (exact: torch matmul in blocks, bf16 on a GPU with an exact float32 recheck near the thresholds; the queries spread over the processes of `accelerate launch`).")] = "flat",
     nprobe: Annotated[int, typer.Option("--nprobe", min=1, help="ivf: cells visited per query.")] = 32,
     recall_sample: Annotated[int, typer.Option("--recall-sample", min=1, help="ivf: rows whose exact positives measure its recall.")] = 2000,
     group_column: Annotated[Optional[str], typer.Option("--group-column", help="Report how many mined pairs share this column's value (e.g. base_id).")] = None,

@@ -48,7 +48,7 @@ def pretrain_command(
     ctx: typer.Context,
     data: Annotated[
         Optional[list[str]],
-        typer.Argument(help="Datasets saved with save_to_disk, or 'emoji'. Omit with --resume.", show_default=False),
+        typer.Argument(help="Datasets saved with save_to_disk, 'emoji', or WebDataset shards (shards/{00000..00999}.tar; see --data-format). Omit with --resume.", show_default=False),
     ] = None,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="The run directory RUN_DIR.")] = None,
     resume: Annotated[Optional[Path], typer.Option("--resume", help="Continue the run in RUN_DIR from its last checkpoint, with its own options.")] = None,
@@ -92,7 +92,9 @@ def pretrain_command(
     caption_sampling: Annotated[Str, typer.Option("--caption-sampling", help="random | first: one caption of the 'captions' list per image each step (CLIPS).", rich_help_panel="Data")] = None,
     prefix_ids: Annotated[bool, typer.Option("--prefix-ids", help="Make the ids of several inputs unique as '<input index>:<id>'.", rich_help_panel="Data")] = False,
     augment: Annotated[str, typer.Option("--augment", help="none | clip (random resized crop) | simclr (crop, flip, jitter, grayscale, blur).", rich_help_panel="Data")] = "clip",
-    workers: Annotated[int, typer.Option("--workers", help="Data-loader workers per process.", rich_help_panel="Data")] = 0,
+    workers: Annotated[Int, typer.Option("--workers", help="Data-loader workers per process [default: 0 when training on CPU; on GPUs min(8, CPU cores per process - 1)]; the number chosen is recorded in run.json.", rich_help_panel="Data", show_default=False)] = None,
+    data_format: Annotated[str, typer.Option("--data-format", help="auto | hf | wds: DATA are datasets saved with save_to_disk (hf) or WebDataset tar shards in img2dataset's layout (wds: a shard pattern such as shards/{00000..00999}.tar, a glob, or a directory of shards), streamed without an import; auto: wds when DATA ends in .tar. See docs/pretrain.md, Streaming shards.", rich_help_panel="Data")] = "auto",
+    shuffle_buffer: Annotated[int, typer.Option("--shuffle-buffer", help="wds: samples each data stream holds to shuffle in (seeded per epoch and stream, after the shards' order is shuffled).", rich_help_panel="Data")] = 2000,
     eval_data: Annotated[Optional[list[str]], typer.Option("--eval-data", help="Held-out data evaluated during training (repeatable).", rich_help_panel="Data")] = None,
     eval_where: Annotated[Optional[list[str]], typer.Option("--eval-where", help="--where clauses for --eval-data.", rich_help_panel="Data")] = None,
     # optimisation

@@ -69,8 +69,11 @@ def truncate_metrics(path: Path, step: int) -> None:
     path.write_text("".join(line + "\n" for line in keep))
 
 
-def save_checkpoint(run_dir: Path, step: int, model, loss_fn, optimizer, accelerator, samples_seen, bad_ids, first_loss, keep: int) -> Path:
-    """RUN_DIR/checkpoints/step_NNNNNNNN/, written to a temporary directory and renamed when complete."""
+def save_checkpoint(run_dir: Path, step: int, model, loss_fn, optimizer, accelerator, samples_seen, bad_ids, first_loss, keep: int,
+                    data_positions: dict | None = None) -> Path:
+    """RUN_DIR/checkpoints/step_NNNNNNNN/, written to a temporary directory and renamed when complete.
+    `data_positions` (streamed shards): this process's stream -> (epoch, samples of it consumed), as
+    data_<rank>.json."""
     from safetensors.torch import save_file
 
     from vltool.model import state_dict_for_save
@@ -85,6 +88,8 @@ def save_checkpoint(run_dir: Path, step: int, model, loss_fn, optimizer, acceler
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
     torch.save(_rng_state(), tmp / f"rng_{rank}.pt")
+    if data_positions is not None:
+        (tmp / f"data_{rank}.json").write_text(json.dumps({"streams": {str(k): list(v) for k, v in sorted(data_positions.items())}}))
     if accelerator.is_main_process:
         plain = model.module if hasattr(model, "module") else model
         save_file(state_dict_for_save(plain), str(tmp / "model.safetensors"))
@@ -123,3 +128,11 @@ def load_checkpoint(ckpt: Path, model, loss_fn, optimizer, accelerator, rank: in
 
     state = read_json(ckpt / "state.json", "the checkpoint state")
     return state["step"], state["samples_seen"], set(state["bad_image_ids"]), state.get("first_loss")
+
+
+def load_data_positions(ckpt: Path, rank: int) -> dict:
+    """Stream -> (epoch, samples consumed) of process `rank` at the checkpoint ({} before any step)."""
+    path = Path(ckpt) / f"data_{rank}.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: the checkpoint has no data position of process {rank} (streamed shards)")
+    return json.loads(path.read_text())["streams"]

@@ -22,6 +22,7 @@ DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("no", "bf16", "fp16")
 SCHEDULES = ("cosine", "constant")
 CAPTION_SAMPLING = ("random", "first")
+DATA_FORMATS = ("auto", "hf", "wds")
 
 
 @dataclass
@@ -67,7 +68,9 @@ class PretrainConfig:
     caption_sampling: str | None = None
     prefix_ids: bool = False
     augment: str = "clip"
-    workers: int = 0
+    workers: int | None = None  # None: chosen from the machine when the run starts (loop.default_workers), then recorded
+    data_format: str = "auto"
+    shuffle_buffer: int = 2000  # wds: samples held per stream (about 2000 x 30 KB = 60 MB with CC3M-sized JPEGs)
     # The optimisation.
     batch_size: int = 64
     epochs: float | None = None
@@ -138,7 +141,7 @@ def _model_problems(c: PretrainConfig) -> list[str]:
     if c.logit_scale_init is not None and not 0 < c.logit_scale_init <= 100:
         problems.append(f"--logit-scale-init must be in (0, 100], got {c.logit_scale_init}")
     for name in ("unfreeze_image_last", "unfreeze_text_last", "warmup_steps", "workers"):
-        if getattr(c, name) < 0:
+        if getattr(c, name) is not None and getattr(c, name) < 0:
             problems.append(f"{_opt(name)} must be >= 0")
     if c.unfreeze_image_last and not c.lock_image:
         problems.append("--unfreeze-image-last needs --lock-image")
@@ -207,6 +210,10 @@ def _data_problems(c: PretrainConfig) -> list[str]:
         problems.append(f"--caption-sampling {c.caption_sampling!r}: use random or first")
     if c.augment not in AUGMENTATIONS:
         problems.append(f"--augment {c.augment!r}: use {', '.join(AUGMENTATIONS)}")
+    if c.data_format not in DATA_FORMATS:
+        problems.append(f"--data-format {c.data_format!r}: use {' | '.join(DATA_FORMATS)}")
+    if c.shuffle_buffer < 1:
+        problems.append(f"--shuffle-buffer must be >= 1, got {c.shuffle_buffer}")
     return problems
 
 

@@ -12,13 +12,14 @@
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
+import torch
 
 from vltool import columns as C
-from vltool.errors import UsageError
+from vltool.errors import UsageError, VltoolError
 from vltool.io import decode_image
 from vltool.pretrain.config import PretrainConfig
 
@@ -41,7 +42,9 @@ class TrainData:
 
     @property
     def ids(self) -> list:
-        return self.dataset[C.ID]
+        from vltool.io import column_values
+
+        return column_values(self.dataset, C.ID)
 
 
 def rows_key(loaded, role: Sequence[str], prefix_ids: bool, dropped: Sequence[int]) -> dict:
@@ -88,38 +91,46 @@ def load_train_data(
                         hint="; a row's several texts are sampled with --caption-sampling (which reads 'captions')")
         if not isinstance(src.dataset.features[C.IMAGE], datasets.Image):
             raise UsageError(f"column {C.IMAGE!r} of {src.spec!r} is not an image column (it is {src.dataset.features[C.IMAGE]})")
-    parts = []
-    seen: dict[str, int] = {}
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from vltool.io import arrow_column
+
+    # Whole-column work in Arrow (no per-row Python before the first step): ids checked for duplicates and
+    # clashes by distinct counts, rows without text found by a vectorised test; only the offending ids
+    # (duplicates, clashes, dropped rows) ever become Python objects.
+    parts, all_ids = [], []
     for k, src in enumerate(loaded):
         ds = src.dataset.select_columns(needed).cast_column(C.IMAGE, datasets.Image(decode=False))
-        ids = ds[C.ID]
+        ids = arrow_column(ds, C.ID)
         if config.prefix_ids and len(loaded) > 1:
-            ids = [f"{k}:{i}" for i in ids]
-            ds = ds.remove_columns([C.ID]).add_column(C.ID, ids)
+            ids = pc.binary_join_element_wise(pa.scalar(f"{k}:"), ids, "")
+            ds = ds.flatten_indices().remove_columns([C.ID]).add_column(C.ID, ids.combine_chunks())
             if C.POSITIVES in needed:
-                pos = [[f"{k}:{p}" for p in (ps or [])] for ps in ds[C.POSITIVES]]
+                pos = [[f"{k}:{p}" for p in (ps or [])] for ps in arrow_column(ds, C.POSITIVES).to_pylist()]
                 ds = ds.remove_columns([C.POSITIVES]).add_column(C.POSITIVES, pos)
-        if len(set(ids)) != len(ids):
-            raise UsageError(f"{src.spec!r} has duplicate ids; ids must be unique")
-        for i in ids:
-            if i in seen:
-                raise UsageError(
-                    f"id {i!r} is in both {loaded[seen[i]].spec!r} and {src.spec!r}; "
-                    "pass --prefix-ids to make ids unique as '<input index>:<id>'"
-                )
-            seen[i] = k
+        if pc.count_distinct(ids, mode="all").as_py() != len(ids):
+            raise UsageError(f"{src.spec!r} has duplicate ids (e.g. {_a_repeated(ids)!r}); ids must be unique")
+        all_ids.append(ids)
         parts.append(ds.select_columns(needed))
+    if len(loaded) > 1:
+        joined = pa.chunked_array([c for ids in all_ids for c in ids.chunks], type=all_ids[0].type)
+        if pc.count_distinct(joined, mode="all").as_py() != len(joined):
+            clash = _a_repeated(joined)
+            first, second = [loaded[k].spec for k, ids in enumerate(all_ids) if pc.any(pc.equal(ids, clash)).as_py()][:2]
+            raise UsageError(
+                f"id {clash!r} is in both {first!r} and {second!r}; "
+                "pass --prefix-ids to make ids unique as '<input index>:<id>'"
+            )
     ds = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
     rows_in = len(ds)
-    texts = ds[text_col]
-    keep = [i for i, t in enumerate(texts) if texts_of(t, "first" if lists else None)]
+    has_text = _has_text(arrow_column(ds, text_col), lists)  # (rows,) bool
     empty_ids, dropped = [], []
-    if len(keep) != rows_in:
-        all_ids = ds[C.ID]
-        keep_set = set(keep)
-        dropped = [i for i in range(rows_in) if i not in keep_set]
-        empty_ids = [all_ids[i] for i in dropped]
-        ds = ds.select(keep)
+    if not has_text.all():
+        dropped = np.flatnonzero(~has_text)
+        empty_ids = arrow_column(ds, C.ID).take(pa.array(dropped)).to_pylist()
+        ds = ds.select(np.flatnonzero(has_text))
+        dropped = dropped.tolist()
     if len(ds) == 0:
         raise UsageError(f"the {what} has no rows with text in {text_col!r}")
     positives = _positive_rows(ds) if C.POSITIVES in needed else None
@@ -127,11 +138,39 @@ def load_train_data(
     return TrainData(ds, text_col, loaded, rows_in, empty_ids, positives, rows_key=key, text_source=text_col)
 
 
+def _a_repeated(ids) -> str:
+    """One id that occurs more than once (for the error message)."""
+    import pyarrow.compute as pc
+
+    counts = pc.value_counts(ids)
+    return counts.field("values").filter(pc.greater(counts.field("counts"), 1))[0].as_py()
+
+
+def _has_text(column, lists: bool) -> np.ndarray:
+    """(rows,) bool: the row has a text that is not blank (texts_of's test, on the whole column, chunk by
+    chunk): a string, or a list with at least one string."""
+    import pyarrow.compute as pc
+
+    def nonblank(strings) -> np.ndarray:
+        return pc.fill_null(pc.not_equal(pc.utf8_trim_whitespace(strings), ""), False).to_numpy(zero_copy_only=False)
+
+    out = []
+    for chunk in getattr(column, "chunks", [column]):
+        if not lists:
+            out.append(nonblank(chunk))
+        else:
+            parent = pc.list_parent_indices(chunk).to_numpy()
+            out.append(np.bincount(parent[nonblank(pc.list_flatten(chunk))], minlength=len(chunk)) > 0)
+    return np.concatenate(out) if out else np.zeros(0, dtype=bool)
+
+
 def _positive_rows(ds) -> dict[int, list[int]]:
     """Row -> rows of its mined positives (`positives` ids outside the training rows are ignored)."""
-    row_of = {i: r for r, i in enumerate(ds[C.ID])}
+    from vltool.io import column_values
+
+    row_of = {i: r for r, i in enumerate(column_values(ds, C.ID))}
     positives = {}
-    for r, ps in enumerate(ds[C.POSITIVES]):
+    for r, ps in enumerate(column_values(ds, C.POSITIVES)):
         rows_ = [row_of[p] for p in (ps or []) if p in row_of and row_of[p] != r]
         if rows_:
             positives[r] = rows_
@@ -274,14 +313,20 @@ class PairDataset:
         return len(self.ds)
 
     def __getitem__(self, key):
-        import torch
-
         epoch, row = key
         rec = self.ds[int(row)]
-        out = {"row": int(row), "id": rec[C.ID]}
+        return self.item(epoch, int(row), rec[C.ID], rec[self.text_column], rec[C.IMAGE])
+
+    def item(self, epoch: int, row: int, id_: str, text, image: dict | None) -> dict:
+        """One training item from a row's id, text value and undecoded image ({"bytes", "path"})."""
+        import torch
+
+        out = {"row": row, "id": id_}
         s = row_seed(self.seed, epoch, row)
         k = self.captions_per_image
-        texts = texts_of(rec[self.text_column], self.sampling or ("first" if k > 1 else None))
+        texts = texts_of(text, self.sampling or ("first" if k > 1 else None))
+        if not texts:  # a streamed sample without text (a dataset's rows without text were dropped at load time)
+            return {**out, "bad": True}
         if k > 1:
             if self.sampling == "random":
                 texts = random.Random(s).sample(texts, len(texts))
@@ -291,7 +336,7 @@ class PairDataset:
         else:
             out["text"] = random.Random(s).choice(texts) if self.sampling == "random" else texts[0]
         if self.load_images:
-            im = decode_image(rec[C.IMAGE])
+            im = decode_image(image)
             if im is None:
                 return {**out, "bad": True}
             g = torch.random.default_generator  # torchvision draws from it; CPU only, unlike torch.manual_seed
@@ -373,3 +418,154 @@ class EpochBatches:
                 cached = (epoch, self.perm(epoch))
             g0 = k * self.batch * self.world + self.rank * self.batch
             yield [(epoch, int(r)) for r in cached[1][g0 : g0 + self.batch]]
+
+
+# ---- WebDataset shards, streamed (docs/pretrain.md, "Streaming shards")
+
+
+@dataclass
+class ShardData:
+    """Training data read as a stream from WebDataset shards: no row is read before training starts."""
+
+    inputs: list  # vltool.shards.ShardSource of each DATA argument
+    shards: list  # every shard, in the order of the arguments
+    text_column: str
+    rows: int | None  # samples, from img2dataset's statistics files (None when a shard has none)
+    empty_text_ids: list = field(default_factory=list)  # (samples without text are skipped in their batch, as bad images)
+    positives: dict | None = None
+    labels: Any = None
+    templated: Any = None
+    templates: list | None = None
+    rows_key: dict | None = None
+    text_source: str = ""
+
+    @property
+    def rows_in(self) -> int | None:
+        return self.rows
+
+
+def load_shard_data(data: Sequence[str], config: PretrainConfig, where: Sequence[str] = (), split: str | None = None) -> ShardData:
+    """The shards of every DATA argument (patterns expanded, each shard checked to exist); what streaming
+    cannot do is refused here, before anything is written."""
+    from vltool.shards import load_shards
+
+    problems = []
+    if where or split:
+        problems.append("--where and --split select rows of a dataset; shards are streamed whole (select before sharding)")
+    if config.loss == "unicl" or config.mined_positives or config.balanced:
+        problems.append("--loss unicl, --mined-positives and --balanced need the whole table of rows: import the shards first (vltool import)")
+    if config.bias_init == "search":
+        problems.append("--bias-init search reads the first batches before training: give a number with shards")
+    if problems:
+        raise UsageError("; ".join(problems))
+    lists = bool(config.caption_sampling) or config.captions_per_image > 1
+    sources = [load_shards(spec) for spec in data]
+    shards = [p for s in sources for p in s.shards]
+    rows = None if any(s.rows is None for s in sources) else sum(s.rows for s in sources)
+    return ShardData(sources, shards, C.CAPTIONS if lists else config.text_column, rows)
+
+
+def substreams(batch: int, workers: int) -> list[int]:
+    """Rows each data stream of a process gives to its micro-batch: `batch` split over max(1, workers)
+    streams, the first ones taking one more when it does not divide."""
+    w = max(1, workers)
+    return [batch // w + (1 if i < batch % w else 0) for i in range(w)]
+
+
+class ShardStream(torch.utils.data.IterableDataset):
+    """The sample stream of each data-loader worker, read from the shards: an IterableDataset yielding
+    {"stream", "items", "position"} with `items` the next b items of the worker's stream.
+
+    There are S = processes x max(1, workers) streams; stream s = rank * W + worker. Epoch e of stream s
+    reads the shards perm_e[s::S] (perm_e a permutation of all shards seeded by (seed, e)) through a
+    shuffle buffer of `buffer` samples seeded by (seed, e, s); a stream goes on into the next epoch when
+    its shards are read (streams end their epochs independently). An item's augmentation is seeded by
+    (seed, epoch, shard, sample index in the shard). `starts[worker]` = (epoch, samples consumed in it)
+    resumes a stream: the samples before are read again without being decoded.
+    """
+
+    def __init__(self, shards: Sequence, make_item, text_column: str, world: int, rank: int, sizes: Sequence[int], seed: int,
+                 buffer: int, starts: dict | None = None):
+        super().__init__()
+        self.shards = [str(p) for p in shards]
+        self.make_item, self.text_column = make_item, text_column
+        self.world, self.rank, self.sizes, self.seed, self.buffer = world, rank, list(sizes), seed, buffer
+        self.starts = dict(starts or {})
+        self.streams = world * len(self.sizes)
+        if len(self.shards) < self.streams:
+            raise UsageError(
+                f"{len(self.shards)} shard(s) for {world} process(es) x {len(self.sizes)} data stream(s) each: every stream "
+                "reads whole shards, so give at least as many shards as processes x max(1, --workers)")
+
+    def shard_order(self, epoch: int) -> np.ndarray:
+        return np.random.default_rng([self.seed, 7919, epoch]).permutation(len(self.shards))
+
+    def raw_samples(self, stream: int, epoch: int):
+        """(shard index, index in the shard, key, files) of the stream's epoch, in shard order (unshuffled)."""
+        from vltool.shards import iter_samples
+
+        for shard in self.shard_order(epoch)[stream :: self.streams]:
+            for j, (key, files) in enumerate(iter_samples(self.shards[shard])):
+                yield int(shard), j, key, files
+
+    def samples(self, stream: int, epoch: int, skip: int = 0):
+        """(epoch, samples of the epoch consumed so far, raw sample) for ever, from `skip` samples into `epoch`."""
+        while True:
+            rng = np.random.default_rng([self.seed, 7919, epoch, stream])
+            buf: list = []
+            n = 0
+            for raw in self.raw_samples(stream, epoch):
+                if len(buf) < self.buffer:
+                    buf.append(raw)
+                    continue
+                j = int(rng.integers(self.buffer))
+                out, buf[j] = buf[j], raw
+                n += 1
+                if n > skip:
+                    yield epoch, n, out
+            while buf:  # the epoch's end: the buffer drained in a random order
+                j = int(rng.integers(len(buf)))
+                buf[j], buf[-1] = buf[-1], buf[j]
+                out = buf.pop()
+                n += 1
+                if n > skip:
+                    yield epoch, n, out
+            if n == 0:
+                raise VltoolError(f"data stream {stream} read no sample from its shards in epoch {epoch}")
+            epoch, skip = epoch + 1, 0
+
+    def item(self, epoch: int, raw) -> dict:
+        from vltool.shards import sample_id, sample_image, sample_text
+
+        shard, j, key, files = raw
+        image = sample_image(files)
+        return self.make_item(epoch, shard << 32 | j, sample_id(key, files), sample_text(files, self.text_column),
+                              {"bytes": image, "path": None} if image is not None else None)
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        worker = info.id if info is not None else 0
+        stream = self.rank * len(self.sizes) + worker
+        epoch, skip = self.starts.get(worker, (0, 0))
+        it = self.samples(stream, epoch, skip)
+        b = self.sizes[worker]
+        while True:
+            items, position = [], None
+            for _ in range(b):
+                epoch, n, raw = next(it)
+                items.append(self.item(epoch, raw))
+                position = (epoch, n)
+            yield {"stream": worker, "items": items, "position": position}
+
+
+def shard_batches(loader, collate: Collate, streams: int, positions: dict):
+    """Micro-batches of a process from its ShardStream loader: the next sub-batch of each of its `streams`
+    streams (the loader takes its workers in turn), collated in stream order. `positions` (stream ->
+    (epoch, samples consumed)) is updated as each micro-batch is taken, which is what a checkpoint saves."""
+    it = iter(loader)
+    while True:
+        subs = [next(it) for _ in range(streams)]
+        assert [s["stream"] for s in subs] == list(range(streams)), "data-loader workers out of turn"
+        batch = collate([x for s in subs for x in s["items"]])
+        positions.update({s["stream"]: tuple(s["position"]) for s in subs})
+        yield batch

@@ -33,7 +33,8 @@ from vltool import provenance
 from vltool.errors import UsageError, VltoolError
 from vltool.pretrain import checkpoint as ckpt
 from vltool.pretrain.config import METRICS_FILE, PLOT_FILE, RUN_FILE, PretrainConfig, RunSpec
-from vltool.pretrain.data import Collate, PairDataset, TrainData, load_train_data, load_unicl_data, make_sampler
+from vltool.pretrain.data import (Collate, PairDataset, ShardData, ShardStream, TrainData, load_shard_data, load_train_data,
+                                  load_unicl_data, make_sampler, shard_batches, substreams)
 from vltool.pretrain.evaluate import evaluate
 from vltool.pretrain.features import FrozenFeatures, frozen_features, model_inputs
 from vltool.pretrain.logs import MetricsLog, plot_curves
@@ -50,10 +51,10 @@ class RunState:
     run_dir: Path
     accelerator: Any
     resumed: bool
-    train: TrainData
+    train: TrainData | ShardData
     evald: TrainData | None
     total_steps: int
-    per_epoch_micro: int  # micro-batches in an epoch
+    per_epoch_micro: int | None  # micro-batches in an epoch (None: shards of unknown size)
     model: Any = None
     tokenizer: Any = None
     objective: Objective | None = None
@@ -79,6 +80,11 @@ class RunState:
     had_checkpoint: bool = False
     window: list = field(default_factory=lambda: [time.perf_counter(), 0])  # (start, samples) of the speed window
     train_seconds: float = 0.0
+    data_positions: dict = field(default_factory=dict)  # shards: this process's stream -> (epoch, samples consumed)
+
+    @property
+    def streaming(self) -> bool:
+        return isinstance(self.train, ShardData)
 
     @property
     def device(self):
@@ -183,6 +189,9 @@ def setup(spec: RunSpec, run_dir: Path, config: PretrainConfig, *, overwrite: bo
     frozen features, the resume state and the data loader."""
     accelerator = _accelerator(config)
     world = accelerator.num_processes
+    if config.workers is None:  # chosen once, from this machine, and recorded in run.json (resume uses it)
+        config.workers = default_workers(accelerator.device.type, world)
+        spec.config["workers"] = config.workers
     if resumed and spec.num_processes != world:
         raise UsageError(
             f"--resume {run_dir}: the run was started with {spec.num_processes} process(es), now {world}; "
@@ -191,15 +200,27 @@ def setup(spec: RunSpec, run_dir: Path, config: PretrainConfig, *, overwrite: bo
     if config.sync_bn and world > 1 and accelerator.device.type == "cpu":
         raise UsageError("--sync-bn needs GPUs: torch's SyncBatchNorm does not run on CPU (freeze BatchNorm with --lock-image instead)")
     train, evald = _load_data(spec, config, run_dir, overwrite, resumed)
-    epoch_rows = make_sampler(train, config, 1, 0, 0, 0).n  # rows an epoch draws (fewer with --balanced)
-    per_epoch_micro = epoch_rows // (config.batch_size * world * config.accum_steps) * config.accum_steps  # whole steps
-    if per_epoch_micro < config.accum_steps:
-        raise UsageError(
-            f"the training data has {epoch_rows} rows per epoch, fewer than one step needs "
-            f"({config.batch_size} per process x {world} process(es) x {config.accum_steps} accumulation steps)"
-        )
-    steps_per_epoch = per_epoch_micro // config.accum_steps
-    total = config.steps if config.steps is not None else max(1, int(round((config.epochs or 1) * steps_per_epoch)))
+    if isinstance(train, ShardData):
+        streams = world * max(1, config.workers)
+        if len(train.shards) < streams:
+            raise UsageError(
+                f"{len(train.shards)} shard(s) for {world} process(es) x {max(1, config.workers)} data stream(s) each: every "
+                "stream reads whole shards, so give at least as many shards as processes x max(1, --workers)")
+        epoch_rows = train.rows  # from img2dataset's statistics files, or None
+        if epoch_rows is None and config.steps is None:
+            raise UsageError("the shards' sample count is unknown (no img2dataset NNNNN_stats.json beside each shard), "
+                             "so an epoch has no length: give --steps")
+    else:
+        epoch_rows = make_sampler(train, config, 1, 0, 0, 0).n  # rows an epoch draws (fewer with --balanced)
+    per_epoch_micro = None
+    if epoch_rows is not None:
+        per_epoch_micro = epoch_rows // (config.batch_size * world * config.accum_steps) * config.accum_steps  # whole steps
+        if per_epoch_micro < config.accum_steps:
+            raise UsageError(
+                f"the training data has {epoch_rows} rows per epoch, fewer than one step needs "
+                f"({config.batch_size} per process x {world} process(es) x {config.accum_steps} accumulation steps)"
+            )
+    total = config.steps if config.steps is not None else max(1, int(round((config.epochs or 1) * (per_epoch_micro // config.accum_steps))))
     run = RunState(config, spec, run_dir, accelerator, resumed, train, evald, total, per_epoch_micro)
     if not resumed:
         _start_run_dir(run)
@@ -213,13 +234,18 @@ def setup(spec: RunSpec, run_dir: Path, config: PretrainConfig, *, overwrite: bo
 
 def train(run: RunState, stop_after_steps: int | None = None) -> bool:
     """Optimizer steps until the end (or `stop_after_steps` of this invocation); True when stopped early."""
-    sampler = make_sampler(run.train, run.config, run.accelerator.num_processes, run.accelerator.process_index,
-                           run.step * run.config.accum_steps, run.total_steps * run.config.accum_steps)
-    workers = run.config.workers  # the data do not depend on it (rows are seeded by (seed, epoch, row))
-    loader = torch.utils.data.DataLoader(run.dataset, batch_sampler=sampler, collate_fn=run.collate, num_workers=workers,
-                                         pin_memory=run.device.type == "cuda", persistent_workers=workers > 0,
-                                         prefetch_factor=4 if workers > 0 else None,
-                                         generator=torch.Generator().manual_seed(run.config.seed))
+    workers = run.config.workers  # a dataset's rows do not depend on it (rows are seeded by (seed, epoch, row))
+    loading = dict(num_workers=workers, pin_memory=run.device.type == "cuda", persistent_workers=workers > 0,
+                   prefetch_factor=4 if workers > 0 else None)
+    if run.streaming:
+        loader = torch.utils.data.DataLoader(run.dataset, batch_size=None, **loading)
+        micro_batches = shard_batches(loader, run.collate, len(run.dataset.sizes), run.data_positions)
+    else:
+        sampler = make_sampler(run.train, run.config, run.accelerator.num_processes, run.accelerator.process_index,
+                               run.step * run.config.accum_steps, run.total_steps * run.config.accum_steps)
+        loader = torch.utils.data.DataLoader(run.dataset, batch_sampler=sampler, collate_fn=run.collate,
+                                             generator=torch.Generator().manual_seed(run.config.seed), **loading)
+        micro_batches = iter(loader)
     stopped = False
     # Adam's second moments of rarely-used rows (token embeddings) decay into denormal floats, which
     # are ~10x slower on CPU; flushing them to zero changes nothing measurable in training.
@@ -227,7 +253,7 @@ def train(run: RunState, stop_after_steps: int | None = None) -> bool:
     malloc = _keep_freed_memory(True) if run.device.type == "cpu" else False
     t0 = time.perf_counter()
     try:
-        batches = iter(loader)
+        batches = micro_batches
         set_train_mode(run.model)
         while run.step < run.total_steps:
             if stop_after_steps is not None and run.step - run.start_step >= stop_after_steps:
@@ -247,6 +273,20 @@ def train(run: RunState, stop_after_steps: int | None = None) -> bool:
             _keep_freed_memory(False)
         run.log.close()
     return stopped
+
+
+def default_workers(device_type: str, world: int) -> int:
+    """--workers when not given: 0 when training on CPU (the model's threads use the cores; decoding in
+    the main process costs little next to a CPU step); on GPUs the CPU cores each process of this machine
+    gets, less one for the process itself, at most 8."""
+    if device_type == "cpu":
+        return 0
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))  # (set by accelerate launch and torchrun)
+    return max(0, min(8, cores // max(local, 1) - 1))
 
 
 def _keep_freed_memory(keep: bool) -> bool:
@@ -357,7 +397,7 @@ def _after_step(run: RunState, stats: dict, lr: float) -> None:
         sps = run.window[1] / max(now - run.window[0], 1e-9)
         run.window = [now, 0]
         scale = round(float(run.model.logit_scale.detach().exp()), 4)
-        run.log.write({"kind": "train", "step": step_, "epoch": round(step_ * config.accum_steps / run.per_epoch_micro, 4),
+        run.log.write({"kind": "train", "step": step_, "epoch": _epochs(run),
                        "samples": run.samples_seen, **{k: round(v, 6) for k, v in stats.items()}, "lr": lr,
                        "logit_scale": scale, "samples_per_s": round(sps, 2), "bad_images": len(run.bad_ids)})
         run.log.progress(step_, f"loss {run.last_loss:.4f}  lr {lr:.2e}  scale {scale:.1f}  {sps:.0f} samples/s")
@@ -438,7 +478,12 @@ def _load_data(spec: RunSpec, config: PretrainConfig, run_dir: Path, overwrite: 
     from vltool.io import check_output, final_of_work_dir, hold_output_lock, model_inputs
     from vltool.topology import is_main
 
-    if config.loss == "unicl":
+    if _is_shards(spec.data, config):
+        train = load_shard_data(spec.data, config, spec.where, spec.split)
+        if max(1, config.workers) > config.batch_size:
+            raise UsageError(f"--workers {config.workers} with --batch-size {config.batch_size}: with shards each worker is "
+                             "a data stream giving its share of every micro-batch; use at most --batch-size workers")
+    elif config.loss == "unicl":
         if spec.data:
             config.text_data = list(config.text_data) + [d for d in spec.data if d not in config.text_data]
         train = load_unicl_data(config, spec.where, spec.split)
@@ -449,6 +494,7 @@ def _load_data(spec: RunSpec, config: PretrainConfig, run_dir: Path, overwrite: 
         from vltool.io import require_a_decodable_image
 
         require_a_decodable_image(evald.dataset, C.IMAGE, "--eval-data " + ", ".join(s.spec for s in evald.inputs))
+    if evald is not None and not isinstance(train, ShardData):  # (shards are not read before training)
         overlap = set(train.ids) & set(evald.ids)
         if overlap:
             raise UsageError(
@@ -470,6 +516,18 @@ def _load_data(spec: RunSpec, config: PretrainConfig, run_dir: Path, overwrite: 
     inputs = [s.path for s in train.inputs] + ([s.path for s in evald.inputs] if evald else []) + model_inputs(config.init)
     check_output(final, overwrite, inputs=inputs, lock=is_main())
     return train, evald
+
+
+def _is_shards(data: Sequence[str], config: PretrainConfig) -> bool:
+    """--data-format wds, or auto and DATA naming tar shards."""
+    from vltool.shards import is_shard_spec
+
+    if config.data_format != "auto":
+        return config.data_format == "wds"
+    flags = [is_shard_spec(d) for d in data]
+    if any(flags) and not all(flags):
+        raise UsageError("DATA mixes tar shards and datasets: train on one kind (import the shards with `vltool import`)")
+    return bool(flags) and all(flags)
 
 
 def _start_run_dir(run: RunState) -> None:
@@ -525,11 +583,17 @@ def _build_model(run: RunState) -> None:
     optimizer, run.trainable = build_optimizer(run.model, run.objective.loss, config, acc.device)
     run.optimizer = acc.prepare_optimizer(optimizer)
     pp = run.model.config["preprocess"]
-    run.features = frozen_features(run.model, run.tokenizer, run.train, config, run.frozen, run.objective.uses_text,
-                                   eval_transform(pp), acc)
-    run.dataset = PairDataset(run.train.dataset, run.train.text_column, config.caption_sampling, train_transform(pp, config.augment),
-                              config.seed, load_images=run.features.image is None, captions_per_image=config.captions_per_image,
-                              templated=run.train.templated, templates=run.train.templates, two_views=run.objective.two_views)
+    if not run.streaming:  # (streamed samples are not known before training: a frozen tower runs every step)
+        run.features = frozen_features(run.model, run.tokenizer, run.train, config, run.frozen, run.objective.uses_text,
+                                       eval_transform(pp), acc)
+    pairs = PairDataset(getattr(run.train, "dataset", None), run.train.text_column, config.caption_sampling,
+                        train_transform(pp, config.augment), config.seed, load_images=run.features.image is None,
+                        captions_per_image=config.captions_per_image, templated=run.train.templated,
+                        templates=run.train.templates, two_views=run.objective.two_views)
+    run.dataset = pairs
+    if run.streaming:
+        run.dataset = ShardStream(run.train.shards, pairs.item, run.train.text_column, acc.num_processes, acc.process_index,
+                                  substreams(config.batch_size, config.workers), config.seed, config.shuffle_buffer)
     text = run.features.text
     run.collate = Collate(run.tokenizer, tokenize=text is None, text_index=text.index if text is not None else None,
                           bad_rows=run.features.bad_rows)
@@ -573,6 +637,10 @@ def _resume_state(run: RunState) -> None:
     if found:
         run.step, run.samples_seen, run.bad_ids, run.first_loss = ckpt.load_checkpoint(
             found[-1], run.model, run.objective.loss, run.optimizer, run.accelerator, run.accelerator.process_index)
+        if run.streaming:  # each stream continues after the samples the checkpoint's steps consumed
+            positions = ckpt.load_data_positions(found[-1], run.accelerator.process_index)
+            run.dataset.starts = {int(k): tuple(v) for k, v in positions.items()}
+            run.data_positions.update(run.dataset.starts)
     run.start_step, run.samples_at_start = run.step, run.samples_seen
     if run.accelerator.is_main_process:
         ckpt.truncate_metrics(run.run_dir / METRICS_FILE, run.step)
@@ -623,7 +691,8 @@ def _log_ema(run: RunState) -> None:
 
 def _save(run: RunState) -> Path:
     return ckpt.save_checkpoint(run.run_dir, run.step, run.model, run.objective.loss, run.optimizer, run.accelerator,
-                                run.samples_seen, run.bad_ids, run.first_loss, run.config.keep_checkpoints)
+                                run.samples_seen, run.bad_ids, run.first_loss, run.config.keep_checkpoints,
+                                data_positions=run.data_positions if run.streaming else None)
 
 
 def _evaluate(run: RunState) -> dict:
@@ -633,6 +702,13 @@ def _evaluate(run: RunState) -> dict:
                     run.config.batch_size * run.accelerator.num_processes, run.accelerator, run.config.seed)
 
 
+def _epochs(run: RunState) -> float | None:
+    """Passes over the data so far (shards: samples seen / the shards' samples; None when unknown)."""
+    if run.per_epoch_micro is None:
+        return None
+    return round(run.step * run.config.accum_steps / run.per_epoch_micro, 4)
+
+
 def _final_stats(run: RunState, plain, final_eval, bad_all: set, exported: bool, plotted: str) -> dict:
     from vltool.model import MODEL_DIR, OPEN_CLIP_DIR, fingerprint
 
@@ -640,7 +716,7 @@ def _final_stats(run: RunState, plain, final_eval, bad_all: set, exported: bool,
     new_samples = run.samples_seen - run.samples_at_start  # this invocation's
     return {
         "steps": run.step,
-        "epochs": round(run.step * c.accum_steps / run.per_epoch_micro, 4),
+        "epochs": _epochs(run),
         "samples_seen": run.samples_seen,
         "global_batch": c.batch_size * run.accelerator.num_processes * c.accum_steps,  # the loss's batch
         "accum_steps": c.accum_steps,
@@ -656,7 +732,8 @@ def _final_stats(run: RunState, plain, final_eval, bad_all: set, exported: bool,
         "bad_image_ids": sorted(bad_all)[:100],
         "empty_texts": len(run.train.empty_text_ids),
         "empty_text_ids": run.train.empty_text_ids[:100],
-        "rows_used": len(run.train.dataset),
+        "rows_used": run.train.rows if run.streaming else len(run.train.dataset),
+        "data_format": "wds" if run.streaming else "hf",
         "parameters": sum(p.numel() for p in plain.parameters()),
         "trainable_parameters": sum(p.numel() for p in run.trainable),
         "frozen": run.frozen,

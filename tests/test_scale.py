@@ -1,0 +1,146 @@
+"""Start-up without per-row Python work (issue 22): the training rows of a dataset on disk are checked,
+filtered and keyed by whole-column Arrow work, never by formatting rows one by one in Python.
+
+bench/bench_scale.py measures the time and memory this saves; these tests check the behaviour on tiny data
+(no timings): what is computed is what the row-by-row code computed, and no row is formatted.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_pretrain import make_pairs  # noqa: E402
+
+from vltool.errors import UsageError  # noqa: E402
+
+
+@pytest.fixture
+def rows_formatted(monkeypatch):
+    """Counts the rows datasets formats into Python (what iterating a column or indexing a row does)."""
+    import datasets.arrow_dataset as ad
+
+    calls = []
+    original = ad.format_table
+
+    def counting(table, *a, **k):
+        calls.append(table.num_rows)
+        return original(table, *a, **k)
+
+    monkeypatch.setattr(ad, "format_table", counting)
+    return calls
+
+
+def test_blank_text_test_equals_texts_of():
+    from vltool.pretrain.data import _has_text, texts_of
+
+    strings = pa.chunked_array([["a", "", "  ", None, " b\t"], ["\u3000", "x", "\n"]])
+    lists = pa.chunked_array([[["", "a"], [], None, ["  ", None]], [["z"], [" "]]])
+    assert _has_text(strings, False).tolist() == [bool(texts_of(v, None)) for v in strings.to_pylist()]
+    assert _has_text(lists, True).tolist() == [bool(texts_of(v, "first")) for v in lists.to_pylist()]
+
+
+def test_load_train_data_formats_no_row(tmp_path, rows_formatted):
+    """Checking ids, dropping rows without text and keying the rows read whole columns: no row is formatted
+    (the row-by-row code formatted each row 3 times: ids twice and texts once)."""
+    from vltool.pretrain import PretrainConfig
+    from vltool.pretrain.data import load_train_data
+
+    data = make_pairs(tmp_path / "d", n=40, empty=(3, 17))
+    other = make_pairs(tmp_path / "o", n=8, ids=[f"q{i}" for i in range(8)])
+    rows_formatted.clear()  # (saving the fixtures formats batches)
+    td = load_train_data([data], PretrainConfig())
+    assert rows_formatted == []
+    assert len(td.dataset) == 38 and td.rows_in == 40 and td.empty_text_ids == ["p3", "p17"]
+    td = load_train_data([data, other], PretrainConfig(caption_sampling="random"))
+    assert rows_formatted == [] and len(td.dataset) == 48  # the lists of captions are not empty in any row
+    td = load_train_data([data, data], PretrainConfig(prefix_ids=True))
+    assert all(n >= 40 for n in rows_formatted)  # prefixing the ids rewrites whole tables (datasets' add_column), no row alone
+    assert td.ids[:2] == ["0:p0", "0:p1"] and td.ids[-1] == "1:p39" and len(td.ids) == 76
+
+
+def test_duplicate_and_clashing_ids_are_named(tmp_path):
+    from vltool.pretrain import PretrainConfig
+    from vltool.pretrain.data import load_train_data
+
+    dup = make_pairs(tmp_path / "dup", n=8, ids=["a", "b", "c", "b", "e", "f", "g", "h"])
+    with pytest.raises(UsageError, match="duplicate ids \\(e.g. 'b'\\)"):
+        load_train_data([dup], PretrainConfig())
+    one = make_pairs(tmp_path / "one", n=8, ids=[f"x{i}" for i in range(8)])
+    two = make_pairs(tmp_path / "two", n=8, ids=[f"y{i}" for i in range(7)] + ["x5"])
+    with pytest.raises(UsageError, match=f"id 'x5' is in both '{one}' and '{two}'"):
+        load_train_data([one, two], PretrainConfig())
+
+
+def test_column_digest_equals_ids_digest():
+    """Encoding keys its cache entries' ids by an Arrow digest of the id column: the same digest as hashing
+    each id in Python (so existing cache entries stay valid), for selections and non-string ids too."""
+    import datasets
+
+    from vltool.cache import ids_digest
+    from vltool.io import column_digest, column_values
+
+    ds = datasets.Dataset.from_dict({"id": ["a", "bé", "", "x" * 5], "n": [1, 2, 3, 4]})
+    for d in (ds, ds.select([3, 0, 2]), ds.select([])):
+        for col in ("id", "n"):
+            assert column_digest(d, col) == ids_digest(column_values(d, col))
+    assert ids_digest(["a", "b"]) == "8fb20ef63ced4145fc2e983ffe597d1dcff39154c3bf21f0fa9dde6a0c50fdc9"  # sha256(b"a\0b\0"): the digest's definition, unchanged
+
+
+def test_deform_drops_rows_without_copying_the_images(tmp_path):
+    """deform writes the kept rows through an indices mapping over the input's memory-mapped table: the
+    image column of its output is the input's (the same buffers, no copy), and what is written is exactly
+    the selected rows that keep a text, with their own images."""
+    import datasets
+
+    from vltool.deform import DeformConfig, deform, deform_dataset
+    from vltool.io import load_dataset
+
+    caps = ["A man riding a red bike.", "The the the.", "Two cats play with a ball.", "The the the.", "A dog on a red couch."] * 4
+    data = make_pairs(tmp_path / "d", n=20)
+    ds = datasets.load_from_disk(data).remove_columns(["caption"]).add_column("caption", caps)
+    ds.add_column("split", ["train", "test"] * 10).save_to_disk(str(tmp_path / "src"))
+    src = load_dataset(str(tmp_path / "src"), where=["split=train"])
+    out, stats = deform_dataset(src.dataset, DeformConfig(ops="rmstop", base_frac=0))
+
+    def buffers(d):
+        return [b.address for c in d.data.table.column("image").chunks for b in c.buffers() if b is not None]
+
+    assert buffers(out) == buffers(src.dataset)
+    deform(str(tmp_path / "src"), tmp_path / "out", DeformConfig(ops="rmstop", base_frac=0), where=["split=train"])
+    written = datasets.load_from_disk(str(tmp_path / "out")).cast_column("image", datasets.Image(decode=False))
+    source = {r["id"]: r for r in datasets.load_from_disk(str(tmp_path / "src")).cast_column("image", datasets.Image(decode=False))}
+    expected = [i for k, i in enumerate(f"p{j}" for j in range(20)) if k % 2 == 0 and caps[k] != "The the the."]
+    assert written["id"] == expected and stats["rows_out"] == len(expected) == 6
+    for r in written:
+        assert r["image"]["bytes"] == source[r["id"]]["image"]["bytes"] and r["caption_original"] == source[r["id"]]["caption"]
+        assert r["split"] == "train" and r["caption"] and not r["is_base"]
+
+
+def test_workers_default_is_chosen_from_the_machine_and_recorded(tmp_path, monkeypatch):
+    import json
+    import os
+
+    from test_pretrain import micro
+
+    from vltool.pretrain import pretrain
+    from vltool.pretrain.loop import default_workers
+
+    assert default_workers("cpu", 1) == 0
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert default_workers("cuda", 16) == 8 - 1  # 64 cores / 8 local processes, less one
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert default_workers("cuda", 2) == 8  # at most 8
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    assert default_workers("cuda", 2) == 0
+    data = make_pairs(tmp_path / "d", n=16)
+    cfg = micro(steps=1)
+    assert cfg.workers is None
+    r = pretrain([data], tmp_path / "run", cfg, progress=False)
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["config"]["workers"] == 0  # on CPU
+    assert r["options"]["workers"] == 0

@@ -1,0 +1,269 @@
+"""WebDataset shards (img2dataset's layout) read as a stream with the standard library.
+
+A shard is a tar file; consecutive members sharing a key (the path up to the first dot of the file name)
+form a sample: `000001.jpg` (or png, webp, ...), `000001.txt` (the caption), `000001.json` (img2dataset's
+metadata: key, url, caption, width, height, ...). img2dataset writes `NNNNN_stats.json` beside each shard,
+whose `successes` count the shard's samples; when every shard has one, the number of samples is known
+without reading a shard.
+
+`vltool import` reads shards into a dataset through this module; `vltool pretrain` streams them
+(vltool.pretrain.data.ShardStream) without importing.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import re
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from vltool.errors import UsageError
+
+IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm", "pnm")
+TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """`a{00..02}b{x,y}` -> a00bx a00by a01bx ... (braceexpand's rules for ranges and alternatives)."""
+    m = re.search(r"\{([^{}]*)\}", pattern)
+    if not m:
+        return [pattern]
+    head, body, tail = pattern[: m.start()], m.group(1), pattern[m.end() :]
+    r = re.fullmatch(r"(-?\d+)\.\.(-?\d+)", body)
+    if r:
+        a, b = r.groups()
+        width = max(len(a), len(b)) if (a.lstrip("-").startswith("0") and len(a) > 1) or (b.startswith("0") and len(b) > 1) else 0
+        lo, hi = int(a), int(b)
+        step = 1 if hi >= lo else -1
+        values = [str(v).zfill(width) for v in range(lo, hi + step, step)]
+    elif "," in body:
+        values = body.split(",")
+    else:  # literal braces
+        return [head + "{" + body + "}" + rest for rest in expand_braces(tail)]
+    return [head + v + rest for v in values for rest in expand_braces(tail)]
+
+
+
+
+def split_member(name: str) -> tuple[str, str] | None:
+    """WebDataset's rule: the key is the path up to the first dot of the file name, the rest is the extension."""
+    d, _, base = name.rpartition("/")
+    if base.startswith((".", "_")) or "." not in base:
+        return None
+    stem, _, ext = base.partition(".")
+    return (f"{d}/{stem}" if d else stem), ext.lower()
+
+
+_ZERO_BLOCK = bytes(512)
+
+
+def _tar_number(field: bytes) -> int:
+    if field[:1] and field[0] & 0x80:  # GNU base-256 for large values
+        return int.from_bytes(field[1:], "big")
+    text = field.split(b"\0", 1)[0].strip()
+    return int(text, 8) if text else 0
+
+
+def iter_tar(path: str) -> Iterator[tuple[str, bytes]]:
+    """(name, data) of each regular file of a tar stream, in order (ustar, GNU long names, PAX paths).
+
+    A few times faster than `tarfile` on shards of many small members. Raises `tarfile.ReadError` on
+    a bad header checksum or a truncated archive; `.tar.gz` / `.tgz` are read through gzip.
+    """
+    import gzip
+
+    raw = open(path, "rb", buffering=1 << 20)
+    f = gzip.open(raw) if path.lower().endswith((".gz", ".tgz")) else raw
+    try:
+        long_name = None
+        while True:
+            header = f.read(512)
+            if len(header) < 512:
+                if header.strip(b"\0"):
+                    raise tarfile.ReadError("truncated header")
+                return
+            if header == _ZERO_BLOCK:
+                return
+            stored = _tar_number(header[148:156])
+            unsigned = sum(header[:148]) + 256 + sum(header[156:])
+            if stored != unsigned and stored != unsigned - 256 * sum(1 for b in header[:148] + header[156:] if b > 127):
+                raise tarfile.ReadError("bad header checksum")
+            size = _tar_number(header[124:136])
+            kind = header[156:157]
+            data = f.read(size)
+            if len(data) < size:
+                raise tarfile.ReadError("truncated member")
+            if size % 512 and len(f.read(512 - size % 512)) < 512 - size % 512:
+                raise tarfile.ReadError("truncated member")
+            if kind == b"L":  # GNU long name of the next member
+                long_name = data.split(b"\0", 1)[0].decode("utf-8", "replace")
+                continue
+            if kind == b"x":  # PAX header: "LEN key=value\n" records
+                i = 0
+                while i < len(data):
+                    sp = data.index(b" ", i)
+                    n = int(data[i:sp])
+                    key, _, value = data[sp + 1 : i + n - 1].partition(b"=")
+                    if key == b"path":
+                        long_name = value.decode("utf-8", "replace")
+                    i += n
+                continue
+            if kind not in (b"0", b"\0", b"7"):  # directories, links, global headers: no sample data
+                long_name = None
+                continue
+            if long_name is not None:
+                name, long_name = long_name, None
+            else:
+                name = header[:100].split(b"\0", 1)[0]
+                if header[257:262] == b"ustar":
+                    prefix = header[345:500].split(b"\0", 1)[0]
+                    if prefix:
+                        name = prefix + b"/" + name
+                name = name.decode("utf-8", "replace")
+            yield name, data
+    finally:
+        f.close()
+        raw.close()
+
+
+def iter_samples(path: str) -> Iterator[tuple[str, dict]]:
+    """(key, {extension: bytes}) of each sample of a shard, in order. Raises tarfile.ReadError (and
+    OSError) on a broken shard, after the samples before the damage."""
+    key, files = None, {}
+    for member, data in iter_tar(path):
+        parts = split_member(member)
+        if parts is None:
+            continue
+        k, ext = parts
+        if k != key:
+            if key is not None:
+                yield key, files
+            key, files = k, {}
+        files[ext] = data
+    if key is not None:
+        yield key, files
+
+
+def sample_image(files: dict) -> bytes | None:
+    """The sample's image bytes: the first of IMAGE_EXTS it has."""
+    return next((files[e] for e in IMAGE_EXTS if e in files), None)
+
+
+def sample_meta(files: dict) -> dict:
+    try:
+        meta = json.loads(files["json"].decode("utf-8")) if "json" in files else {}
+    except (UnicodeDecodeError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def sample_text(files: dict, column: str = "caption"):
+    """The sample's text for `column`: `caption` is the `txt` member (else the json's caption); `captions`
+    the json's list (vltool export writes it; else [the caption]); another name is the member with that
+    extension or the json's key of that name."""
+    if column == "caption":
+        if "txt" in files:
+            return files["txt"].decode("utf-8", errors="replace")
+        return sample_meta(files).get("caption")
+    if column == "captions":
+        value = sample_meta(files).get("captions")
+        if isinstance(value, list):
+            return value
+        cap = sample_text(files, "caption")
+        return [cap] if isinstance(cap, str) else []
+    if column in files:
+        return files[column].decode("utf-8", errors="replace")
+    return sample_meta(files).get(column)
+
+
+def sample_id(key: str, files: dict) -> str:
+    """img2dataset's `key` in the json (else the tar key)."""
+    meta = sample_meta(files)
+    for name in ("id", "key"):
+        if isinstance(meta.get(name), str) and meta[name]:
+            return meta[name]
+    return key
+
+
+def is_shard_spec(spec: str) -> bool:
+    """True when `spec` names tar shards: a pattern or path ending in .tar (.tar.gz, .tgz)."""
+    return os.path.expanduser(str(spec)).lower().endswith(TAR_SUFFIXES)
+
+
+def expand_shards(spec: str) -> list[Path]:
+    """The shards `spec` names: braces expanded (`shards/{00000..00999}.tar`), then globs; a directory
+    means every tar file in it, sorted. Each must exist."""
+    text = os.path.expanduser(str(spec))
+    if Path(text).is_dir():
+        found = sorted(p for p in Path(text).iterdir() if p.name.lower().endswith(TAR_SUFFIXES))
+        if not found:
+            raise UsageError(f"{spec!r} holds no tar shards (*.tar, *.tar.gz, *.tgz)")
+        return found
+    paths: list[Path] = []
+    for pat in expand_braces(text):
+        if any(ch in pat for ch in "*?["):
+            found = sorted(glob.glob(pat))
+            if not found:
+                raise UsageError(f"shards {spec!r}: the pattern {pat!r} matches no file")
+            paths.extend(Path(p) for p in found)
+        elif not Path(pat).is_file():
+            raise UsageError(f"shards {spec!r}: {pat} does not exist")
+        else:
+            paths.append(Path(pat))
+    if not paths:
+        raise UsageError(f"shards {spec!r} name no file")
+    return list(dict.fromkeys(paths))
+
+
+def stats_file(shard: Path) -> Path:
+    """img2dataset's statistics of a shard: 00000.tar -> 00000_stats.json."""
+    name = shard.name
+    for suffix in TAR_SUFFIXES:
+        if name.lower().endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    return shard.with_name(f"{name}_stats.json")
+
+
+def shard_samples(shard: Path) -> int | None:
+    """The shard's samples from img2dataset's statistics file, or None."""
+    try:
+        n = json.loads(stats_file(shard).read_text()).get("successes")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return n if isinstance(n, int) and n >= 0 else None
+
+
+@dataclass
+class ShardSource:
+    """Training shards named by one DATA argument, and what provenance needs to know about them."""
+
+    spec: str
+    shards: list[Path] = field(repr=False)
+    rows: int | None  # from img2dataset's statistics files when every shard has one
+    fingerprint: str  # SHA-256 of each shard's path, size and modification time (no shard is read)
+
+    @property
+    def path(self) -> Path:
+        """The directory holding the shards (an output may not be inside it)."""
+        return Path(os.path.commonpath([str(p.resolve().parent) for p in self.shards]))
+
+    def provenance(self) -> dict:
+        return {"spec": self.spec, "path": str(self.path), "format": "wds", "shards": len(self.shards),
+                "fingerprint": self.fingerprint, "rows": self.rows}
+
+
+def load_shards(spec: str) -> ShardSource:
+    shards = expand_shards(spec)
+    h = hashlib.sha256()
+    for p in shards:
+        st = p.stat()
+        h.update(f"{p.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    counts = [shard_samples(p) for p in shards]
+    rows = None if any(c is None for c in counts) else sum(counts)
+    return ShardSource(str(spec), shards, rows, h.hexdigest()[:32])

@@ -1099,7 +1099,7 @@ def _cb_rows(shards: Sequence[Path], kind: str, n_classes: int | None, skipped: 
 
         try:
             for member, data in iter_tar(str(shard)):
-                parts = _split_member(member)
+                parts = split_member(member)
                 if parts is None:
                     continue
                 k, ext = parts

@@ -42,7 +42,7 @@ from typing import Any, Iterator, Sequence
 
 from vltool import columns as C
 from vltool.errors import UsageError, VltoolError
-from vltool.shards import IMAGE_EXTS, TAR_SUFFIXES, expand_braces, iter_tar, split_member  # noqa: F401 (re-exported)
+from vltool.shards import IMAGE_EXTS, TAR_SUFFIXES, expand_braces, iter_samples, iter_tar, split_member  # noqa: F401 (re-exported)
 from vltool.templates import DATASET_TEMPLATES
 
 FORMATS = ("auto", "csv", "tsv", "jsonl", "parquet", "webdataset", "imagefolder", "coco", "clip_benchmark")
@@ -439,27 +439,14 @@ def _gen_webdataset(unit: tuple, plan: _Plan, skips: _Skips) -> Iterator[dict]:
     """One tar shard, read as a stream: consecutive members with the same key form a sample."""
     path = unit[1]
     name = Path(path).name
-    key, files = None, {}
+    key = None  # the last whole sample read: the damage lies after it
     try:
-        for member, data in iter_tar(path):
-            parts = split_member(member)
-            if parts is None:
-                continue
-            k, ext = parts
-            if k != key:
-                if key is not None:
-                    row = _wds_sample_row(plan, skips, name, key, files)
-                    if row is not None:
-                        yield row
-                key, files = k, {}
-            files[ext] = data
+        for key, files in iter_samples(path):
+            row = _wds_sample_row(plan, skips, name, key, files)
+            if row is not None:
+                yield row
     except (tarfile.TarError, OSError, EOFError, ValueError) as e:
         skips.add(name, key, BAD_SHARD, f"the rest of the shard is lost: {type(e).__name__}: {e}")
-        return
-    if key is not None:
-        row = _wds_sample_row(plan, skips, name, key, files)
-        if row is not None:
-            yield row
 
 
 _GENERATORS = {"rows": _gen_rows, "parquet": _gen_parquet, "webdataset": _gen_webdataset}
@@ -1098,20 +1085,11 @@ def _cb_rows(shards: Sequence[Path], kind: str, n_classes: int | None, skipped: 
             return out
 
         try:
-            for member, data in iter_tar(str(shard)):
-                parts = split_member(member)
-                if parts is None:
-                    continue
-                k, ext = parts
-                if k != key:
-                    if key is not None and (r := row()) is not None:
-                        yield r
-                    key, files = k, {}
-                files[ext] = data
+            for key, files in iter_samples(str(shard)):
+                if (r := row()) is not None:
+                    yield r
         except (tarfile.TarError, OSError, EOFError) as e:
             raise VltoolError(f"{shard}: unreadable shard ({type(e).__name__}: {e})") from None
-        if key is not None and (r := row()) is not None:
-            yield r
 
 
 def import_clip_benchmark(root: Path, out, config: ImportConfig, *, overwrite: bool = False, spec: str | None = None) -> dict:

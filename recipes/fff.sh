@@ -21,19 +21,21 @@ EPOCHS=${EPOCHS:-10}
 STEPS=${STEPS:-}                      # if set: steps of every run instead of EPOCHS
 DEVICE=${DEVICE:-auto}                # auto | cpu
 K=${K:-3}                             # captions per image in batch text augmentation (emoji rows have 2 to 8)
+BIG_BATCH=${BIG_BATCH:-1024}          # the batch hypothesis test: mined positives share batches at this size
 SMOKE=${SMOKE:-0}
 
 source "$(dirname "$0")/common.sh"
-if [ "$SMOKE" = "1" ]; then STEPS=3; fi
+if [ "$SMOKE" = "1" ]; then STEPS=3; BIG_BATCH=16; fi
 LENGTH=(--epochs "$EPOCHS"); if [ -n "$STEPS" ]; then LENGTH=(--steps "$STEPS"); fi
 SIGMOID=(--loss sigmoid --bias-init search)   # FFF 4.4: the logit bias searched on the first batches
 
 train() {  # train VARIANT SEED [pretrain options and data...], then evaluate on the test split
-    local dir="$OUT/$1/seed$2" seed=$2
+    local dir="$OUT/$1/seed$2" seed=$2 batch=${TRAIN_BATCH:-$BATCH} length=("${LENGTH[@]}")
+    if [ -n "${TRAIN_STEPS:-}" ]; then length=(--steps "$TRAIN_STEPS"); fi
     shift 2
     say "seed $seed: ${dir#$OUT/}"
     vltool pretrain "$@" --out "$dir/run" --seed "$seed" "${TOWERS[@]}" "${LOCKED[@]}" --augment none \
-        --batch-size "$BATCH" --lr 1e-3 "${LENGTH[@]}" "${DEVICE_OPTS[@]}" --no-progress --overwrite > /dev/null
+        --batch-size "$batch" --lr 1e-3 "${length[@]}" "${DEVICE_OPTS[@]}" --no-progress --overwrite > /dev/null
     evaluate "$dir/run" "$dir"
 }
 mine() {  # mine VARIANT SEED TERMS [--text-column captions]: positives of the training rows with the seed's CLIP model
@@ -56,6 +58,13 @@ for SEED in $SEEDS; do
         --captions-per-image "$K" --caption-sampling random
     train sigmoid-mined-1ofk "$SEED" "$OUT/sigmoid-mined-k/seed$SEED/data" "${SIGMOID[@]}" --mined-positives \
         --caption-sampling random   # FFF's control of "both": the same positives, one random caption per step
+    # The batch hypothesis: at batch 64 a row's ~3 mined positives among ~3,000 training rows share its batch
+    # with probability ~2% each, so mining barely changes the loss. At BIG_BATCH (with the same number of
+    # steps as the batch-64 runs, on the locked towers' cached features) they share it ~1/3 of the time.
+    steps=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['stats']['steps'])" "$OUT/sigmoid/seed$SEED/run/vltool.json")
+    TRAIN_BATCH=$BIG_BATCH TRAIN_STEPS=$steps train "sigmoid-b$BIG_BATCH" "$SEED" "$DATA" --where split=train "${SIGMOID[@]}"
+    TRAIN_BATCH=$BIG_BATCH TRAIN_STEPS=$steps train "sigmoid-mined-b$BIG_BATCH" "$SEED" \
+        "$OUT/sigmoid-mined/seed$SEED/data" "${SIGMOID[@]}" --mined-positives
     for term in it ii tt; do   # Table 5: one term of M at a time
         mine "mined-$term" "$SEED" "$term"
         train "mined-$term" "$SEED" "$OUT/mined-$term/seed$SEED/data" "${SIGMOID[@]}" --mined-positives
@@ -82,3 +91,9 @@ vltool report "$OUT" --out "$RESULTS/fff-terms" --recipe recipes/fff.sh --baseli
     --variant mined-tt="S_tt > p3 and S_it > p1' only" --variant sigmoid-mined="All three (M)" "${METRICS[@]}" "${MINED[@]}" \
     --paper mined-it="the most impactful term, viewed independently (Tab. 5)" \
     --note "Paper: FFF's text gives no number from Tab. 5; it says that, viewed independently, S_it is the most impactful term, for ground-truth and pseudo-captions alike."
+vltool report "$OUT" --out "$RESULTS/fff-batch" --recipe recipes/fff.sh --baseline "sigmoid-b$BIG_BATCH" \
+    --title "FFF on emoji: does mining help once mined positives share batches? (batch $BATCH vs $BIG_BATCH)" \
+    --variant sigmoid="Sigmoid, batch $BATCH" --variant sigmoid-mined="Sigmoid + mined positives, batch $BATCH" \
+    --variant "sigmoid-b$BIG_BATCH=Sigmoid, batch $BIG_BATCH" \
+    --variant "sigmoid-mined-b$BIG_BATCH=Sigmoid + mined positives, batch $BIG_BATCH" "${METRICS[@]}" \
+    --note "A test of the hypothesis that mining changes nothing at batch $BATCH because a row's few mined positives rarely share its batch. The batch-$BIG_BATCH runs take as many steps as the batch-$BATCH runs (so they see $((BIG_BATCH / BATCH))x more pairs); compare each mined run with the unmined run at its own batch size (the batch-$BATCH pair in results/fff)."

@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+from _launch import launch
 
 from tests._eval_helpers import make_colors, make_model
 from vltool.cache import CacheKey, EmbeddingCache, row_filter
@@ -150,9 +151,6 @@ def test_pre_projection_features(loaded_model, colors):
 def test_two_processes_encode_the_same_as_one(model_dir, colors, tmp_path):
     """`accelerate launch --multi_gpu` with 2 CPU processes (gloo; `--cpu` would run one): each encodes every
     other batch; the result is identical."""
-    import os
-    import subprocess
-    import sys
 
     script = tmp_path / "enc.py"
     script.write_text(
@@ -164,13 +162,8 @@ def test_two_processes_encode_the_same_as_one(model_dir, colors, tmp_path):
         "st = process_state()\n"
         "if st.is_main_process: np.save(sys.argv[1], e.embeddings); open(sys.argv[1] + '.world', 'w').write(str(st.num_processes))\n"
     )
-    env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    subprocess.run([sys.executable, str(script), str(tmp_path / "one.npy"), str(tmp_path / "c1")], check=True, env=env)
-    subprocess.run(
-        [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-         "--mixed_precision", "no", "--dynamo_backend", "no", str(script), str(tmp_path / "two.npy"), str(tmp_path / "c2")],
-        check=True, env=env,
-    )
+    launch([script, tmp_path / "one.npy", tmp_path / "c1"], 1, in_process=False)
+    launch([script, tmp_path / "two.npy", tmp_path / "c2"], 2)
     assert (tmp_path / "two.npy.world").read_text() == "2"  # really two processes
     np.testing.assert_array_equal(np.load(tmp_path / "one.npy"), np.load(tmp_path / "two.npy"))
     assert len(list((tmp_path / "c2" / "embeddings").glob("*.npy"))) == 1

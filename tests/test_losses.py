@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
+from _launch import launch
 import torch
 from torch.nn import functional as F
 
@@ -245,23 +244,7 @@ def run_ddp(tmp_path, data, nproc: int, batch: int, opts: dict) -> Path:
     script.write_text(DDP_SCRIPT)
     out = tmp_path / f"p{nproc}"
     out.mkdir()
-    args = [str(script), data, str(out), str(batch), json.dumps(opts)]
-    if nproc == 1:
-        import runpy
-
-        argv, threads = sys.argv, torch.get_num_threads()
-        sys.argv = args
-        try:
-            runpy.run_path(str(script), run_name="__main__")
-        finally:
-            sys.argv = argv
-            torch.set_num_threads(threads)
-        return out
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(nproc),
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0", *args]
-    r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
+    launch([script, data, out, batch, json.dumps(opts)], nproc)
     return out
 
 

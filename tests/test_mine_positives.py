@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from _launch import launch
 
 from vltool.mine_positives import Thresholds, _normalise, calibrate, dense_reference, mine, summarise
 
@@ -313,20 +314,10 @@ if process_state().is_main_process:
 def test_blocked_search_over_two_processes_equals_one(tmp_path):
     """2 processes (accelerate launch, CPU) each mine half the queries with --index blocked; the gathered
     result is the single-process faiss flat search's."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    repo = Path(__file__).resolve().parent.parent
     script = tmp_path / "blocked.py"
     script.write_text(BLOCKED_SCRIPT)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(repo)}
-    subprocess.run([sys.executable, str(script), str(tmp_path / "one.npz"), "flat"], env=env, check=True, timeout=300)
-    r = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-                        "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0",
-                        str(script), str(tmp_path / "two.npz"), "blocked"], env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
+    launch([script, tmp_path / "one.npz", "flat"], 1, in_process=False)
+    launch([script, tmp_path / "two.npz", "blocked"], 2)
     one, two = np.load(tmp_path / "one.npz"), np.load(tmp_path / "two.npz")
     assert one["pos"].size > 1000 and int(one["capped"]) > 0
     for k in ("counts", "pos", "scores", "terms", "capped"):

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _launch import launch
 import torch
 
 from vltool.errors import UsageError, VltoolError
@@ -613,23 +614,7 @@ def _run_ddp_script(tmp_path, pairs, nproc: int, batch: int) -> Path:
     script.write_text(DDP_SCRIPT)
     out = tmp_path / f"p{nproc}"
     out.mkdir()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    if nproc == 1:  # in this process: the same code, without paying for another interpreter's imports
-        import runpy
-
-        argv, threads = sys.argv, torch.get_num_threads()
-        sys.argv = [str(script), pairs, str(out), str(batch)]
-        try:
-            runpy.run_path(str(script), run_name="__main__")
-        finally:
-            sys.argv = argv
-            torch.set_num_threads(threads)
-        return out
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(nproc),
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0",
-           str(script), pairs, str(out), str(batch)]
-    r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
+    launch([script, pairs, out, batch], nproc)
     return out
 
 

@@ -14,14 +14,13 @@ Everything runs on CPU with `vltool-micro` on small synthetic data.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
+from _launch import launch  # noqa: E402
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
@@ -104,27 +103,7 @@ def train_variants(tmp_path: Path, label: str, data: dict, names, nproc: int = 1
     script.write_text(RUN_SCRIPT)
     out = tmp_path / label
     out.mkdir()
-    args = [str(script), str(out), json.dumps(_runs(data, names, **sizes))]
-    if nproc == 1:
-        import runpy
-
-        from torch.optim.optimizer import _global_optimizer_pre_hooks
-
-        argv, threads, hooks = sys.argv, torch.get_num_threads(), dict(_global_optimizer_pre_hooks)
-        sys.argv = args
-        try:
-            runpy.run_path(str(script), run_name="__main__")
-        finally:
-            sys.argv = argv
-            torch.set_num_threads(threads)
-            _global_optimizer_pre_hooks.clear()
-            _global_optimizer_pre_hooks.update(hooks)
-        return out
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(nproc),
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0", *args]
-    r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
+    launch([script, out, json.dumps(_runs(data, names, **sizes))], nproc, timeout=600)
     return out
 
 

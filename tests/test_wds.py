@@ -10,18 +10,17 @@ resume in 2 processes. Everything runs on CPU with vltool-micro on shards writte
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
+from _launch import launch  # noqa: E402
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_pretrain import REPO, metrics, micro, weights  # noqa: E402
+from test_pretrain import metrics, micro, weights  # noqa: E402
 from wds_fixtures import make_shards  # noqa: E402
 
 from vltool.errors import UsageError  # noqa: E402
@@ -206,12 +205,7 @@ def _launch(tmp_path, shards, nproc, batch, workers, stop) -> Path:
     script.write_text(LAUNCH_SCRIPT)
     out = tmp_path / f"p{nproc}"
     out.mkdir()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(nproc), "--num_machines", "1",
-           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0"] if nproc > 1 else [sys.executable]
-    r = subprocess.run([*cmd, str(script), shards, str(out), str(batch), str(workers), str(stop)], cwd=REPO, env=env,
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
+    launch([script, shards, out, batch, workers, stop], nproc, timeout=600, in_process=False)
     return out
 
 

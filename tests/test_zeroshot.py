@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+from _launch import launch
 
 from tests._eval_helpers import COLORS, make_colors, make_model
 from vltool.errors import UsageError
@@ -167,11 +168,7 @@ def test_two_processes_under_accelerate_give_the_same_results(model_dir, colors,
     args = ["zeroshot", colors, "--model", model_dir, "--bootstrap", "20", "--json", "--no-progress", "--batch-size", "4"]
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     one = subprocess.run([sys.executable, "-m", "vltool", *args, "--cache-dir", str(tmp_path / "c1")], capture_output=True, text=True, env=env, check=True)
-    two = subprocess.run(
-        [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-         "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "vltool", *args, "--cache-dir", str(tmp_path / "c2")],
-        capture_output=True, text=True, env=env, check=True,
-    )
+    two = launch(["-m", "vltool", *args, "--cache-dir", tmp_path / "c2"], 2)
     a, b = json.loads(one.stdout), json.loads(two.stdout)  # only the main process prints
     assert a["stats"]["processes"] == 1 and b["stats"]["processes"] == 2
     assert a["metrics"] == b["metrics"] and a["stats"]["cache"]["images"]["key"] == b["stats"]["cache"]["images"]["key"]

@@ -20,12 +20,40 @@ from __future__ import annotations
 import sys
 
 
+_TEARDOWN_REGISTERED = False
+
+
 def process_state():
-    """accelerate's PartialState: one process unless started by `accelerate launch` / `torchrun`."""
+    """accelerate's PartialState: one process unless started by `accelerate launch` / `torchrun`.
+
+    When it finds several processes, it also registers `shutdown` to run at interpreter exit."""
     import torch
     from accelerate import PartialState
 
-    return PartialState(cpu=not torch.cuda.is_available())
+    state = PartialState(cpu=not torch.cuda.is_available())
+    if state.num_processes > 1:
+        shutdown_at_exit()
+    return state
+
+
+def shutdown_at_exit() -> None:
+    """Register `shutdown` to run at interpreter exit (once). For code that builds its own Accelerator."""
+    global _TEARDOWN_REGISTERED
+    if not _TEARDOWN_REGISTERED:
+        import atexit
+
+        atexit.register(shutdown)
+        _TEARDOWN_REGISTERED = True
+
+
+def shutdown() -> None:
+    """Destroy the default process group, if one is up. Run at exit (registered by `process_state`):
+    a process that leaves a gloo group for interpreter teardown to destroy can abort ("terminate called
+    without an active exception", exit -6), and the launcher then kills the processes still writing."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def is_main() -> bool:

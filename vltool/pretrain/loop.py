@@ -469,9 +469,14 @@ def _accelerator(config: PretrainConfig):
     try:
         if config.device == "cuda" and not torch.cuda.is_available():
             raise UsageError("--device cuda: no GPU is visible to torch")
-        return Accelerator(cpu=config.device == "cpu" or not torch.cuda.is_available(), mixed_precision=config.precision)
+        acc = Accelerator(cpu=config.device == "cpu" or not torch.cuda.is_available(), mixed_precision=config.precision)
     except (ValueError, RuntimeError) as e:
         raise UsageError(f"--precision {config.precision}: {e}") from None
+    if acc.num_processes > 1:
+        from vltool.topology import shutdown_at_exit
+
+        shutdown_at_exit()  # the process group destroyed before interpreter teardown (a gloo group left to it can abort)
+    return acc
 
 
 def _load_data(spec: RunSpec, config: PretrainConfig, run_dir: Path, overwrite: bool, resumed: bool):

@@ -276,7 +276,7 @@ def labelled(tmp_path_factory):
     """The pairs with a ClassLabel `label` (the colour): one dataset for --label-data, one for --text-data."""
     import datasets
 
-    from test_pretrain import WORDS
+    from _squares import WORDS
 
     base = datasets.load_from_disk(make_pairs(tmp_path_factory.mktemp("lb") / "base", n=32))
     ds = base.add_column("label", [i % 8 for i in range(32)]).cast_column("label", datasets.ClassLabel(names=WORDS))

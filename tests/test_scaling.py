@@ -35,7 +35,7 @@ def data(tmp_path_factory) -> dict:
     """The inputs of every variant: pairs (32 rows), pairs with mined positives, UniCL label and text data."""
     import datasets
 
-    from test_pretrain import WORDS
+    from _squares import WORDS
 
     root = tmp_path_factory.mktemp("scaling")
     pairs = make_pairs(root / "pairs", n=32)

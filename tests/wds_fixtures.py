@@ -7,20 +7,7 @@ import json
 import tarfile
 from pathlib import Path
 
-import numpy as np
-
-WORDS = ["red", "green", "blue", "yellow", "cyan", "magenta", "white", "black"]
-COLORS = [(255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 0), (0, 255, 255), (255, 0, 255), (255, 255, 255), (0, 0, 0)]
-
-
-def jpg(color, size=24, seed=0) -> bytes:
-    from PIL import Image
-
-    rng = np.random.default_rng(seed)
-    a = np.clip(np.array(color)[None, None] + rng.integers(-30, 30, (size, size, 3)), 0, 255).astype(np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(a).save(buf, format="JPEG", quality=95)
-    return buf.getvalue()
+from _squares import COLORS, WORDS, jpg
 
 
 def make_shards(root, shards: int = 4, per_shard: int = 12, stats: bool = True, bad=(), empty=()) -> str:

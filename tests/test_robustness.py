@@ -445,6 +445,41 @@ def test_rerunning_an_unfinished_run_says_resume_not_overwrite(tmp_path, pairs, 
     assert "is an unfinished run" in line and f"--resume {run}" in line and "pass --overwrite" not in line
 
 
+def test_a_refused_pretrain_leaves_a_run_another_invocation_started(tmp_path, pairs, monkeypatch):
+    """Two `pretrain --out R` started together: the one refused (R became another run's while it loaded
+    its data) must not delete R. Before: it had seen no R at its start, so it removed R on the way out."""
+    from vltool.errors import UsageError
+    from vltool.pretrain import loop, pretrain
+
+    run = tmp_path / "run"
+    load = loop._load_data
+
+    def the_other_starts_first(*args, **kw):  # the other invocation makes R and starts training in it
+        run.mkdir()
+        (run / loop.RUN_FILE).write_text("{}")
+        (run / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n')
+        return load(*args, **kw)
+
+    monkeypatch.setattr(loop, "_load_data", the_other_starts_first)
+    with pytest.raises(UsageError, match="is an unfinished run"):
+        pretrain([pairs], run, _micro(), progress=False)
+    assert sorted(p.name for p in run.iterdir()) == ["metrics.jsonl", loop.RUN_FILE]
+
+
+def test_a_run_that_fails_before_its_first_checkpoint_leaves_nothing(tmp_path, pairs, monkeypatch):
+    """The other side of the test above: a run this invocation made that fails before anything can be
+    resumed is removed."""
+    from vltool.pretrain import loop, pretrain
+
+    def no_model(run):
+        raise RuntimeError("the model could not be built")
+
+    monkeypatch.setattr(loop, "_build_model", no_model)
+    with pytest.raises(RuntimeError):
+        pretrain([pairs], tmp_path / "run", _micro(), progress=False)
+    assert not (tmp_path / "run").exists()
+
+
 LOCK_HOLDER = """
 import sys, time
 from vltool.io import check_output, output_scope

@@ -118,12 +118,12 @@ def pretrain(
     if stop_after_steps is not None and stop_after_steps < 1:
         raise UsageError(f"--stop-after-steps must be >= 1, got {stop_after_steps}")
     spec, run_dir, config = resolve_run(data, out, config, where, split, eval_data, eval_where, resume)
-    existed = run_dir.exists()
+    made: list[Path] = []  # the run directory, once this invocation has made it (holding its lock)
     try:
-        run = setup(spec, run_dir, config, overwrite=overwrite, resumed=resume is not None, progress=progress)
+        run = setup(spec, run_dir, config, overwrite=overwrite, resumed=resume is not None, progress=progress, made=made)
         stopped = train(run, stop_after_steps)
     except BaseException:
-        if not existed:
+        if made:  # never a directory another invocation made (it may be training in it)
             _drop_if_nothing_to_resume(run_dir)
         raise
     bad_all = ckpt.gather_set(run.bad_ids, run.accelerator)
@@ -184,9 +184,10 @@ def resolve_run(data, out, config, where, split, eval_data, eval_where, resume) 
     return spec, run_dir, config
 
 
-def setup(spec: RunSpec, run_dir: Path, config: PretrainConfig, *, overwrite: bool, resumed: bool, progress: bool) -> RunState:
+def setup(spec: RunSpec, run_dir: Path, config: PretrainConfig, *, overwrite: bool, resumed: bool, progress: bool,
+          made: list[Path] | None = None) -> RunState:
     """Processes, data (checked before anything is written), the run directory, the model and objective,
-    frozen features, the resume state and the data loader."""
+    frozen features, the resume state and the data loader. A new run directory is appended to `made`."""
     accelerator = _accelerator(config)
     world = accelerator.num_processes
     if config.workers is None:  # chosen once, from this machine, and recorded in run.json (resume uses it)
@@ -224,6 +225,8 @@ def setup(spec: RunSpec, run_dir: Path, config: PretrainConfig, *, overwrite: bo
     run = RunState(config, spec, run_dir, accelerator, resumed, train, evald, total, per_epoch_micro)
     if not resumed:
         _start_run_dir(run)
+        if made is not None:
+            made.append(run_dir)
     _build_model(run)
     _resume_state(run)
     _init_bias(run)

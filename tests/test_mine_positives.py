@@ -230,6 +230,27 @@ def test_command_errors(tmp_path, cli):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.slow
+def test_the_command_under_two_processes_writes_once(tmp_path):
+    """`accelerate launch -m vltool mine-positives --index blocked` with 2 processes: exit 0, one report,
+    the output written once (by the main process) and equal to one process's, with --overwrite too."""
+    import datasets
+
+    from tests._eval_helpers import make_colors, make_model
+
+    data = make_colors(tmp_path / "colors", per_class=4)
+    model = make_model(tmp_path / "run")
+    args = ["-m", "vltool", "mine-positives", data, "--where", "split=train", "--model", model, "--index", "blocked",
+            "--p-it", "0.5", "--no-progress"]
+    launch([*args, "--out", tmp_path / "one"], 1, in_process=False)
+    for extra in ([], ["--overwrite"]):
+        r = launch([*args, "--out", tmp_path / "two", *extra], 2)
+        assert r.stdout.count("mine-positives -> ") == 1, r.stdout
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith((".two", "two"))) == ["two"]
+    one, two = (datasets.load_from_disk(str(tmp_path / d)) for d in ("one", "two"))
+    assert one.to_dict() == two.to_dict() and sum(map(len, one["positives"])) > 0
+
+
 @pytest.mark.parametrize("captions", [1, 3], ids=["one-caption", "three-captions"])
 def test_bounded_blocks_give_the_same_pairs_as_one_block(captions):
     """A weak model puts most pairs near the thresholds: the blocks shrink to the pair budget (memory

@@ -758,15 +758,22 @@ def write_json_atomic(path: Path | str, obj: Any, overwrite: bool = True) -> Pat
 
 
 def save_dataset(ds, out: Path | str, provenance: dict, *, overwrite: bool = False, num_proc: int | None = None) -> Path:
-    """Write `ds` and its `vltool.json` atomically to `out`."""
+    """Write `ds` and its `vltool.json` atomically to `out`.
+
+    Under `accelerate launch` only the main process writes (the others return at once: no collective
+    here, since some commands reach this line on the main process alone)."""
     out = Path(out).expanduser()
     if len(ds) == 0:
         raise VltoolError(f"nothing to write to {out}: no row is left (every row was filtered out or dropped)")
-    with atomic_output(out, overwrite) as tmp:
-        # Shard writing in parallel only pays off for large data (images); it spawns processes.
-        big = num_proc and num_proc > 1 and ds.data.nbytes > 2**30
-        ds.save_to_disk(str(tmp), num_proc=num_proc if big else None)
-        write_json_atomic(tmp / C.PROVENANCE_FILE, provenance)
+    from vltool.topology import process_state
+
+    state = process_state()
+    if state.is_main_process:
+        with atomic_output(out, overwrite) as tmp:
+            # Shard writing in parallel only pays off for large data (images); it spawns processes.
+            big = num_proc and num_proc > 1 and ds.data.nbytes > 2**30
+            ds.save_to_disk(str(tmp), num_proc=num_proc if big else None)
+            write_json_atomic(tmp / C.PROVENANCE_FILE, provenance)
     return out
 
 

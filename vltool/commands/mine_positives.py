@@ -74,6 +74,10 @@ def mine_positives_command(
         dry_run=dry_run, batch_size=batch_size, workers=workers, cache_dir=str(cache_dir) if cache_dir else None, seed=seed,
     )
     prov = mine_positives(data, out, config, where=where or [], split=split, overwrite=overwrite)
+    from vltool.topology import is_main
+
+    if not is_main():  # under accelerate launch: one report, from the process that wrote the output
+        return
     if as_json:
         from vltool.console import print_json
 

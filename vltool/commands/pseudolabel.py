@@ -59,6 +59,10 @@ def pseudolabel_command(
     )
     prov = pseudolabel(data, aligned, out, config, where=where or [], split=split, aligned_where=aligned_where or [],
                        aligned_split=aligned_split, overwrite=overwrite)
+    from vltool.topology import is_main
+
+    if not is_main():  # under accelerate launch: one report, from the process that wrote the output
+        return
     s = prov["stats"]
     if as_json:
         from vltool.console import print_json

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import sys
 import textwrap
+import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -147,6 +148,24 @@ def test_bad_samples_are_skipped_and_counted(tmp_path):
     r = pretrain([pattern], tmp_path / "run", micro(steps=2, shuffle_buffer=1), progress=False)
     assert r["stats"]["bad_images"] == 3 and sorted(r["stats"]["bad_image_ids"]) == ["000000001", "000000004", "000010001"]
     assert r["stats"]["samples_seen"] == 13  # 16 samples, 3 skipped
+
+
+def test_a_damaged_shard_is_read_up_to_the_damage_with_a_warning(tmp_path, capfd):
+    """A shard cut short mid-member (a failed copy) gives its samples before the cut, one warning naming
+    it, and training goes on; before, it stopped the run with an "internal error" (tarfile.ReadError)."""
+    from vltool.pretrain import pretrain
+    from vltool.shards import iter_samples
+
+    pattern = make_shards(tmp_path / "cut", shards=2, per_shard=8)
+    cut = tmp_path / "cut" / "00001.tar"
+    whole = cut.read_bytes()
+    cut.write_bytes(whole[: len(whole) // 2 + 100])
+    with pytest.raises(tarfile.ReadError):
+        list(iter_samples(cut))
+    r = pretrain([pattern], tmp_path / "run", micro(steps=2, shuffle_buffer=1), progress=False)
+    assert r["stats"]["steps"] == 2
+    err = capfd.readouterr().err
+    assert err.count("00001.tar: unreadable after") == 1 and "the rest of this shard is skipped" in err
 
 
 def test_what_streaming_refuses(tmp_path, shards):

@@ -69,7 +69,7 @@ def _tar_number(field: bytes) -> int:
     return int(text, 8) if text else 0
 
 
-def iter_tar(path: str) -> Iterator[tuple[str, bytes]]:
+def iter_tar(path) -> Iterator[tuple[str, bytes]]:
     """(name, data) of each regular file of a tar stream, in order (ustar, GNU long names, PAX paths).
 
     A few times faster than `tarfile` on shards of many small members. Raises `tarfile.ReadError` on
@@ -77,6 +77,7 @@ def iter_tar(path: str) -> Iterator[tuple[str, bytes]]:
     """
     import gzip
 
+    path = str(path)
     raw = open(path, "rb", buffering=1 << 20)
     f = gzip.open(raw) if path.lower().endswith((".gz", ".tgz")) else raw
     try:

@@ -491,6 +491,7 @@ class ShardStream(torch.utils.data.IterableDataset):
         self.make_item, self.text_column = make_item, text_column
         self.world, self.rank, self.sizes, self.seed, self.buffer = world, rank, list(sizes), seed, buffer
         self.starts = dict(starts or {})
+        self.damaged: set[int] = set()  # shards found unreadable part-way (warned about once per data stream)
         self.streams = world * len(self.sizes)
         if len(self.shards) < self.streams:
             raise UsageError(
@@ -501,12 +502,24 @@ class ShardStream(torch.utils.data.IterableDataset):
         return np.random.default_rng([self.seed, 7919, epoch]).permutation(len(self.shards))
 
     def raw_samples(self, stream: int, epoch: int):
-        """(shard index, index in the shard, key, files) of the stream's epoch, in shard order (unshuffled)."""
+        """(shard index, index in the shard, key, files) of the stream's epoch, in shard order (unshuffled).
+        A damaged shard is read up to the damage, with a warning; the stream reads on from its next shard
+        (the same samples every time, so a resumed run still sees exactly the uninterrupted run's)."""
+        import sys
+        import tarfile
+
         from vltool.shards import iter_samples
 
         for shard in self.shard_order(epoch)[stream :: self.streams]:
-            for j, (key, files) in enumerate(iter_samples(self.shards[shard])):
-                yield int(shard), j, key, files
+            j = 0
+            try:
+                for j, (key, files) in enumerate(iter_samples(self.shards[shard]), start=1):
+                    yield int(shard), j - 1, key, files
+            except (tarfile.TarError, OSError, EOFError) as e:
+                if shard not in self.damaged:
+                    self.damaged.add(shard)
+                    print(f"warning: {self.shards[shard]}: unreadable after {j} sample(s) ({type(e).__name__}: {e}); "
+                          "the rest of this shard is skipped", file=sys.stderr, flush=True)
 
     def samples(self, stream: int, epoch: int, skip: int = 0):
         """(epoch, samples of the epoch consumed so far, raw sample) for ever, from `skip` samples into `epoch`."""

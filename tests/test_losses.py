@@ -459,6 +459,35 @@ def test_jsd_two_processes_equal_one(tmp_path, pairs):
 # ---------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("sizes", [(3, 2, 2), (5, 12, 7)], ids=["wraps", "batch-larger-than-queue"])
+def test_memory_bank_enqueue_equals_one_key_at_a_time(sizes):
+    """Enqueueing a batch equals enqueueing its keys one by one (a FIFO queue), also when the batch holds
+    more keys than the queue has slots (then each slot is written once, with the newest key for it)."""
+    from vltool.losses import MemoryBankLoss
+
+    k, first, second = sizes
+    torch.manual_seed(0)
+    batched, single = MemoryBankLoss(k, 4), MemoryBankLoss(k, 4)
+    for n, start in ((first, 0), (second, 100)):
+        img, txt, ids = torch.randn(n, 4), torch.randn(n, 4), torch.arange(start, start + n)
+        batched.enqueue(img, txt, ids)
+        for i in range(n):
+            single.enqueue(img[i : i + 1], txt[i : i + 1], ids[i : i + 1])
+    for name in ("image_queue", "text_queue", "queue_ids", "queue_ptr"):
+        torch.testing.assert_close(getattr(batched, name), getattr(single, name), rtol=0, atol=0, msg=name)
+
+
+def test_queue_slots_are_distinct():
+    """Every slot is written at most once per enqueue (on CPU a repeated slot happens to keep the last
+    write, as the test above sees; on CUDA its winner is undefined)."""
+    from vltool.losses import queue_slots
+
+    for ptr, n, size in [(0, 3, 5), (4, 3, 5), (2, 12, 5), (0, 5, 5), (3, 11, 4)]:
+        skip, slots = queue_slots(torch.tensor(ptr), n, size)
+        assert skip == max(0, n - size) and len(slots) == n - skip == len(set(slots.tolist()))
+        assert slots[-1].item() == (ptr + n - 1) % size  # the newest key goes where the pointer was heading
+
+
 def test_memory_bank_loss_matches_reference_and_masks_own_keys():
     from vltool.losses import LossInput, MemoryBankLoss
 

@@ -333,6 +333,14 @@ class JSDLoss(Loss):
         return {"loss": loss, "acc_i2t": acc}
 
 
+def queue_slots(ptr: torch.Tensor, n: int, size: int) -> tuple[int, torch.Tensor]:
+    """(skip, slots) for enqueueing n keys at `ptr` in a FIFO queue of `size`: the first `skip` keys would
+    be overwritten by later keys of the same batch, so only keys[skip:] are written, to distinct slots
+    (a scatter to repeated slots has no defined winner on CUDA)."""
+    skip = max(0, n - size)
+    return skip, (ptr + skip + torch.arange(n - skip, device=ptr.device)) % size
+
+
 class MemoryBankLoss(Loss):
     """`--loss clip --memory-bank K`: cross-modal InfoNCE against a queue of EMA keys (A Fistful of Words,
     section 2.1, equations 1-3; MoCo's queue).
@@ -391,11 +399,13 @@ class MemoryBankLoss(Loss):
 
     @torch.no_grad()
     def enqueue(self, image_keys: torch.Tensor, text_keys: torch.Tensor, ids: torch.Tensor) -> None:
+        """The batch's keys join the queue (FIFO), as if enqueued one at a time: a batch larger than the
+        queue leaves its newest `size` keys (one write per slot, so no slot holds another row's id)."""
         n = image_keys.shape[0]
-        idx = (self.queue_ptr + torch.arange(n, device=ids.device)) % self.size
-        self.image_queue[idx] = image_keys.to(self.image_queue.dtype)
-        self.text_queue[idx] = text_keys.to(self.text_queue.dtype)
-        self.queue_ids[idx] = ids
+        skip, idx = queue_slots(self.queue_ptr, n, self.size)
+        self.image_queue[idx] = image_keys[skip:].to(self.image_queue.dtype)
+        self.text_queue[idx] = text_keys[skip:].to(self.text_queue.dtype)
+        self.queue_ids[idx] = ids[skip:]
         self.queue_ptr.copy_((self.queue_ptr + n) % self.size)  # on the device: no host sync
 
     def forward(self, batch: LossInput) -> dict[str, torch.Tensor]:

@@ -78,3 +78,19 @@ def test_tasks_option_and_errors(setup, cli, tmp_path):
     assert r.exit_code == 2 and "inputs are never modified" in r.stderr
     r = cli("benchmark", "--model", model)
     assert r.exit_code == 2 and "--datasets is required" in r.stderr
+
+
+def test_a_class_label_split_column_selects_its_rows(tmp_path):
+    """A `split` column stored as a ClassLabel (as `datasets` often makes it) selects the test rows to
+    evaluate and the train rows to probe, like a string column; before, the whole dataset was evaluated
+    (training rows included) and the probe skipped."""
+    import datasets
+
+    from vltool.benchmark import BenchmarkConfig, plan_dataset
+
+    feats = datasets.Features({"split": datasets.ClassLabel(names=["train", "test"]),
+                               "label": datasets.ClassLabel(names=["a", "b"]), "caption": datasets.Value("string")})
+    datasets.Dataset.from_dict({"split": [0, 1, 0, 1], "label": [0, 1, 1, 0], "caption": list("wxyz")},
+                               features=feats).save_to_disk(str(tmp_path / "d"))
+    plan = plan_dataset(str(tmp_path / "d"), BenchmarkConfig(model="unused"))
+    assert plan.eval_where == ["split=test"] and plan.train_where == ["split=train"]

@@ -129,6 +129,8 @@ def plan_dataset(spec: str, config: BenchmarkConfig) -> DatasetPlan:
     else:
         ds = obj
         values = set(ds.unique(C.SPLIT)) if C.SPLIT in ds.column_names else set()
+        if isinstance(ds.features.get(C.SPLIT), datasets.ClassLabel):  # unique() gives the class numbers
+            values = {ds.features[C.SPLIT].int2str(int(v)) for v in values}
         if config.eval_split in values:
             plan.eval_where = [f"{C.SPLIT}={config.eval_split}"]
             if config.train_split in values and config.train_split != config.eval_split:

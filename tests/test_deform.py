@@ -262,3 +262,17 @@ def test_overwrite_replaces_output(text_dataset, tmp_path, cli):
     assert cli("deform", src, "--out", tmp_path / "o", "--ops", "keep2", "--overwrite").exit_code == 0
     assert datasets.load_from_disk(str(tmp_path / "o"))[0]["caption"].count(" ") in (0, 1)
     assert json.loads((tmp_path / "o" / "vltool.json").read_text())["options"]["ops"] == "keep2"
+
+
+def test_a_base_row_without_text_is_dropped_and_not_counted(text_dataset, tmp_path):
+    """6 rows, base_frac 0.5 (seed 0: rows 3, 4, 5 are the base rows), row 5 only whitespace: it has no
+    text and is dropped; base_rows counts the output's 2 base rows (it said 3)."""
+    from vltool.deform import choose_base
+
+    assert choose_base(6, 0.5, 0).tolist() == [False, False, False, True, True, True]
+    src = text_dataset([*CAPS[:5], "   "])
+    prov = deform(src, tmp_path / "o", DeformConfig(ops="rmstop", base_frac=0.5, seed=0))
+    rows = datasets.load_from_disk(str(tmp_path / "o")).to_list()
+    assert [r["is_base"] for r in rows] == [False, False, False, True, True]
+    assert [r["caption"] for r in rows[3:]] == CAPS[3:5]  # base rows intact
+    assert prov["stats"]["base_rows"] == 2 and prov["stats"]["deformed_rows"] == 3 and prov["stats"]["rows_dropped_empty"] == 1

@@ -404,7 +404,8 @@ def deform_dataset(ds, config: DeformConfig) -> tuple[object, dict]:
     # batch, so the images are never held in memory (a filter would copy every column, images included).
     # (a base row stays intact, but a row without text, base or not, is dropped: None, "" and whitespace are no text)
     has_text = np.fromiter((clean_text(t) is not None for t in texts), dtype=bool, count=n)
-    keep = np.fromiter((bool(t) for t in new_texts), dtype=bool, count=n) | (is_base & has_text)  # (n,)
+    deformed_nonempty = np.fromiter((bool(t) for t in new_texts), dtype=bool, count=n)
+    keep = np.where(is_base, has_text, deformed_nonempty)  # (n,) a base row's text is its input text
     rows_out = int(keep.sum())
     del texts
     table = ds.data.table
@@ -457,8 +458,8 @@ def deform_dataset(ds, config: DeformConfig) -> tuple[object, dict]:
         "rows_in": n,
         "rows_out": rows_out,
         "rows_dropped_empty": n - rows_out,
-        "base_rows": int(is_base.sum()),
-        "deformed_rows": int(n - is_base.sum()),
+        "base_rows": int((is_base & keep).sum()),  # in the output (a base row without text is dropped too)
+        "deformed_rows": int((~is_base & keep).sum()),
         "avg_caption_len_before": round(words_in / n, 3) if n else 0.0,
         "avg_caption_len_after": round(words_out / rows_out, 3) if rows_out else 0.0,
         "dataset_size_change_pct": round(100.0 * (rows_out - n) / n, 2) if n else 0.0,

@@ -110,3 +110,44 @@ def test_multilabel(tmp_path, cli):
     assert cli("import", root, "--out", tmp_path / "o", "--no-progress").exit_code == 0
     ds = datasets.load_from_disk(str(tmp_path / "o"))["test"]
     assert ds["labels"] == [[0, 2]] and ds.features["labels"].feature.names == ["cat", "dog", "bird"]
+
+
+def test_a_second_command_waits_for_the_first_ones_import(tmp_path):
+    """Two commands given the same CLIP_benchmark folder at once: the second waits while the first (another
+    process) holds the cache copy's lock (it failed with "being written by another vltool process"), then
+    reads the copy, or makes it when the first ended without one."""
+    import os
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from vltool.cache import EmbeddingCache
+    from vltool.importer import CB_CACHE, _layout_digest, clip_benchmark_input
+
+    root = make_cb_classification(tmp_path / "cb")
+    cache = tmp_path / "cache"
+    clip_benchmark_input(str(make_cb_classification(tmp_path / "warm", seed=1)), cache)  # imports done, so the wait below is the lock's
+    dest = EmbeddingCache(cache).root / CB_CACHE / f"cb-{_layout_digest(root)}"
+    holder = subprocess.Popen(  # the first command: holds the copy's lock, then dies without a copy
+        [sys.executable, "-c", "import sys, time\nfrom vltool.io import check_output, output_scope\n"
+         "with output_scope():\n    check_output(sys.argv[1], True)\n    print('locked', flush=True)\n    time.sleep(60)\n",
+         str(dest)], stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert holder.stdout.readline().strip() == "locked"
+    got: dict = {}
+
+    def second():
+        try:
+            got["path"] = clip_benchmark_input(str(root), cache)
+        except Exception as e:  # noqa: BLE001 (reported below)
+            got["error"] = e
+
+    t = threading.Thread(target=second)
+    t.start()
+    time.sleep(1.5)
+    alive = t.is_alive()
+    holder.kill()
+    holder.wait()
+    t.join(60)
+    assert alive and "error" not in got, got  # it waited, and did not fail
+    assert got["path"] == str(dest) and (dest / "dataset_dict.json").is_file()

@@ -1210,10 +1210,20 @@ def clip_benchmark_input(spec: str, cache_dir: str | Path | None) -> str:
     from vltool.cache import EmbeddingCache
     from vltool.topology import is_main, process_state, warn
 
+    import time
+
+    from vltool.io import OutputBusy
+
     dest = EmbeddingCache(cache_dir).root / CB_CACHE / f"{root.resolve().name}-{_layout_digest(root)}"
-    if not (dest / "dataset_dict.json").is_file() and is_main():
-        warn(f"{spec}: CLIP_benchmark's layout, imported into {dest} (once; later runs read that copy)")
-        import_clip_benchmark(root, dest, ImportConfig(format="clip_benchmark"), overwrite=True, spec=str(spec))
+    said = False
+    while not (dest / "dataset_dict.json").is_file() and is_main():
+        if not said:
+            warn(f"{spec}: CLIP_benchmark's layout, imported into {dest} (once; later runs read that copy)")
+            said = True
+        try:
+            import_clip_benchmark(root, dest, ImportConfig(format="clip_benchmark"), overwrite=True, spec=str(spec))
+        except OutputBusy:  # another command is importing it: wait for its copy (or import it if that one fails)
+            time.sleep(0.5)
     state = process_state()
     if state.num_processes > 1:
         state.wait_for_everyone()

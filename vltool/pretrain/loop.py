@@ -296,7 +296,9 @@ def _keep_freed_memory(keep: bool) -> bool:
     """CPU training (Linux, glibc): keep freed memory in the process while training. glibc's malloc hands
     large blocks back to the system when they are freed, and the next step faults them in again, zeroed
     by the kernel (about 7% of a vltool-small step on 2 cores); torch's CPU tuning guide's advice is the
-    same (jemalloc/tcmalloc). `keep=False` puts glibc's defaults back. True when it applied."""
+    same (jemalloc/tcmalloc). `keep=False` sets glibc's default values again (128 KiB); the mmap threshold
+    then stays fixed at that value, where glibc's own would have adapted (any mallopt of it turns the
+    adaptation off for the process). True when it applied."""
     import ctypes
     import sys
 

@@ -295,7 +295,7 @@ def ema_momentum_for(total_steps: int) -> float:
     With a constant momentum m, the EMA after T updates is m^T x (its initial weights) + (1 - m) x sum_k
     m^(T-k) x (the online weights after step k): MoCo's 0.999 over a 460-step recipe leaves 0.999^460 = 63%
     of the key towers at their random initial projections. So m = min(0.999, 0.5^(1 / h)) with the
-    half-life h = EMA_HALF_LIFE x T steps: MoCo's value where the run is long enough for it (T >= 6,928),
+    half-life h = EMA_HALF_LIFE x T steps: MoCo's value where the run is long enough for it (T >= 6,929),
     else the momentum whose half-life is a tenth of the run, so that at the end the initial weights weigh
     0.5^10 < 0.1% and the EMA averages over about the last 14% of the run (its time constant 1/(1 - m))."""
     if total_steps < 1:

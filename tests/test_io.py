@@ -143,3 +143,16 @@ def test_transforms_write_nothing_into_the_input_directory(labelled):
     src = load_dataset(labelled, where=["split=train"])
     src.dataset.map(lambda r: {"caption": r["caption"] + "!"}).filter(lambda r: True)
     assert sorted(p.name for p in Path(labelled).iterdir()) == before
+
+
+@pytest.mark.parametrize("text,parsed", [
+    ("caption=!", ("caption", "!", False)), ("caption=!test", ("caption", "!test", False)),
+    ("caption=a!=b", ("caption", "a!=b", False)), ("x=a=b", ("x", "a=b", False)), ("split!=train", ("split", "train", True)),
+])
+def test_where_values_may_hold_bang_and_equals(text, parsed):
+    """The first '=' splits a clause; the value is verbatim (a value starting with '!' was refused with
+    "use a single '='", and 'caption=a!=b' was read as the negated column 'caption=a')."""
+    from vltool.io import Where
+
+    w = Where.parse(text)
+    assert (w.column, w.value, w.negate) == parsed and str(w) == text

@@ -39,21 +39,21 @@ class Where:
 
     @classmethod
     def parse(cls, text: str) -> "Where":
-        if "!=" in text:
-            col, _, val = text.partition("!=")
-            negate = True
-        elif "=" in text:
-            col, _, val = text.partition("=")
-            negate = False
-        else:
+        """The first '=' splits the clause ('!=' when a '!' is right before it); the value is the rest,
+        verbatim, so it may hold '=' or '!' (`--where caption=!`); only a value starting with '=' (the
+        `==` typo) is refused."""
+        at = text.find("=")
+        if at < 0:
             raise UsageError(f"--where {text!r}: expected COLUMN=VALUE or COLUMN!=VALUE, e.g. --where split=train")
-        col = col.strip()
+        negate = at > 0 and text[at - 1] == "!"
+        raw_col, val = text[: at - 1 if negate else at], text[at + 1 :]
+        col = raw_col.strip()
         if not col:
             raise UsageError(f"--where {text!r}: the column name is empty")
         op = "!=" if negate else "="
-        if val.lstrip().startswith(("=", "!")):
-            raise UsageError(f"--where {text!r}: write COLUMN{op}VALUE with a single {op!r}, e.g. --where {col}{op}{val.lstrip('=! ') or 'VALUE'}")
-        if val != val.strip() or text.partition(op)[0] != col:
+        if val.lstrip().startswith("="):
+            raise UsageError(f"--where {text!r}: write COLUMN{op}VALUE with a single {op!r}, e.g. --where {col}{op}{val.lstrip('= ') or 'VALUE'}")
+        if val != val.strip() or raw_col != col:
             raise UsageError(
                 f"--where {text!r}: no spaces around {op!r} or at the ends of the value (they would be part of it); "
                 f"write --where {col}{op}{val.strip() or 'VALUE'}"

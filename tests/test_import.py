@@ -298,6 +298,10 @@ def test_imagefolder(tmp_path):
     assert ds.features["label"].names == ["golden_retriever", "tabby-cat"]
     assert ds["id"] == ["golden_retriever/a", "golden_retriever/b", "tabby-cat/indoor/c"]
     assert ds["caption"] == ["a photo of a golden retriever"] * 2 + ["a photo of a tabby cat"]
+    # a classnames.txt beside the class folders does not make it CLIP_benchmark's layout (no shards)
+    (root / "classnames.txt").write_text("golden retriever\ntabby cat\n")
+    s = run_import(str(root), "--out", str(tmp_path / "again"), "--caption-template", "a photo of a {label}")
+    assert (s["format"], s["rows_out"]) == ("imagefolder", 3)
     assert ds["label"] == [0, 0, 1]
     assert report(out)[0]["id"] == "tabby-cat/bad"
 

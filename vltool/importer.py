@@ -1041,9 +1041,13 @@ def clip_benchmark_splits(d: Path) -> dict[str, list[Path]]:
 
 
 def is_clip_benchmark(d: Path) -> bool:
-    """CLIP_benchmark's layout: its metadata files, or split folders holding nshards.txt."""
-    return any((d / f).is_file() for f in (CB_CLASSNAMES, CB_TEMPLATES, CB_TYPE)) or any(
-        (sub / CB_NSHARDS).is_file() for sub in _listdir(d) if sub.is_dir())
+    """CLIP_benchmark's layout: split folders holding nshards.txt, or its metadata files (classnames.txt,
+    ...) beside a split folder of .tar shards. (An image folder with a classnames.txt is not one.)"""
+    subs = [sub for sub in _listdir(d) if sub.is_dir()]
+    if any((sub / CB_NSHARDS).is_file() for sub in subs):
+        return True
+    return any((d / f).is_file() for f in (CB_CLASSNAMES, CB_TEMPLATES, CB_TYPE)) and any(
+        any(p.name.endswith(".tar") and p.is_file() for p in sub.iterdir()) for sub in subs)
 
 
 def _cb_rows(shards: Sequence[Path], kind: str, n_classes: int | None, skipped: Counter) -> Iterator[dict]:

@@ -187,6 +187,18 @@ def test_what_streaming_refuses(tmp_path, shards):
     assert not any((tmp_path / x).exists() for x in "acdef")
 
 
+def test_an_error_in_a_data_worker_is_one_line(cli, tmp_path):
+    """Empty shards read by a DataLoader worker (--workers 1): the worker's error arrives as one line, its
+    own message (it arrived with the worker's whole traceback folded into the line)."""
+    pattern = make_shards(tmp_path / "empty", shards=2, per_shard=0, stats=False)
+    r = cli("pretrain", pattern, "--out", tmp_path / "run", "--arch", "vltool-micro", "--steps", "1", "--batch-size", "2",
+            "--workers", "1", "--no-progress")
+    assert r.exit_code == 1
+    lines = r.stderr.strip().splitlines()
+    assert lines[-1] == "error: data stream 0 read no sample from its shards in epoch 0", r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "run").exists()
+
+
 def test_cli_trains_on_a_shard_pattern(cli, tmp_path, shards):
     r = cli("pretrain", shards, "--out", tmp_path / "run", "--arch", "vltool-micro", "--steps", "2", "--batch-size", "8",
             "--shuffle-buffer", "4", "--json", "--no-progress")

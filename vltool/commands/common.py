@@ -110,6 +110,11 @@ def handle_errors(fn: Callable) -> Callable:
 
 
 def one_line(text: str) -> str:
+    """The message on one line. An error re-raised from a DataLoader worker ("Caught X in DataLoader worker
+    process N. Original Traceback ...") is reduced to the worker's own message."""
+    if text.startswith("Caught ") and "\nOriginal Traceback" in text:
+        last = [line for line in text.splitlines() if line.strip()][-1]  # "module.Class: message"
+        text = last.split(": ", 1)[1] if ": " in last else last
     return " ".join(text.split())
 
 

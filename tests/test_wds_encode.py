@@ -186,6 +186,22 @@ def test_a_damaged_shard_gives_its_readable_samples_and_a_warning(tmp_path, capf
     assert [d is None for d in decoded] == [k == 2 for k in range(len(ids))]  # sample 2's bytes are no image
 
 
+def test_repeated_ids_keep_their_first_row_as_import_does(tmp_path):
+    import shutil
+
+    import datasets
+
+    from vltool.importer import ImportConfig, import_data
+    from vltool.io import load_dataset
+
+    make_shards(tmp_path / "dup", shards=2, per_shard=4)
+    shutil.copy(tmp_path / "dup" / "00000.tar", tmp_path / "dup" / "00002.tar")  # the first shard's samples again
+    loaded = load_dataset(str(tmp_path / "dup"), cache_dir=tmp_path / "cache")
+    import_data(str(tmp_path / "dup"), tmp_path / "imported", ImportConfig())
+    assert loaded.dataset["id"] == datasets.load_from_disk(str(tmp_path / "imported"))["id"] == [f"0000{s}000{j}" for s in (0, 1) for j in range(4)]
+    assert json.loads((loaded.index.path / "vltool.json").read_text())["stats"]["skipped"] == {"duplicate id": 4}
+
+
 def test_compressed_shards_are_refused(tmp_path):
     from vltool.errors import UsageError
     from vltool.io import load_dataset

@@ -1012,19 +1012,20 @@ def _warn(message: str) -> None:
         print(f"warning: {message}", file=sys.stderr)
 
 
-def _json_columns(shards: Sequence[Path]) -> tuple[dict[str, str], bool]:
-    """({column: dtype}, captions?): the scalar fields of the first sample's json (img2dataset's url,
-    width, height, status, ...; not the contract's own column names), typed by their values (null:
-    string), and whether it carries a `captions` list (vltool export writes one)."""
+def _json_columns(shards: Sequence[Path], peek: int = 8) -> tuple[dict[str, str], bool]:
+    """({column: dtype}, captions?): the scalar fields of the json of the first sample that has one among
+    the first samples of the first `peek` shards (img2dataset's url, width, height, status, ...; not the
+    contract's own column names), typed by their values (null: string), and whether it carries a
+    `captions` list (vltool export writes one)."""
     import tarfile
 
     from vltool.shards import index_samples, sample_meta
 
-    for shard in shards:
+    for shard in shards[:peek]:
         try:
             for _, files in index_samples(shard):
                 if "json" not in files:
-                    continue
+                    break  # (shards without json: no extra columns, and no pass over them)
                 meta = sample_meta(files)
                 cols = {}
                 for k, v in meta.items():
@@ -1052,9 +1053,9 @@ def _json_value(v, dtype: str):
 
 
 def _index_rows(shards: list[str], columns: dict, captions: bool, stats: dict) -> Iterator[dict]:
-    """from_generator's generator: a row per sample with an image and a text, as `vltool import` reads a
-    sample (id: the json's `id`, else the key; the image: the first of IMAGE_EXTS; caption: the txt, else
-    the json's caption), the image as its tar:// URL; skipped samples and damaged shards go to `stats`."""
+    """A row per sample with an image and a text, as `vltool import` reads a sample (id: the json's `id`,
+    else the key; the image: the first of IMAGE_EXTS, as its tar:// URL; caption: the txt, else the json's
+    caption); skipped samples and damaged shards go to `stats`."""
     import tarfile
 
     from vltool.shards import (EMPTY_CAPTION, IMAGE_EXTS, NO_IMAGE, clean_captions, index_samples, sample_meta,
@@ -1080,7 +1081,7 @@ def _index_rows(shards: list[str], columns: dict, captions: bool, stats: dict) -
                     skipped[EMPTY_CAPTION] = skipped.get(EMPTY_CAPTION, 0) + 1
                     continue
                 row_id = meta.get("id") if isinstance(meta.get("id"), str) and meta.get("id") else key
-                row = {C.ID: row_id, C.IMAGE: {"bytes": None, "path": tar_url(image.name, shard)}, C.CAPTION: caption}
+                row = {C.ID: row_id, C.IMAGE: tar_url(image.name, shard), C.CAPTION: caption}  # (the image's path)
                 if captions:
                     row[C.CAPTIONS] = caps or [caption]
                 for name, dtype in columns.items():
@@ -1095,11 +1096,15 @@ def _index_rows(shards: list[str], columns: dict, captions: bool, stats: dict) -
         stats["progress"](1)
 
 
-def _build_shard_index(source, dest: Path, digest: str, spec) -> None:
-    """Write the index of `source` (vltool.shards.ShardSource) at `dest`: one streaming pass over the
-    shards into Arrow (bounded memory), duplicate ids dropped (the first kept), and vltool.json."""
-    import uuid
+INDEX_DATA_FILE = "data-00000-of-00001.arrow"  # the index's one Arrow file (save_to_disk's name)
+INDEX_BATCH = 1000  # rows per record batch (datasets' size for text; its 100 for image bytes would be 10x more batches)
 
+
+def _build_shard_index(source, dest: Path, digest: str, spec) -> None:
+    """Write the index of `source` (vltool.shards.ShardSource) at `dest` as save_to_disk lays a dataset out
+    (one Arrow file, state.json, dataset_info.json) with vltool.json: one streaming pass over the shards
+    into Arrow columns of INDEX_BATCH rows written by datasets' ArrowWriter (bounded memory, no per-row
+    encoding by datasets), then duplicate ids dropped (the first kept) by a second pass when there are any."""
     import datasets
     import pyarrow.compute as pc
 
@@ -1116,68 +1121,116 @@ def _build_shard_index(source, dest: Path, digest: str, spec) -> None:
     if captions:
         feats[C.CAPTIONS] = datasets.List(datasets.Value("string"))
     feats.update({k: datasets.Value(t) for k, t in columns.items()})
+    features = datasets.Features(feats)
     bar = Bar(f"indexing {len(shards):,} shards", len(shards), unit="shards", enabled=is_main_process())
     stats: dict = {"samples_read": 0, "skipped": {}, "damaged_shards": [], "bytes_read": 0, "progress": bar.advance}
-    work = dest.parent / f".{dest.name}.work-{uuid.uuid4().hex[:8]}"
-    bars_were_on = datasets.is_progress_bar_enabled()
-    datasets.disable_progress_bars()
-    # datasets writes 100-row record batches when a column is an Image (rows of image bytes); the index's
-    # rows hold a path (~200 bytes), so it is written in datasets' batches of 1,000 rows as text is: at
-    # 10M rows, 10x fewer record batches for datasets to read the headers of when it opens the index.
-    image_batch = datasets.config.ARROW_RECORD_BATCH_SIZE_FOR_IMAGE_DATASETS
-    datasets.config.ARROW_RECORD_BATCH_SIZE_FOR_IMAGE_DATASETS = None
     try:
-        try:
-            ds = datasets.Dataset.from_generator(
-                _index_rows, features=datasets.Features(feats), cache_dir=str(work), fingerprint=uuid.uuid4().hex,
-                gen_kwargs={"shards": shards, "columns": columns, "captions": captions, "stats": stats})
-        except ValueError as e:  # no sample at all: datasets refuses an empty dataset
-            if "corresponds to no data" not in str(e):
-                raise
-            why = {**stats["skipped"], **({BAD_SHARD: len(stats["damaged_shards"])} if stats["damaged_shards"] else {})}
-            raise VltoolError(f"{spec}: no sample of the {len(shards)} shards has an image and a text "
-                              f"({stats['samples_read']} read; {why or 'the shards are empty'})") from None
-        finally:
-            bar.close()
-        skipped = dict(stats["skipped"])
-        ids = ds.data.column(C.ID)
-        if pc.count_distinct(ids, mode="all").as_py() != len(ids):
-            drop = duplicate_rows(ids)
-            skipped[DUPLICATE_ID] = len(drop)
-            import numpy as np
-
-            keep = np.ones(len(ds), dtype=bool)
-            keep[drop] = False
-            ds = ds.select(np.flatnonzero(keep))
-        ds._fingerprint = f"shard-index-{digest}"  # (the state saved: the same for the same shards)
-        tar_paths_add_no_bytes()
-        rows_in = stats["samples_read"]
-        shard_bytes = sum(p.stat().st_size for p in source.shards)
-        index_stats = {
-            "shards": len(shards),
-            "samples_read": rows_in,
-            "rows_out": len(ds),
-            "rows_skipped": rows_in - len(ds),
-            "skipped": dict(sorted(skipped.items())),
-            "damaged_shards": stats["damaged_shards"],
-            "columns": list(feats),
-            "json_columns": list(columns),
-            "shard_bytes": shard_bytes,
-            "bytes_read": stats["bytes_read"],
-            "images": "tar://MEMBER::SHARD paths into the shards (read by offset; not copied)",
-        }
-        prov = provenance.make(SHARD_INDEX_COMMAND, {"version": SHARD_INDEX_VERSION}, [source], rows_in=rows_in,
-                               rows_out=len(ds), stats=index_stats, timer=timer)
         with atomic_output(dest) as tmp:
-            ds.save_to_disk(str(tmp))
-            prov["wall_time_s"] = round(timer.seconds, 3)
+            data = tmp / INDEX_DATA_FILE
+            rows = _write_index_rows(data, features, _index_rows(shards, columns, captions, stats))
+            bar.close()
+            skipped = dict(stats["skipped"])
+            if rows == 0:
+                why = {**skipped, **({BAD_SHARD: len(stats["damaged_shards"])} if stats["damaged_shards"] else {})}
+                raise VltoolError(f"{spec}: no sample of the {len(shards)} shards has an image and a text "
+                                  f"({stats['samples_read']} read; {why or 'the shards are empty'})")
+            ids = _read_arrow(data).column(C.ID)
+            if pc.count_distinct(ids, mode="all").as_py() != len(ids):
+                drop = duplicate_rows(ids)
+                skipped[DUPLICATE_ID] = len(drop)
+                rows = _drop_index_rows(data, features, drop)
+            del ids
+            datasets.DatasetInfo(features=features).write_to_directory(str(tmp))
+            state = {"_data_files": [{"filename": INDEX_DATA_FILE}], "_fingerprint": f"shard-index-{digest}",
+                     "_format_columns": None, "_format_kwargs": {}, "_format_type": None, "_output_all_columns": False,
+                     "_split": None}
+            (tmp / "state.json").write_text(json.dumps(state, indent=2, sort_keys=True))
+            rows_in = stats["samples_read"]
+            index_stats = {
+                "shards": len(shards),
+                "samples_read": rows_in,
+                "rows_out": rows,
+                "rows_skipped": rows_in - rows,
+                "skipped": dict(sorted(skipped.items())),
+                "damaged_shards": stats["damaged_shards"],
+                "columns": list(feats),
+                "json_columns": list(columns),
+                "shard_bytes": sum(p.stat().st_size for p in source.shards),
+                "bytes_read": stats["bytes_read"],
+                "images": "tar://MEMBER::SHARD paths into the shards (read by offset; not copied)",
+            }
+            prov = provenance.make(SHARD_INDEX_COMMAND, {"version": SHARD_INDEX_VERSION}, [source], rows_in=rows_in,
+                                   rows_out=rows, stats=index_stats, timer=timer)
             write_json_atomic(tmp / C.PROVENANCE_FILE, prov)
-        del ds
     finally:
-        datasets.config.ARROW_RECORD_BATCH_SIZE_FOR_IMAGE_DATASETS = image_batch
-        shutil.rmtree(work, ignore_errors=True)
-        if bars_were_on:
-            datasets.enable_progress_bars()
+        bar.close()
+
+
+def _index_table(cols: dict[str, list], features):
+    """A pyarrow Table of index rows from their columns (the image column holds the tar:// URLs)."""
+    import pyarrow as pa
+
+    schema = features.arrow_schema
+    arrays = []
+    for name in features:
+        if name == C.IMAGE:  # datasets' Image storage, {bytes: null, path}
+            paths = pa.array(cols[name], pa.string())
+            arrays.append(pa.StructArray.from_arrays([pa.nulls(len(paths), pa.binary()), paths], names=["bytes", "path"]))
+        else:
+            arrays.append(pa.array(cols[name], type=schema.field(name).type))
+    return pa.Table.from_arrays(arrays, names=list(features))
+
+
+def _write_index_rows(path: Path, features, rows: Iterator[dict]) -> int:
+    """Write `rows` to the Arrow file `path` in record batches of INDEX_BATCH rows; returns the count."""
+    from datasets.arrow_writer import ArrowWriter
+
+    writer = ArrowWriter(features=features, path=str(path), writer_batch_size=INDEX_BATCH)
+    cols: dict[str, list] = {name: [] for name in features}
+    n = 0
+    try:
+        for row in rows:
+            for name, values in cols.items():
+                values.append(row.get(name))
+            n += 1
+            if n % INDEX_BATCH == 0:
+                writer.write_table(_index_table(cols, features))
+                cols = {name: [] for name in features}
+        if cols[C.ID]:
+            writer.write_table(_index_table(cols, features))
+        writer.finalize()
+    finally:
+        writer.close()
+    return n
+
+
+def _read_arrow(path: Path):
+    """The table of an Arrow stream file written by datasets, memory-mapped (nothing copied)."""
+    import pyarrow as pa
+
+    return pa.ipc.open_stream(pa.memory_map(str(path))).read_all()
+
+
+def _drop_index_rows(path: Path, features, drop: list[int]) -> int:
+    """Rewrite the Arrow file `path` without the rows `drop`, batch by batch; returns the rows left."""
+    import numpy as np
+    import pyarrow as pa
+    from datasets.arrow_writer import ArrowWriter
+
+    keep = np.ones(_read_arrow(path).num_rows, dtype=bool)  # (rows,)
+    keep[drop] = False
+    tmp = path.with_name(path.name + ".dedup")
+    writer = ArrowWriter(features=features, path=str(tmp), writer_batch_size=INDEX_BATCH)
+    try:
+        at = 0
+        for batch in _read_arrow(path).to_batches():
+            writer.write_table(pa.Table.from_batches([batch]).filter(keep[at : at + batch.num_rows]))
+            at += batch.num_rows
+        writer.finalize()
+    finally:
+        writer.close()
+    os.replace(tmp, path)
+    return int(keep.sum())
 
 
 def duplicate_rows(ids) -> list[int]:

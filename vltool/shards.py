@@ -306,7 +306,6 @@ BAD_SHARD = "unreadable shard"
 
 TAR_URL_SCHEME = "tar://"
 SMALL_EXTS = ("txt", "json")  # the members the index reads; the others are only located
-WINDOW = 8192  # bytes one pread brings in: a header with the small members and headers after it
 
 
 def text_value(v) -> str | None:
@@ -358,15 +357,16 @@ class Member:
 
 
 class _Window:
-    """Reads byte ranges of an open file through one small window: consecutive headers and small members
-    cost one pread; a range beyond the window (past an image) is a new pread there, i.e. a seek."""
+    """Reads byte ranges of an open file by pread, keeping the last one: a header is one read of 512 bytes,
+    a small member is read with the header after it (`ahead`), and nothing past them is read, so an image
+    between two headers is seeked past, never read."""
 
     def __init__(self, fd: int):
         self.fd, self.start, self.buf, self.bytes_read = fd, 0, b"", 0
 
-    def read(self, offset: int, n: int) -> bytes:
+    def read(self, offset: int, n: int, ahead: int = 0) -> bytes:
         if not (self.start <= offset and offset + n <= self.start + len(self.buf)):
-            self.buf, self.start = os.pread(self.fd, max(n, WINDOW), offset), offset
+            self.buf, self.start = os.pread(self.fd, n + ahead, offset), offset
             self.bytes_read += len(self.buf)
         return self.buf[offset - self.start : offset - self.start + n]
 
@@ -392,10 +392,10 @@ def scan_members(window: _Window, file_size: int) -> Iterator[Member]:
         if pos > file_size:
             raise tarfile.ReadError("truncated member")
         if kind == b"L":
-            long_name = window.read(at, size).split(b"\0", 1)[0].decode("utf-8", "replace")
+            long_name = window.read(at, size, pos - at - size + 512).split(b"\0", 1)[0].decode("utf-8", "replace")
             continue
         if kind == b"x":
-            long_name = _pax_path(window.read(at, size)) or long_name
+            long_name = _pax_path(window.read(at, size, pos - at - size + 512)) or long_name
             continue
         if kind not in (b"0", b"\0", b"7"):
             long_name = None
@@ -423,7 +423,8 @@ def index_samples(path, stats: dict | None = None) -> Iterator[tuple[str, dict]]
                     if key is not None:
                         yield key, files
                     key, files = k, {}
-                files[ext] = window.read(m.offset, m.size) if ext in SMALL_EXTS else m
+                # a small member comes with its padding and the next header (B: bytes)
+                files[ext] = window.read(m.offset, m.size, -(-m.size // 512) * 512 - m.size + 512) if ext in SMALL_EXTS else m
             if key is not None:
                 yield key, files
         finally:

@@ -432,24 +432,73 @@ def index_samples(path, stats: dict | None = None) -> Iterator[tuple[str, dict]]
                 stats["bytes_read"] = stats.get("bytes_read", 0) + window.bytes_read
 
 
+MEMBER_TABLES = "shards/members"  # under the vltool cache: <sha of a shard's path, size, time>.npz
+MEMBER_TABLE_VERSION = 1
+
+
+def member_table_path(path: str, stamp: tuple) -> Path:
+    """Where the member table of the shard `path` (as it is now: `stamp`) is kept: in the vltool cache
+    (`$VLTOOL_CACHE`, else ~/.cache/vltool, as vltool.io.default_cache_dir), whatever --cache-dir a command
+    was given, so that every process that reads the shard finds it."""
+    env = os.environ.get("VLTOOL_CACHE")
+    root = Path(env).expanduser() if env else Path.home() / ".cache" / "vltool"
+    key = hashlib.sha256(f"v{MEMBER_TABLE_VERSION}:{os.path.abspath(path)}\0{stamp[0]}\0{stamp[1]}".encode()).hexdigest()[:32]
+    return root / MEMBER_TABLES / f"{key}.npz"
+
+
 class _OpenShard:
-    """An open shard and its member table {name: (offset, size)}, from one scan of its headers (a damaged
-    shard: the members before the damage)."""
+    """An open shard and its member table: the names (sorted), offsets and sizes of its members but the
+    small ones (txt, json), i.e. its images. Read from the table file the first scan of the shard wrote
+    in the vltool cache (shared by every process and command), else built by one scan of its headers (a
+    damaged shard: the members before the damage) and written there for the next."""
 
     def __init__(self, path: str, stamp: tuple, size: int):
+        import numpy as np
+
         self.stamp = stamp
         self.file = open(path, "rb", buffering=0)  # closed when the last reader drops it
-        self.members: dict[str, tuple[int, int]] = {}
+        table = member_table_path(path, stamp)
+        try:
+            with np.load(table, allow_pickle=False) as z:
+                self.names, self.offsets, self.sizes = z["names"], z["offsets"], z["sizes"]  # (M,) S, int64, int64
+            READS["loads"] += 1
+            return
+        except (OSError, ValueError, KeyError):
+            pass
+        found = []
         try:
             for m in scan_members(_Window(self.file.fileno()), size):
-                self.members[m.name] = (m.offset, m.size)
+                parts = split_member(m.name)
+                if parts is None or parts[1] not in SMALL_EXTS:
+                    found.append((m.name.encode("utf-8"), m.offset, m.size))
         except (tarfile.TarError, OSError, ValueError):
             pass
         READS["scans"] += 1
+        found.sort(key=lambda t: t[0])  # (stable: a repeated name keeps its order)
+        self.names = np.array([f[0] for f in found], dtype=bytes) if found else np.zeros(0, "S1")
+        self.offsets = np.array([f[1] for f in found], dtype=np.int64)
+        self.sizes = np.array([f[2] for f in found], dtype=np.int64)
+        try:
+            table.parent.mkdir(parents=True, exist_ok=True)
+            tmp = table.with_name(f".{table.stem}.tmp-{os.getpid()}-{threading.get_ident()}.npz")
+            np.savez(tmp, names=self.names, offsets=self.offsets, sizes=self.sizes)
+            os.replace(tmp, table)
+        except OSError:  # a cache that cannot be written: the next process scans again
+            pass
+
+    def find(self, member: str) -> tuple[int, int]:
+        """(offset, size) of `member`; KeyError when the shard has no such member (or it is a txt/json)."""
+        import numpy as np
+
+        name = member.encode("utf-8")
+        i = int(np.searchsorted(self.names, name, side="right")) - 1  # (a name written twice: the last, as tar does)
+        if i < 0 or self.names[i] != name:
+            raise KeyError(member)
+        return int(self.offsets[i]), int(self.sizes[i])
 
 
-OPEN_SHARDS = 16  # shards each process keeps open with their member tables (least recently used go first)
-READS = {"scans": 0, "reads": 0}  # this process's member-table scans and member reads (tests and benchmarks)
+OPEN_SHARDS = 32  # shards each process keeps open with their member tables (least recently used go first)
+READS = {"scans": 0, "loads": 0, "reads": 0}  # this process's header scans, member tables read, member reads
 _OPEN: "OrderedDict[str, _OpenShard]" = OrderedDict()
 _OPEN_LOCK = threading.Lock()
 
@@ -465,10 +514,11 @@ os.register_at_fork(after_in_child=_forget_open_shards)
 
 
 def read_member(url: str) -> bytes:
-    """The bytes of the member a `tar://MEMBER::SHARD` URL names: one pread at its offset, from this
-    process's table of the shard's members (built by one scan of its headers, kept for the OPEN_SHARDS
-    shards used last, and built again when the shard's size, time or inode change). Thread-safe.
-    Raises KeyError (no such member), OSError (no such shard, cut short) or ValueError (not a tar URL)."""
+    """The bytes of the (image) member a `tar://MEMBER::SHARD` URL names: one pread at its offset, from the
+    shard's member table (_OpenShard: one scan of its headers, kept in the vltool cache; the OPEN_SHARDS
+    shards used last stay open in each process; a new table when the shard's size, time or inode change).
+    Thread-safe. Raises KeyError (no such member; txt and json members are not in the table), OSError (no
+    such shard, cut short) or ValueError (not a tar URL)."""
     parsed = parse_tar_url(url)
     if parsed is None:
         raise ValueError(f"not a tar:// URL: {url!r}")
@@ -483,7 +533,7 @@ def read_member(url: str) -> bytes:
                 _OPEN.popitem(last=False)
         _OPEN.move_to_end(shard)
         READS["reads"] += 1
-    offset, size = entry.members[member]
+    offset, size = entry.find(member)
     data = os.pread(entry.file.fileno(), size, offset)
     if len(data) != size:
         raise OSError(f"{shard}: member {member} is cut short")

@@ -269,7 +269,8 @@ def test_mine_positives_on_shards_equals_the_import_and_pretrain_trains_on_its_o
 
 def test_other_commands_take_shards(cli, shards, model, tmp_path):
     """info describes the index; export copies the images out of the shards; deform keeps the tar paths;
-    zeroshot names the missing label column; an --out among the shards is refused."""
+    zeroshot names the missing label column; benchmark runs what their columns allow (retrieval); an
+    --out among the shards is refused."""
     cache = ["--cache-dir", tmp_path / "cache"]
     r = cli("info", shards, "--json")
     assert r.exit_code == 0, r.stderr
@@ -289,6 +290,9 @@ def test_other_commands_take_shards(cli, shards, model, tmp_path):
     r = cli("zeroshot", shards, "--model", model, "--no-progress", *cache)
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
     assert r.exit_code == 2 and len(errors) == 1 and "no 'label' or 'labels' column" in errors[0], r.stderr
+    r = cli("benchmark", "--datasets", shards, "--model", model, "--bootstrap", "10", "--json", "--no-progress", *cache)
+    assert r.exit_code == 0, r.stderr
+    assert {row["task"] for row in json.loads(r.stdout)["table"]} == {"retrieve"}  # no labels: retrieval only
     inside = Path(shards).parent / "mined"
     r = cli("mine-positives", shards, "--model", model, "--out", inside, "--no-progress", *cache)
     assert r.exit_code == 2 and "would overwrite the input" in r.stderr and not inside.exists()

@@ -468,7 +468,8 @@ def info(path: str, config: InfoConfig | None = None) -> dict:
 
     config = config or InfoConfig()
     config.validate()
-    if path in BUILTIN_DATASETS or is_shard_input(path):
+    shards = is_shard_input(path) and not (Path(path).expanduser() / C.PROVENANCE_FILE).is_file()  # (an export: its record)
+    if path in BUILTIN_DATASETS or shards:
         return dataset_info(path, config)
     p = Path(path).expanduser()
     if not p.exists():

@@ -1,6 +1,8 @@
 """Reading inputs, writing outputs: the dataset contract every command shares (docs/conventions.md).
 
-- `load_dataset` reads a `save_to_disk` directory (or `emoji`), picks `--split`, applies `--where`.
+- `load_dataset` reads a `save_to_disk` directory (or `emoji`), picks `--split`, applies `--where`;
+  WebDataset shards are read through their index (`shard_index`: built once in the cache, images left in
+  the shards as `tar://MEMBER::SHARD` paths, which `decode_image` reads by offset).
 - `atomic_output` gives a temporary directory beside the target and renames it into place at the end,
   so a failed or interrupted run leaves nothing half-written; an existing output needs `overwrite`.
 - `check_output` refuses an output that is, contains or lies inside anything the command reads
@@ -927,10 +929,12 @@ def is_shard_input(spec: str | Path) -> bool:
     text = str(spec)
     if text in BUILTIN_DATASETS:
         return False
+    path = Path(text).expanduser()
+    if path.is_dir() and ((path / "state.json").is_file() or (path / "dataset_dict.json").is_file()):
+        return False  # a saved dataset (whatever its name)
     if is_shard_spec(text):
         return True
-    path = Path(text).expanduser()
-    if not path.is_dir() or (path / "state.json").is_file() or (path / "dataset_dict.json").is_file():
+    if not path.is_dir():
         return False
     try:
         return any(p.name.lower().endswith(TAR_SUFFIXES) and p.is_file() for p in path.iterdir())

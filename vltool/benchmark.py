@@ -110,10 +110,11 @@ def plan_dataset(spec: str, config: BenchmarkConfig) -> DatasetPlan:
     import datasets
 
     from vltool.importer import clip_benchmark_input
-    from vltool.io import read_from_disk, resolve_dataset_path
+    from vltool.io import read_from_disk, resolve_dataset_path, shard_index
 
     path = clip_benchmark_input(spec, config.cache_dir)
-    obj = read_from_disk(resolve_dataset_path(path), spec)
+    index = shard_index(path, config.cache_dir)  # WebDataset shards: their index (the tasks then read it too)
+    obj = read_from_disk(index.path if index is not None else resolve_dataset_path(path), spec)
     plan = DatasetPlan(spec=spec, path=path)
     if isinstance(obj, datasets.DatasetDict):
         names = list(obj)

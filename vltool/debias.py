@@ -216,7 +216,8 @@ def measure(config: DebiasConfig, out=None, *, where=(), split=None, overwrite: 
 
     timer = provenance.Timer()
     config.validate()
-    src = load_dataset(config.eval_data, split=split, where=where, required=[config.group_column], images=["image"])
+    src = load_dataset(config.eval_data, split=split, where=where, required=[config.group_column], images=["image"],
+                       cache_dir=config.cache_dir)
     zs_label = config.zeroshot_label if config.zeroshot_label is not None else ("label" if "label" in src.dataset.column_names else "")
     if zs_label and zs_label not in src.dataset.column_names:
         raise UsageError(

@@ -99,16 +99,13 @@ def encode_image(data: bytes, image_format: str, jpeg_quality: int = 95) -> tupl
 
 
 def _image_data(value) -> bytes | None:
-    if not value:
+    """The image's bytes (embedded, a file, or a shard member: vltool.io.image_bytes), None when unreadable."""
+    from vltool.io import image_bytes
+
+    try:
+        return image_bytes(value) or None
+    except (OSError, KeyError, ValueError):
         return None
-    if value.get("bytes"):
-        return value["bytes"]
-    if value.get("path"):
-        try:
-            return Path(value["path"]).read_bytes()
-        except OSError:
-            return None
-    return None
 
 
 def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:

@@ -42,7 +42,10 @@ from typing import Any, Iterator, Sequence
 
 from vltool import columns as C
 from vltool.errors import UsageError, VltoolError
-from vltool.shards import IMAGE_EXTS, TAR_SUFFIXES, expand_braces, iter_samples, iter_tar, split_member  # noqa: F401 (re-exported)
+from vltool.shards import (  # noqa: F401 (re-exported)
+    BAD_SHARD, DUPLICATE_ID, EMPTY_CAPTION, IMAGE_EXTS, NO_IMAGE, TAR_SUFFIXES, clean_captions, expand_braces, iter_samples,
+    iter_tar, split_member, text_value,
+)
 from vltool.templates import DATASET_TEMPLATES
 
 FORMATS = ("auto", "csv", "tsv", "jsonl", "parquet", "webdataset", "imagefolder", "coco", "clip_benchmark")
@@ -57,15 +60,12 @@ REPORT_FILE = "skipped.jsonl"
 CHUNK_ROWS = 4096  # table rows per unit of work
 
 # Why a row was skipped (the `reason` field of skipped.jsonl).
+# (NO_IMAGE, EMPTY_CAPTION, DUPLICATE_ID, BAD_SHARD: vltool.shards', which the shard index counts alike)
 MISSING_FILE = "missing file"
-NO_IMAGE = "no image"
 UNDECODABLE = "undecodable image"
 TOO_LARGE = "image over the size limit"  # PIL's MAX_IMAGE_PIXELS (DecompressionBomb): vltool.io.image_size_policy
-EMPTY_CAPTION = "empty caption"
 MISSING_LABEL = "missing label"
-DUPLICATE_ID = "duplicate id"
 BAD_ROW = "unreadable row"
-BAD_SHARD = "unreadable shard"
 
 
 @dataclass
@@ -286,26 +286,8 @@ def _as_text(v: Any) -> str | None:
     return json.dumps(v, ensure_ascii=False) if isinstance(v, (dict, list)) else str(v)
 
 
-def _text(v: Any) -> str | None:
-    """A caption cell as text: bytes decoded as UTF-8 (never written as b'...'; undecodable bytes are no
-    caption), anything else as its string."""
-    if v is None:
-        return None
-    if isinstance(v, (bytes, bytearray, memoryview)):
-        try:
-            return bytes(v).decode("utf-8")
-        except UnicodeDecodeError:
-            return None
-    return v if isinstance(v, str) else str(v)
-
-
-def _clean_captions(value: Any) -> list[str]:
-    if value is None:
-        return []
-    if isinstance(value, (list, tuple)):
-        return [s for s in ((_text(v) or "").strip() for v in value) if s]
-    s = (_text(value) or "").strip()
-    return [s] if s else []
+_text = text_value  # a caption cell as text: bytes decoded as UTF-8 (never written as b'...')
+_clean_captions = clean_captions
 
 
 def _row(
@@ -813,39 +795,17 @@ def _merge_skips(skip_dir: Path) -> list[dict]:
 
 
 def _drop_duplicate_ids(ds, records: list[dict]):
-    """Keep the first row of each id; the others become skip records.
-
-    Memory is 16 bytes a row (a 64-bit hash of each id and a sort order), not a set of the ids: rows
-    whose hashes collide are compared by their ids, so a collision never drops a row.
-    """
+    """Keep the first row of each id; the others become skip records (vltool.io.duplicate_rows)."""
     import numpy as np
 
-    ids = ds.data.column(C.ID)
-    hashes = np.empty(len(ds), dtype=np.int64)
-    i = 0
-    for chunk in ids.chunks:  # memory-mapped: one chunk at a time in Python objects
-        values = chunk.to_pylist()
-        hashes[i : i + len(values)] = [hash(v) for v in values]
-        i += len(values)
-    order = np.argsort(hashes, kind="stable")  # equal hashes stay in row order
-    sorted_h = hashes[order]
-    same = np.flatnonzero(sorted_h[1:] == sorted_h[:-1])
-    if same.size == 0:
-        return ds
-    drop: list[int] = []
-    starts = np.unique(np.concatenate([same, same + 1]))
-    groups = np.split(starts, np.flatnonzero(np.diff(starts) > 1) + 1)  # runs of equal hashes
-    for group in groups:
-        seen: set = set()
-        for row in sorted(order[group].tolist()):
-            v = ids[row].as_py()
-            if v in seen:
-                drop.append(row)
-                records.append({"source": None, "id": v, "reason": DUPLICATE_ID, "detail": f"row {row} of the import repeats an earlier id"})
-            else:
-                seen.add(v)
+    from vltool.io import duplicate_rows
+
+    drop = duplicate_rows(ds.data.column(C.ID))
     if not drop:
         return ds
+    ids = ds.data.column(C.ID)
+    for row in drop:
+        records.append({"source": None, "id": ids[row].as_py(), "reason": DUPLICATE_ID, "detail": f"row {row} of the import repeats an earlier id"})
     keep = np.ones(len(ds), dtype=bool)
     keep[drop] = False
     return ds.select(np.flatnonzero(keep))

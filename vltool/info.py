@@ -1,9 +1,9 @@
 """`vltool info`: what a dataset or a model directory holds, and how it was made.
 
-A dataset (a `save_to_disk` directory, a `DatasetDict` directory, or `emoji`): rows, columns and their
-types, caption length statistics (in words), label counts, rows with several captions or positives, and
-the provenance chain: the `vltool.json` of PATH, then of each of its inputs (`inputs[].path`), back to the
-import or to data vltool did not make. Nothing is decoded: every statistic is an Arrow computation.
+A dataset (a `save_to_disk` directory, a `DatasetDict` directory, `emoji`, or WebDataset shards, described
+by their index, vltool.io.shard_index): rows, columns and their types, caption length statistics (in
+words), label counts, rows with several captions or positives, and the provenance chain: the `vltool.json`
+of PATH, then of each of its inputs (`inputs[].path`), back to the import or to data vltool did not make. Nothing is decoded: every statistic is an Arrow computation.
 
 A model directory (`config.json` and `*.safetensors`, or a run directory holding `model/`): the towers and
 their parameters (counted from the safetensors headers, without loading a tensor), the embedding size, the
@@ -88,7 +88,7 @@ def provenance_chain(path: Path | str, *, _seen: frozenset = frozenset(), _depth
     for inp in prov.get("inputs") or []:
         if not isinstance(inp, dict):
             continue
-        meta = {k: inp.get(k) for k in ("spec", "split", "where", "fingerprint", "rows", "format", "files") if inp.get(k) not in (None, [], "")}
+        meta = {k: inp.get(k) for k in ("spec", "split", "where", "fingerprint", "rows", "format", "files", "shards", "index") if inp.get(k) not in (None, [], "")}
         p = inp.get("path")
         if prov.get("command") == "import" or not p:
             source = {"path": p, "source": True, **meta}  # a file or pattern outside vltool ...
@@ -265,12 +265,15 @@ def _dir_size(path: Path) -> int:
 def dataset_info(spec: str, config: InfoConfig) -> dict:
     import datasets
 
-    from vltool.io import read_from_disk, resolve_dataset_path
+    from vltool.io import read_from_disk, resolve_dataset_path, shard_index
 
     datasets.disable_progress_bars()
-    path = resolve_dataset_path(spec)
+    index = shard_index(spec)  # WebDataset shards: their index (built once), which describes them
+    path = index.path if index is not None else resolve_dataset_path(spec)
     obj = read_from_disk(path, spec)  # (a dataset saved without rows is shown with its columns and 0 rows)
     report: dict = {"kind": "dataset", "path": str(path), "spec": spec, "bytes_on_disk": _dir_size(path)}
+    if index is not None:
+        report["shards"] = {**index.source.provenance(), "bytes": sum(p.stat().st_size for p in index.source.shards)}
     if isinstance(obj, datasets.DatasetDict):
         names = list(obj)
         if config.split is not None and config.split not in obj:
@@ -461,11 +464,12 @@ def model_info(path: Path) -> dict:
 
 def info(path: str, config: InfoConfig | None = None) -> dict:
     """Describe the dataset, model directory or vltool output at `path` (or `emoji`)."""
-    from vltool.io import BUILTIN_DATASETS
+    from vltool.io import BUILTIN_DATASETS, is_shard_input
 
     config = config or InfoConfig()
     config.validate()
-    if path in BUILTIN_DATASETS:
+    shards = is_shard_input(path) and not (Path(path).expanduser() / C.PROVENANCE_FILE).is_file()  # (an export: its record)
+    if path in BUILTIN_DATASETS or shards:
         return dataset_info(path, config)
     p = Path(path).expanduser()
     if not p.exists():

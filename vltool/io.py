@@ -1,6 +1,8 @@
 """Reading inputs, writing outputs: the dataset contract every command shares (docs/conventions.md).
 
-- `load_dataset` reads a `save_to_disk` directory (or `emoji`), picks `--split`, applies `--where`.
+- `load_dataset` reads a `save_to_disk` directory (or `emoji`), picks `--split`, applies `--where`;
+  WebDataset shards are read through their index (`shard_index`: built once in the cache, images left in
+  the shards as `tar://MEMBER::SHARD` paths, which `decode_image` reads by offset).
 - `atomic_output` gives a temporary directory beside the target and renames it into place at the end,
   so a failed or interrupted run leaves nothing half-written; an existing output needs `overwrite`.
 - `check_output` refuses an output that is, contains or lies inside anything the command reads
@@ -75,6 +77,7 @@ class LoadedDataset:
     fingerprint: str  # the on-disk dataset's fingerprint (datasets' state.json), before filtering
     rows_on_disk: int
     dataset: Any = field(repr=False)  # datasets.Dataset after --where
+    index: "ShardIndex | None" = None  # WebDataset shards given directly: the index read (path is the shards' folder)
 
     @property
     def rows(self) -> int:
@@ -90,6 +93,8 @@ class LoadedDataset:
             "rows_on_disk": self.rows_on_disk,
             "rows": self.rows,
         }
+        if self.index is not None:
+            prov.update(format="wds", shards=len(self.index.source.shards), index=str(self.index.path))
         upstream = self.path / C.PROVENANCE_FILE
         if upstream.is_file():  # follow the chain: which command made this input
             try:
@@ -133,8 +138,13 @@ def load_dataset(
     texts: Sequence[str] = (),
     text_lists: bool = False,
     text_option: str = "--text-column",
+    cache_dir: str | Path | None = None,
 ) -> LoadedDataset:
     """Load a dataset directory (or the built-in `emoji`), choose a split, keep the rows matching `where`.
+
+    WebDataset shards in img2dataset's layout (a pattern such as `shards/{00000..00099}.tar`, a glob, or a
+    folder of .tar files) are read through their index (`shard_index`: built once under `cache_dir`,
+    `$VLTOOL_CACHE` by default); the images stay in the shards.
 
     `where` clauses on the same column are OR-ed, on different columns AND-ed; a filter that matches no
     row is an error naming it, as is a dataset without rows.
@@ -150,7 +160,8 @@ def load_dataset(
     # Inputs are never modified: without this, datasets writes cache-*.arrow files of every .map/.filter
     # into the input's directory. Transforms then go to a temporary directory instead.
     datasets.disable_caching()
-    path = resolve_dataset_path(spec)
+    index = shard_index(spec, cache_dir)
+    path = index.path if index is not None else resolve_dataset_path(spec)
     obj = read_from_disk(path, spec)
     if isinstance(obj, datasets.DatasetDict):
         names = list(obj.keys())
@@ -180,7 +191,10 @@ def load_dataset(
         checks.image_column(ds, column, spec)
     for column in texts:
         checks.text_column(ds, column, spec, option=text_option, allow_list=text_lists)
-    return LoadedDataset(spec, path, split, [str(w) for w in clauses], fingerprint, rows_on_disk, ds)
+    where_ = [str(w) for w in clauses]
+    if index is not None:  # the shards are what is read (and what --out may not touch)
+        return LoadedDataset(spec, index.source.path, split, where_, fingerprint, rows_on_disk, ds, index)
+    return LoadedDataset(spec, path, split, where_, fingerprint, rows_on_disk, ds)
 
 
 def read_from_disk(path: Path | str, spec: str | None = None):
@@ -190,6 +204,7 @@ def read_from_disk(path: Path | str, spec: str | None = None):
 
     path = Path(path)
     spec = str(path) if spec is None else spec
+    tar_paths_add_no_bytes()
     try:
         return datasets.load_from_disk(str(path))
     except Exception as e:  # corrupt directory: datasets raises many kinds
@@ -197,6 +212,30 @@ def read_from_disk(path: Path | str, spec: str | None = None):
         if empty is not None:
             return empty
         raise VltoolError(f"cannot read dataset {spec!r}: {e}") from e
+
+
+def tar_paths_add_no_bytes() -> None:
+    """Make datasets' save_to_disk count nothing for an image at a `tar://MEMBER::SHARD` path (installed
+    once per process, by every read of a dataset).
+
+    save_to_disk estimates a dataset's size from the files its image paths name (xgetsize of the first
+    1,000 rows' paths, through fsspec, which indexes a whole shard with tarfile) to choose its number of
+    files and rows per record batch. An image in a shard is not written (datasets embeds local files
+    only), so it adds nothing; counted, 10M rows of 30 KB images would cut a 1 GB index into 600 files of
+    tiny record batches, and a damaged first shard would stop every save."""
+    import datasets.arrow_dataset as ad
+
+    from vltool.shards import parse_tar_url
+
+    real = ad.xgetsize
+    if getattr(real, "vltool_tar", False):
+        return
+
+    def xgetsize(path, *args, **kw):
+        return 0 if parse_tar_url(path) is not None else real(path, *args, **kw)
+
+    xgetsize.vltool_tar = True
+    ad.xgetsize = xgetsize
 
 
 def _empty_saved_dataset(path: Path):
@@ -809,30 +848,45 @@ def image_size_policy() -> None:
     warnings.filterwarnings("error", category=Image.DecompressionBombWarning)
 
 
+def image_bytes(value) -> bytes | None:
+    """The encoded bytes of datasets' undecoded image ({bytes, path}): its bytes, the shard member a
+    `tar://MEMBER::SHARD` path names (one pread, vltool.shards.read_member), or the file a path names.
+    Raises OSError/KeyError when the file or member cannot be read; None when the value holds neither."""
+    if value is None:
+        return None
+    if value.get("bytes") is not None:
+        return value["bytes"]
+    path = value.get("path")
+    if not path:
+        return None
+    from vltool.shards import parse_tar_url, read_member
+
+    if parse_tar_url(path) is not None:
+        return read_member(path)
+    with open(path, "rb") as f:
+        return f.read()
+
+
 def decode_image(value):
     """datasets' undecoded image ({bytes, path}) -> RGB PIL image, or None when it cannot be decoded.
 
     Training, encoding and pseudo-labelling all read images through this, so they agree on what a bad
-    image is (skipped and counted; images over the size limit too, see image_size_policy)."""
+    image is (skipped and counted; images over the size limit too, see image_size_policy). A path
+    `tar://MEMBER::SHARD` (the shard index's) is read from the shard by offset."""
     import io
 
     from PIL import Image
 
     image_size_policy()
     try:
-        if value is None:
+        data = image_bytes(value)
+        if data is None:
             return None
-        if value.get("bytes") is not None:
-            im = Image.open(io.BytesIO(value["bytes"]))
-        elif value.get("path"):
-            im = Image.open(value["path"])
-        else:
-            return None
+        im = Image.open(io.BytesIO(data))
         im.load()
         return im.convert("RGB")
     except Exception:
         return None
-
 
 
 def require_a_decodable_image(ds, column: str, what: str) -> None:
@@ -848,3 +902,369 @@ def require_a_decodable_image(ds, column: str, what: str) -> None:
         if any(decode_image(v) is not None for v in ds[lo : lo + 256][column]):
             return
     require_decoded([True] * len(ds), what)
+
+
+# ---- WebDataset shards given directly: the shard index (docs/conventions.md, "Shards as input to every command")
+
+SHARD_INDEX_DIR = "shards"  # <cache-dir>/shards/<name>-<digest>: the index of shards given directly
+SHARD_INDEX_VERSION = 1  # part of the digest: a change to what the index holds builds new ones
+SHARD_INDEX_COMMAND = "shard-index"  # the `command` of the index's vltool.json
+RESERVED_COLUMNS = (C.ID, C.IMAGE, C.CAPTION, C.CAPTIONS, C.LABEL, C.LABELS, C.POSITIVES)  # never taken from the json
+
+
+@dataclass
+class ShardIndex:
+    """WebDataset shards given as a dataset, and the index dataset that stands for them."""
+
+    source: Any  # vltool.shards.ShardSource: the shards, their folder and fingerprint
+    path: Path  # the index: a save_to_disk directory, one row per sample with an image and a text
+
+
+def is_shard_input(spec: str | Path) -> bool:
+    """Whether a dataset argument names WebDataset shards: a pattern or path ending in .tar (.tar.gz, .tgz),
+    or a folder holding .tar files that is not a saved dataset (CLIP_benchmark's layout keeps its split
+    folders' shards one level down, and is read by vltool.importer.clip_benchmark_input)."""
+    from vltool.shards import TAR_SUFFIXES, is_shard_spec
+
+    text = str(spec)
+    if text in BUILTIN_DATASETS:
+        return False
+    path = Path(text).expanduser()
+    if path.is_dir() and ((path / "state.json").is_file() or (path / "dataset_dict.json").is_file()):
+        return False  # a saved dataset (whatever its name)
+    if is_shard_spec(text):
+        return True
+    if not path.is_dir():
+        return False
+    try:
+        return any(p.name.lower().endswith(TAR_SUFFIXES) and p.is_file() for p in path.iterdir())
+    except OSError:
+        return False
+
+
+def shard_index(spec: str | Path, cache_dir: str | Path | None = None) -> ShardIndex | None:
+    """The index of the shards `spec` names (None when it names no shards), built on first use into
+    `<cache-dir>/shards/<folder name>-<digest of the shards' paths, sizes and times>`.
+
+    Built once: atomically (a temporary directory renamed into place), under the index's lock, so that a
+    second command asking for it meanwhile waits and then reads it. Under `accelerate launch` the first
+    process of each node builds it (a cache shared by the nodes: one of them, the others wait for its lock)
+    and every process waits at a barrier. A cache that cannot be written: the index is built for this run
+    in a temporary directory, with a warning."""
+    import hashlib
+    import time
+
+    from vltool.shards import is_compressed, load_shards
+
+    if not is_shard_input(spec):
+        return None
+    source = load_shards(str(spec))
+    packed = [p.name for p in source.shards if is_compressed(p)]
+    if packed:
+        raise UsageError(
+            f"{spec!r}: compressed shards ({packed[0]}{', ...' if len(packed) > 1 else ''}) cannot be read by offset; "
+            "decompress them (gunzip), or copy them into a dataset with `vltool import`"
+        )
+    digest = hashlib.sha256(f"v{SHARD_INDEX_VERSION}:{source.fingerprint}".encode()).hexdigest()[:16]
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    dest = root / SHARD_INDEX_DIR / f"{source.path.name or 'shards'}-{digest}"
+    if os.environ.get("LOCAL_RANK", "0") in ("", "0"):
+        while not _index_ready(dest):
+            try:
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                lk = _acquire(dest)
+            except OutputBusy:  # another command is building it: wait for it (or build it if that one fails)
+                time.sleep(0.5)
+                continue
+            except (OSError, UsageError) as e:  # a cache that cannot be written
+                dest = _index_elsewhere(spec, root, e)
+                _build_shard_index(source, dest, digest, spec)
+                break
+            try:
+                clean_stale(dest)
+                if not _index_ready(dest):
+                    _build_shard_index(source, dest, digest, spec)
+            finally:
+                lk.release()
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+        from vltool.topology import process_state
+
+        process_state().wait_for_everyone()
+    return ShardIndex(source, dest)
+
+
+def _index_ready(dest: Path) -> bool:
+    return (dest / "state.json").is_file() and (dest / C.PROVENANCE_FILE).is_file()
+
+
+def _index_elsewhere(spec, root: Path, e: Exception) -> Path:
+    """A temporary directory for the index of this run (removed at exit), when the cache is not writable."""
+    import atexit
+    import tempfile
+
+    tmp = Path(tempfile.mkdtemp(prefix="vltool-shard-index-"))
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)
+    why = getattr(e, "strerror", None) or str(e)
+    _warn(f"cannot write the index of {spec} into {root} ({why}); it is built for this run only")
+    return tmp / "index"
+
+
+def _warn(message: str) -> None:
+    import sys
+
+    if is_main_process():
+        print(f"warning: {message}", file=sys.stderr)
+
+
+def _json_columns(shards: Sequence[Path], peek: int = 8) -> tuple[dict[str, str], bool]:
+    """({column: dtype}, captions?): the scalar fields of the json of the first sample that has one among
+    the first samples of the first `peek` shards (img2dataset's url, width, height, status, ...; not the
+    contract's own column names), typed by their values (null: string), and whether it carries a
+    `captions` list (vltool export writes one)."""
+    import tarfile
+
+    from vltool.shards import index_samples, sample_meta
+
+    for shard in shards[:peek]:
+        try:
+            for _, files in index_samples(shard):
+                if "json" not in files:
+                    break  # (shards without json: no extra columns, and no pass over them)
+                meta = sample_meta(files)
+                cols = {}
+                for k, v in meta.items():
+                    if k in RESERVED_COLUMNS or isinstance(v, (dict, list)):
+                        continue
+                    cols[k] = ("bool" if isinstance(v, bool) else "int64" if isinstance(v, int) else
+                               "float64" if isinstance(v, float) else "string")
+                return cols, isinstance(meta.get(C.CAPTIONS), list)
+        except (tarfile.TarError, OSError, ValueError):
+            continue
+    return {}, False
+
+
+def _json_value(v, dtype: str):
+    """A json field's value in its column's type, or None when it has another type."""
+    if dtype == "string":
+        return v if isinstance(v, str) or v is None else None if isinstance(v, (dict, list)) else json.dumps(v)
+    if isinstance(v, bool) or v is None:
+        return v if dtype == "bool" else None
+    if dtype == "int64":
+        return v if isinstance(v, int) else int(v) if isinstance(v, float) and v.is_integer() else None
+    if dtype == "float64":
+        return float(v) if isinstance(v, (int, float)) else None
+    return None
+
+
+def _index_rows(shards: list[str], columns: dict, captions: bool, stats: dict) -> Iterator[dict]:
+    """A row per sample with an image and a text, as `vltool import` reads a sample (id: the json's `id`,
+    else the key; the image: the first of IMAGE_EXTS, as its tar:// URL; caption: the txt, else the json's
+    caption); skipped samples and damaged shards go to `stats`."""
+    import tarfile
+
+    from vltool.shards import (EMPTY_CAPTION, IMAGE_EXTS, NO_IMAGE, clean_captions, index_samples, sample_meta,
+                               tar_url)
+
+    skipped = stats["skipped"]
+    for shard in shards:
+        key, n = None, 0
+        try:
+            for key, files in index_samples(shard, stats):
+                stats["samples_read"] += 1
+                image = next((files[e] for e in IMAGE_EXTS if e in files), None)  # (B) a Member, never read
+                if image is None:
+                    skipped[NO_IMAGE] = skipped.get(NO_IMAGE, 0) + 1
+                    continue
+                meta = sample_meta(files)
+                caps = clean_captions(files["txt"].decode("utf-8", errors="replace") if "txt" in files else meta.get("caption"))
+                caption = caps[0] if caps else None
+                if captions and isinstance(meta.get(C.CAPTIONS), list):
+                    caps = clean_captions(meta[C.CAPTIONS])
+                caption = caption or (caps[0] if caps else None)
+                if not caption:
+                    skipped[EMPTY_CAPTION] = skipped.get(EMPTY_CAPTION, 0) + 1
+                    continue
+                row_id = meta.get("id") if isinstance(meta.get("id"), str) and meta.get("id") else key
+                row = {C.ID: row_id, C.IMAGE: tar_url(image.name, shard), C.CAPTION: caption}  # (the image's path)
+                if captions:
+                    row[C.CAPTIONS] = caps or [caption]
+                for name, dtype in columns.items():
+                    row[name] = _json_value(meta.get(name), dtype)
+                n += 1
+                yield row
+        except (tarfile.TarError, OSError, EOFError, ValueError) as e:
+            after = f"after sample {key}" if key is not None else "from its start"
+            stats["damaged_shards"].append({"shard": shard, "samples_indexed": n, "error": f"{type(e).__name__}: {e}"})
+            _warn(f"{shard}: unreadable {after} ({type(e).__name__}: {e}); its {n} readable samples are indexed, "
+                  "the rest of this shard is skipped")
+        stats["progress"](1)
+
+
+INDEX_DATA_FILE = "data-00000-of-00001.arrow"  # the index's one Arrow file (save_to_disk's name)
+INDEX_BATCH = 1000  # rows per record batch (datasets' size for text; its 100 for image bytes would be 10x more batches)
+
+
+def _build_shard_index(source, dest: Path, digest: str, spec) -> None:
+    """Write the index of `source` (vltool.shards.ShardSource) at `dest` as save_to_disk lays a dataset out
+    (one Arrow file, state.json, dataset_info.json) with vltool.json: one streaming pass over the shards
+    into Arrow columns of INDEX_BATCH rows written by datasets' ArrowWriter (bounded memory, no per-row
+    encoding by datasets), then duplicate ids dropped (the first kept) by a second pass when there are any."""
+    import datasets
+    import pyarrow.compute as pc
+
+    from vltool import provenance
+    from vltool.console import Bar
+    from vltool.shards import BAD_SHARD, DUPLICATE_ID
+
+    timer = provenance.Timer()
+    shards = [os.path.abspath(p) for p in source.shards]
+    _warn(f"{spec}: WebDataset shards, indexed into {dest} (once: one pass over the shards' headers, captions "
+          "and json; the images stay in the shards, and later runs read this index)")
+    columns, captions = _json_columns(shards)
+    feats = {C.ID: datasets.Value("string"), C.IMAGE: datasets.Image(), C.CAPTION: datasets.Value("string")}
+    if captions:
+        feats[C.CAPTIONS] = datasets.List(datasets.Value("string"))
+    feats.update({k: datasets.Value(t) for k, t in columns.items()})
+    features = datasets.Features(feats)
+    bar = Bar(f"indexing {len(shards):,} shards", len(shards), unit="shards", enabled=is_main_process())
+    stats: dict = {"samples_read": 0, "skipped": {}, "damaged_shards": [], "bytes_read": 0, "progress": bar.advance}
+    try:
+        with atomic_output(dest) as tmp:
+            data = tmp / INDEX_DATA_FILE
+            rows = _write_index_rows(data, features, _index_rows(shards, columns, captions, stats))
+            bar.close()
+            skipped = dict(stats["skipped"])
+            if rows == 0:
+                why = {**skipped, **({BAD_SHARD: len(stats["damaged_shards"])} if stats["damaged_shards"] else {})}
+                raise VltoolError(f"{spec}: no sample of the {len(shards)} shards has an image and a text "
+                                  f"({stats['samples_read']} read; {why or 'the shards are empty'})")
+            ids = _read_arrow(data).column(C.ID)
+            if pc.count_distinct(ids, mode="all").as_py() != len(ids):
+                drop = duplicate_rows(ids)
+                skipped[DUPLICATE_ID] = len(drop)
+                rows = _drop_index_rows(data, features, drop)
+            del ids
+            datasets.DatasetInfo(features=features).write_to_directory(str(tmp))
+            state = {"_data_files": [{"filename": INDEX_DATA_FILE}], "_fingerprint": f"shard-index-{digest}",
+                     "_format_columns": None, "_format_kwargs": {}, "_format_type": None, "_output_all_columns": False,
+                     "_split": None}
+            (tmp / "state.json").write_text(json.dumps(state, indent=2, sort_keys=True))
+            rows_in = stats["samples_read"]
+            index_stats = {
+                "shards": len(shards),
+                "samples_read": rows_in,
+                "rows_out": rows,
+                "rows_skipped": rows_in - rows,
+                "skipped": dict(sorted(skipped.items())),
+                "damaged_shards": stats["damaged_shards"],
+                "columns": list(feats),
+                "json_columns": list(columns),
+                "shard_bytes": sum(p.stat().st_size for p in source.shards),
+                "bytes_read": stats["bytes_read"],
+                "images": "tar://MEMBER::SHARD paths into the shards (read by offset; not copied)",
+            }
+            prov = provenance.make(SHARD_INDEX_COMMAND, {"version": SHARD_INDEX_VERSION}, [source], rows_in=rows_in,
+                                   rows_out=rows, stats=index_stats, timer=timer)
+            write_json_atomic(tmp / C.PROVENANCE_FILE, prov)
+    finally:
+        bar.close()
+
+
+def _index_table(cols: dict[str, list], features):
+    """A pyarrow Table of index rows from their columns (the image column holds the tar:// URLs)."""
+    import pyarrow as pa
+
+    schema = features.arrow_schema
+    arrays = []
+    for name in features:
+        if name == C.IMAGE:  # datasets' Image storage, {bytes: null, path}
+            paths = pa.array(cols[name], pa.string())
+            arrays.append(pa.StructArray.from_arrays([pa.nulls(len(paths), pa.binary()), paths], names=["bytes", "path"]))
+        else:
+            arrays.append(pa.array(cols[name], type=schema.field(name).type))
+    return pa.Table.from_arrays(arrays, names=list(features))
+
+
+def _write_index_rows(path: Path, features, rows: Iterator[dict]) -> int:
+    """Write `rows` to the Arrow file `path` in record batches of INDEX_BATCH rows; returns the count."""
+    from datasets.arrow_writer import ArrowWriter
+
+    writer = ArrowWriter(features=features, path=str(path), writer_batch_size=INDEX_BATCH)
+    cols: dict[str, list] = {name: [] for name in features}
+    n = 0
+    try:
+        for row in rows:
+            for name, values in cols.items():
+                values.append(row.get(name))
+            n += 1
+            if n % INDEX_BATCH == 0:
+                writer.write_table(_index_table(cols, features))
+                cols = {name: [] for name in features}
+        if cols[C.ID]:
+            writer.write_table(_index_table(cols, features))
+        writer.finalize()
+    finally:
+        writer.close()
+    return n
+
+
+def _read_arrow(path: Path):
+    """The table of an Arrow stream file written by datasets, memory-mapped (nothing copied)."""
+    import pyarrow as pa
+
+    return pa.ipc.open_stream(pa.memory_map(str(path))).read_all()
+
+
+def _drop_index_rows(path: Path, features, drop: list[int]) -> int:
+    """Rewrite the Arrow file `path` without the rows `drop`, batch by batch; returns the rows left."""
+    import numpy as np
+    import pyarrow as pa
+    from datasets.arrow_writer import ArrowWriter
+
+    keep = np.ones(_read_arrow(path).num_rows, dtype=bool)  # (rows,)
+    keep[drop] = False
+    tmp = path.with_name(path.name + ".dedup")
+    writer = ArrowWriter(features=features, path=str(tmp), writer_batch_size=INDEX_BATCH)
+    try:
+        at = 0
+        for batch in _read_arrow(path).to_batches():
+            writer.write_table(pa.Table.from_batches([batch]).filter(keep[at : at + batch.num_rows]))
+            at += batch.num_rows
+        writer.finalize()
+    finally:
+        writer.close()
+    os.replace(tmp, path)
+    return int(keep.sum())
+
+
+def duplicate_rows(ids) -> list[int]:
+    """The rows whose id repeats an earlier row's, in order (ids: a pyarrow Array or ChunkedArray).
+
+    Memory is 16 bytes a row (a 64-bit hash of each id and a sort order), not a set of the ids: rows whose
+    hashes collide are compared by their ids, so a collision never counts a row twice."""
+    import numpy as np
+    import pyarrow as pa
+
+    chunks = ids.chunks if isinstance(ids, pa.ChunkedArray) else [ids]
+    hashes = np.empty(len(ids), dtype=np.int64)
+    i = 0
+    for chunk in chunks:  # memory-mapped: one chunk at a time in Python objects
+        values = chunk.to_pylist()
+        hashes[i : i + len(values)] = [hash(v) for v in values]
+        i += len(values)
+    order = np.argsort(hashes, kind="stable")  # equal hashes stay in row order
+    sorted_h = hashes[order]
+    same = np.flatnonzero(sorted_h[1:] == sorted_h[:-1])
+    if same.size == 0:
+        return []
+    drop: list[int] = []
+    starts = np.unique(np.concatenate([same, same + 1]))
+    for group in np.split(starts, np.flatnonzero(np.diff(starts) > 1) + 1):  # runs of equal hashes
+        seen: set = set()
+        for row in sorted(order[group].tolist()):
+            v = ids[row].as_py()
+            if v in seen:
+                drop.append(row)
+            else:
+                seen.add(v)
+    return sorted(drop)

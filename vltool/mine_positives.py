@@ -527,7 +527,8 @@ def mine_positives(data: str, out, config: MinePositivesConfig, *, where=(), spl
     timer = provenance.Timer()
     config.validate()
     required = [C.ID] + ([config.group_column] if config.group_column else [])
-    src = load_dataset(data, split=split, where=where, required=required, images=[C.IMAGE], texts=[config.text_column], text_lists=True)
+    src = load_dataset(data, split=split, where=where, required=required, images=[C.IMAGE], texts=[config.text_column], text_lists=True,
+                       cache_dir=config.cache_dir)
     if not config.dry_run:
         if out is None:
             raise UsageError("--out is required (or pass --dry-run)")

@@ -392,8 +392,10 @@ def probe(
     normalize = preset.normalize if config.normalize is None else config.normalize
     from vltool.importer import clip_benchmark_input
 
-    train = load_dataset(clip_benchmark_input(train_data, config.cache_dir), split=split, where=where, required=[C.IMAGE])
-    evald = load_dataset(clip_benchmark_input(eval_data, config.cache_dir), split=eval_split, where=eval_where, required=[C.IMAGE])
+    train = load_dataset(clip_benchmark_input(train_data, config.cache_dir), split=split, where=where, required=[C.IMAGE],
+                         cache_dir=config.cache_dir)
+    evald = load_dataset(clip_benchmark_input(eval_data, config.cache_dir), split=eval_split, where=eval_where, required=[C.IMAGE],
+                         cache_dir=config.cache_dir)
     train.spec, evald.spec = train_data, eval_data
     image_column(train.dataset, C.IMAGE, train_data)
     image_column(evald.dataset, C.IMAGE, eval_data)

@@ -243,8 +243,8 @@ def pseudolabel(
 
     timer = provenance.Timer()
     config.validate()
-    usrc = load_dataset(unaligned, split=split, where=where, required=[C.ID], images=[C.IMAGE])
-    asrc = load_dataset(aligned, split=aligned_split, where=aligned_where, required=[C.ID])
+    usrc = load_dataset(unaligned, split=split, where=where, required=[C.ID], images=[C.IMAGE], cache_dir=config.cache_dir)
+    asrc = load_dataset(aligned, split=aligned_split, where=aligned_where, required=[C.ID], cache_dir=config.cache_dir)
     text_col = C.CAPTION_ORIGINAL if C.CAPTION_ORIGINAL in asrc.dataset.column_names else C.CAPTION
     if text_col not in asrc.dataset.column_names:
         raise UsageError(f"the aligned data {aligned!r} has no caption column (it has: {', '.join(asrc.dataset.column_names)})")

@@ -111,7 +111,7 @@ def retrieve(
     from vltool.importer import clip_benchmark_input
 
     loaded = load_dataset(clip_benchmark_input(data, config.cache_dir), split=split, where=where, images=[C.IMAGE],
-                          texts=[config.text_column], text_lists=True)
+                          texts=[config.text_column], text_lists=True, cache_dir=config.cache_dir)
     loaded.spec = data
     out_path = check_out(out, overwrite, [loaded.path, Path(data).expanduser()], config)
     if loaded.rows == 0:

@@ -7,7 +7,9 @@ whose `successes` count the shard's samples; when every shard has one, the numbe
 without reading a shard.
 
 `vltool import` reads shards into a dataset through this module; `vltool pretrain` streams them
-(vltool.pretrain.data.ShardStream) without importing.
+(vltool.pretrain.data.ShardStream) without importing. Every other command reads them through their index
+(vltool.io.shard_index), built from the headers and small members (index_samples: the images are located,
+not read) and whose images, `tar://MEMBER::SHARD`, are read by offset (read_member).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import json
 import os
 import re
 import tarfile
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -69,6 +73,36 @@ def _tar_number(field: bytes) -> int:
     return int(text, 8) if text else 0
 
 
+def _checksum_ok(header: bytes) -> bool:
+    """The header's stored checksum equals its sum (unsigned, or signed as some old tars wrote it)."""
+    stored = _tar_number(header[148:156])
+    unsigned = sum(header[:148]) + 256 + sum(header[156:])
+    return stored == unsigned or stored == unsigned - 256 * sum(1 for b in header[:148] + header[156:] if b > 127)
+
+
+def _header_name(header: bytes) -> str:
+    """A ustar header's own name (with its prefix)."""
+    name = header[:100].split(b"\0", 1)[0]
+    if header[257:262] == b"ustar":
+        prefix = header[345:500].split(b"\0", 1)[0]
+        if prefix:
+            name = prefix + b"/" + name
+    return name.decode("utf-8", "replace")
+
+
+def _pax_path(data: bytes) -> str | None:
+    """The `path` record of a PAX header ("LEN key=value\\n" records), or None."""
+    path, i = None, 0
+    while i < len(data):
+        sp = data.index(b" ", i)
+        n = int(data[i:sp])
+        key, _, value = data[sp + 1 : i + n - 1].partition(b"=")
+        if key == b"path":
+            path = value.decode("utf-8", "replace")
+        i += n
+    return path
+
+
 def iter_tar(path) -> Iterator[tuple[str, bytes]]:
     """(name, data) of each regular file of a tar stream, in order (ustar, GNU long names, PAX paths).
 
@@ -90,9 +124,7 @@ def iter_tar(path) -> Iterator[tuple[str, bytes]]:
                 return
             if header == _ZERO_BLOCK:
                 return
-            stored = _tar_number(header[148:156])
-            unsigned = sum(header[:148]) + 256 + sum(header[156:])
-            if stored != unsigned and stored != unsigned - 256 * sum(1 for b in header[:148] + header[156:] if b > 127):
+            if not _checksum_ok(header):
                 raise tarfile.ReadError("bad header checksum")
             size = _tar_number(header[124:136])
             kind = header[156:157]
@@ -104,15 +136,8 @@ def iter_tar(path) -> Iterator[tuple[str, bytes]]:
             if kind == b"L":  # GNU long name of the next member
                 long_name = data.split(b"\0", 1)[0].decode("utf-8", "replace")
                 continue
-            if kind == b"x":  # PAX header: "LEN key=value\n" records
-                i = 0
-                while i < len(data):
-                    sp = data.index(b" ", i)
-                    n = int(data[i:sp])
-                    key, _, value = data[sp + 1 : i + n - 1].partition(b"=")
-                    if key == b"path":
-                        long_name = value.decode("utf-8", "replace")
-                    i += n
+            if kind == b"x":  # PAX header
+                long_name = _pax_path(data) or long_name
                 continue
             if kind not in (b"0", b"\0", b"7"):  # directories, links, global headers: no sample data
                 long_name = None
@@ -120,12 +145,7 @@ def iter_tar(path) -> Iterator[tuple[str, bytes]]:
             if long_name is not None:
                 name, long_name = long_name, None
             else:
-                name = header[:100].split(b"\0", 1)[0]
-                if header[257:262] == b"ustar":
-                    prefix = header[345:500].split(b"\0", 1)[0]
-                    if prefix:
-                        name = prefix + b"/" + name
-                name = name.decode("utf-8", "replace")
+                name = _header_name(header)
             yield name, data
     finally:
         f.close()
@@ -268,3 +288,253 @@ def load_shards(spec: str) -> ShardSource:
     counts = [shard_samples(p) for p in shards]
     rows = None if any(c is None for c in counts) else sum(counts)
     return ShardSource(str(spec), shards, rows, h.hexdigest()[:32])
+
+
+# --------------------------------------------------------------------------------------------------
+# Shards read by offset: the shard index (vltool.io.shard_index) and images decoded from it
+#
+# The index of a shard is built from its headers: a scan reads each 512-byte header, reads the small
+# members (txt, json) and seeks past the others (the images), so indexing costs the headers and captions,
+# not the images. An image is then named by fsspec's chained URL `tar://MEMBER::/abs/SHARD` and read with
+# one pread at its offset (read_member), from a per-process table of the shard's members.
+
+# Why a sample is skipped (`vltool import` and the shard index count them alike).
+NO_IMAGE = "no image"
+EMPTY_CAPTION = "empty caption"
+DUPLICATE_ID = "duplicate id"
+BAD_SHARD = "unreadable shard"
+
+TAR_URL_SCHEME = "tar://"
+SMALL_EXTS = ("txt", "json")  # the members the index reads; the others are only located
+
+
+def text_value(v) -> str | None:
+    """A caption cell as text: bytes decoded as UTF-8 (undecodable bytes are no caption), anything else as its string."""
+    if v is None:
+        return None
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        try:
+            return bytes(v).decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    return v if isinstance(v, str) else str(v)
+
+
+def clean_captions(value) -> list[str]:
+    """The non-blank captions of a value (one text, or a list of texts), stripped."""
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return [s for s in ((text_value(v) or "").strip() for v in value) if s]
+    s = (text_value(value) or "").strip()
+    return [s] if s else []
+
+
+def tar_url(member: str, shard) -> str:
+    """fsspec's chained URL of a tar member, `tar://MEMBER::/abs/SHARD` (datasets' Image decodes it too)."""
+    return f"{TAR_URL_SCHEME}{member}::{os.path.abspath(str(shard))}"
+
+
+def parse_tar_url(url: str) -> tuple[str, str] | None:
+    """(member, shard) of a `tar://MEMBER::SHARD` URL, or None when `url` is not one."""
+    if not isinstance(url, str) or not url.startswith(TAR_URL_SCHEME):
+        return None
+    member, sep, shard = url[len(TAR_URL_SCHEME) :].partition("::")
+    return (member, shard) if sep and member and shard else None
+
+
+def is_compressed(shard) -> bool:
+    return str(shard).lower().endswith((".gz", ".tgz"))
+
+
+@dataclass
+class Member:
+    """A regular file of a tar shard, located by its header."""
+
+    name: str
+    offset: int  # of its data in the shard
+    size: int
+
+
+class _Window:
+    """Reads byte ranges of an open file by pread, keeping the last one: a header is one read of 512 bytes,
+    a small member is read with the header after it (`ahead`), and nothing past them is read, so an image
+    between two headers is seeked past, never read."""
+
+    def __init__(self, fd: int):
+        self.fd, self.start, self.buf, self.bytes_read = fd, 0, b"", 0
+
+    def read(self, offset: int, n: int, ahead: int = 0) -> bytes:
+        if not (self.start <= offset and offset + n <= self.start + len(self.buf)):
+            self.buf, self.start = os.pread(self.fd, n + ahead, offset), offset
+            self.bytes_read += len(self.buf)
+        return self.buf[offset - self.start : offset - self.start + n]
+
+
+def scan_members(window: _Window, file_size: int) -> Iterator[Member]:
+    """Each regular file of an uncompressed tar, from its headers alone (ustar, GNU long names, PAX paths),
+    in order. Raises tarfile.ReadError (a bad header, a member cut short) after the members before the damage."""
+    pos, long_name = 0, None
+    while True:
+        header = window.read(pos, 512)
+        if len(header) < 512:
+            if header.strip(b"\0"):
+                raise tarfile.ReadError("truncated header")
+            return
+        if header == _ZERO_BLOCK:
+            return
+        if not _checksum_ok(header):
+            raise tarfile.ReadError("bad header checksum")
+        size = _tar_number(header[124:136])
+        kind = header[156:157]
+        at = pos + 512
+        pos = at + -(-size // 512) * 512  # the next header: past the data and its padding
+        if pos > file_size:
+            raise tarfile.ReadError("truncated member")
+        if kind == b"L":
+            long_name = window.read(at, size, pos - at - size + 512).split(b"\0", 1)[0].decode("utf-8", "replace")
+            continue
+        if kind == b"x":
+            long_name = _pax_path(window.read(at, size, pos - at - size + 512)) or long_name
+            continue
+        if kind not in (b"0", b"\0", b"7"):
+            long_name = None
+            continue
+        name = long_name if long_name is not None else _header_name(header)
+        long_name = None
+        yield Member(name, at, size)
+
+
+def index_samples(path, stats: dict | None = None) -> Iterator[tuple[str, dict]]:
+    """(key, files) of each sample of an uncompressed shard, grouped as iter_samples groups them, read
+    from the headers: `files` maps txt and json to their bytes and every other extension (the image) to
+    its Member, never read. `stats["bytes_read"]` counts the bytes read. Raises tarfile.ReadError (and
+    OSError) after the samples before the damage; the sample the damage cuts is left out."""
+    with open(path, "rb", buffering=0) as f:
+        window = _Window(f.fileno())
+        key, files = None, {}
+        try:
+            for m in scan_members(window, os.fstat(f.fileno()).st_size):
+                parts = split_member(m.name)
+                if parts is None:
+                    continue
+                k, ext = parts
+                if k != key:
+                    if key is not None:
+                        yield key, files
+                    key, files = k, {}
+                # a small member comes with its padding and the next header (B: bytes)
+                files[ext] = window.read(m.offset, m.size, -(-m.size // 512) * 512 - m.size + 512) if ext in SMALL_EXTS else m
+            if key is not None:
+                yield key, files
+        finally:
+            if stats is not None:
+                stats["bytes_read"] = stats.get("bytes_read", 0) + window.bytes_read
+
+
+MEMBER_TABLES = "shards/members"  # under the vltool cache: <sha of a shard's path, size, time>.npz
+MEMBER_TABLE_VERSION = 1
+
+
+def member_table_path(path: str, stamp: tuple) -> Path:
+    """Where the member table of the shard `path` (as it is now: `stamp`) is kept: in the vltool cache
+    (`$VLTOOL_CACHE`, else ~/.cache/vltool, as vltool.io.default_cache_dir), whatever --cache-dir a command
+    was given, so that every process that reads the shard finds it."""
+    env = os.environ.get("VLTOOL_CACHE")
+    root = Path(env).expanduser() if env else Path.home() / ".cache" / "vltool"
+    key = hashlib.sha256(f"v{MEMBER_TABLE_VERSION}:{os.path.abspath(path)}\0{stamp[0]}\0{stamp[1]}".encode()).hexdigest()[:32]
+    return root / MEMBER_TABLES / f"{key}.npz"
+
+
+class _OpenShard:
+    """An open shard and its member table: the names (sorted), offsets and sizes of its members but the
+    small ones (txt, json), i.e. its images. Read from the table file the first scan of the shard wrote
+    in the vltool cache (shared by every process and command), else built by one scan of its headers (a
+    damaged shard: the members before the damage) and written there for the next."""
+
+    def __init__(self, path: str, stamp: tuple, size: int):
+        import numpy as np
+
+        self.stamp = stamp
+        self.file = open(path, "rb", buffering=0)  # closed when the last reader drops it
+        table = member_table_path(path, stamp)
+        try:
+            with np.load(table, allow_pickle=False) as z:
+                self.names, self.offsets, self.sizes = z["names"], z["offsets"], z["sizes"]  # (M,) S, int64, int64
+            READS["loads"] += 1
+            return
+        except (OSError, ValueError, KeyError):
+            pass
+        found = []
+        try:
+            for m in scan_members(_Window(self.file.fileno()), size):
+                parts = split_member(m.name)
+                if parts is None or parts[1] not in SMALL_EXTS:
+                    found.append((m.name.encode("utf-8"), m.offset, m.size))
+        except (tarfile.TarError, OSError, ValueError):
+            pass
+        READS["scans"] += 1
+        found.sort(key=lambda t: t[0])  # (stable: a repeated name keeps its order)
+        self.names = np.array([f[0] for f in found], dtype=bytes) if found else np.zeros(0, "S1")
+        self.offsets = np.array([f[1] for f in found], dtype=np.int64)
+        self.sizes = np.array([f[2] for f in found], dtype=np.int64)
+        try:
+            table.parent.mkdir(parents=True, exist_ok=True)
+            tmp = table.with_name(f".{table.stem}.tmp-{os.getpid()}-{threading.get_ident()}.npz")
+            np.savez(tmp, names=self.names, offsets=self.offsets, sizes=self.sizes)
+            os.replace(tmp, table)
+        except OSError:  # a cache that cannot be written: the next process scans again
+            pass
+
+    def find(self, member: str) -> tuple[int, int]:
+        """(offset, size) of `member`; KeyError when the shard has no such member (or it is a txt/json)."""
+        import numpy as np
+
+        name = member.encode("utf-8")
+        i = int(np.searchsorted(self.names, name, side="right")) - 1  # (a name written twice: the last, as tar does)
+        if i < 0 or self.names[i] != name:
+            raise KeyError(member)
+        return int(self.offsets[i]), int(self.sizes[i])
+
+
+OPEN_SHARDS = 32  # shards each process keeps open with their member tables (least recently used go first)
+READS = {"scans": 0, "loads": 0, "reads": 0}  # this process's header scans, member tables read, member reads
+_OPEN: "OrderedDict[str, _OpenShard]" = OrderedDict()
+_OPEN_LOCK = threading.Lock()
+
+
+def _forget_open_shards() -> None:
+    """A forked child starts with its own table and lock (the parent's lock may be held by another thread)."""
+    global _OPEN_LOCK
+    _OPEN.clear()
+    _OPEN_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_open_shards)
+
+
+def read_member(url: str) -> bytes:
+    """The bytes of the (image) member a `tar://MEMBER::SHARD` URL names: one pread at its offset, from the
+    shard's member table (_OpenShard: one scan of its headers, kept in the vltool cache; the OPEN_SHARDS
+    shards used last stay open in each process; a new table when the shard's size, time or inode change).
+    Thread-safe. Raises KeyError (no such member; txt and json members are not in the table), OSError (no
+    such shard, cut short) or ValueError (not a tar URL)."""
+    parsed = parse_tar_url(url)
+    if parsed is None:
+        raise ValueError(f"not a tar:// URL: {url!r}")
+    member, shard = parsed
+    st = os.stat(shard)
+    stamp = (st.st_size, st.st_mtime_ns, st.st_ino)
+    with _OPEN_LOCK:
+        entry = _OPEN.get(shard)
+        if entry is None or entry.stamp != stamp:
+            entry = _OPEN[shard] = _OpenShard(shard, stamp, st.st_size)
+            while len(_OPEN) > OPEN_SHARDS:
+                _OPEN.popitem(last=False)
+        _OPEN.move_to_end(shard)
+        READS["reads"] += 1
+    offset, size = entry.find(member)
+    data = os.pread(entry.file.fileno(), size, offset)
+    if len(data) != size:
+        raise OSError(f"{shard}: member {member} is cut short")
+    return data

@@ -158,7 +158,8 @@ def zeroshot(
     config.validate()
     from vltool.importer import clip_benchmark_input
 
-    loaded = load_dataset(clip_benchmark_input(data, config.cache_dir), split=split, where=where, images=[C.IMAGE])
+    loaded = load_dataset(clip_benchmark_input(data, config.cache_dir), split=split, where=where, images=[C.IMAGE],
+                          cache_dir=config.cache_dir)
     loaded.spec = data
     files = [config.classnames, config.class_prompts, config.templates if Path(config.templates).expanduser().is_file() else None]
     out_path = check_out(out, overwrite, [loaded.path, Path(data).expanduser(), *[Path(f) for f in files if f]], config)

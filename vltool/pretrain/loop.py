@@ -529,12 +529,13 @@ def _load_data(spec: RunSpec, config: PretrainConfig, run_dir: Path, overwrite: 
 
 
 def _is_shards(data: Sequence[str], config: PretrainConfig) -> bool:
-    """--data-format wds, or auto and DATA naming tar shards."""
-    from vltool.shards import is_shard_spec
+    """--data-format wds, or auto and DATA naming tar shards (a pattern, or a folder of .tar files). With
+    --data-format hf, shards are read through their index (vltool.io.shard_index) like a dataset on disk."""
+    from vltool.io import is_shard_input
 
     if config.data_format != "auto":
         return config.data_format == "wds"
-    flags = [is_shard_spec(d) for d in data]
+    flags = [is_shard_input(d) for d in data]
     if any(flags) and not all(flags):
         raise UsageError("DATA mixes tar shards and datasets: train on one kind (import the shards with `vltool import`)")
     return bool(flags) and all(flags)

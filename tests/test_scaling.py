@@ -311,3 +311,19 @@ def test_device_choices_keep_the_arithmetic():
     for n in plain:  # float rounding differs with the layout (and the thread count): scale the tolerance
         scale = max(1.0, plain[n].abs().max().item())
         torch.testing.assert_close(got[n], plain[n], atol=2e-5 * scale, rtol=1e-4, msg=n)
+
+
+def test_bf16_with_gradient_checkpointing_on_cpu_trains_like_without(tmp_path):
+    """bf16 on CPU picks torch's math attention kernel (vltool's speed choice); with --grad-checkpointing
+    the blocks recomputed in the backward pass must use it too. They did not (CheckpointError: recomputed
+    values have another dtype, an "internal error" for the user). Now: the same losses and weights as
+    without checkpointing."""
+    from vltool.pretrain import pretrain
+
+    data = make_pairs(tmp_path / "pairs", n=16)
+    runs = [pretrain([data], tmp_path / name, micro(steps=2, precision="bf16", grad_checkpointing=ck), progress=False)
+            for name, ck in (("plain", False), ("checkpointed", True))]
+    assert all(r["stats"]["steps"] == 2 for r in runs)
+    np.testing.assert_allclose([m["loss"] for m in metrics(tmp_path / "checkpointed")],
+                               [m["loss"] for m in metrics(tmp_path / "plain")], rtol=1e-6)
+    assert_same_weights(weights(tmp_path / "plain"), weights(tmp_path / "checkpointed"), atol=1e-6)

@@ -332,13 +332,14 @@ def step(run: RunState, batches) -> tuple[dict, float]:
             f"so far{f', e.g. id {example!r}' if example is not None else ''}); the training data's images are corrupt "
             "or missing"
         )
-    if len(micro) == 1:
-        with _autocast(run):
-            out, n = objective(model, micro[0], run.inputs(micro[0]))
-        run.sync.arm()
-        run.accelerator.backward(out["loss"])
-    else:
-        out, n = cached_backward(objective, model, micro, run.inputs, lambda: _autocast(run), run.accelerator.backward, run.sync.arm)
+    with _attention_kernel(run):  # also over backward: --grad-checkpointing recomputes with the same kernel
+        if len(micro) == 1:
+            with _autocast(run):
+                out, n = objective(model, micro[0], run.inputs(micro[0]))
+            run.sync.arm()
+            run.accelerator.backward(out["loss"])
+        else:
+            out, n = cached_backward(objective, model, micro, run.inputs, lambda: _autocast(run), run.accelerator.backward, run.sync.arm)
     objective.after_backward()
     run.sync.finish()
     run.samples_seen += n
@@ -360,12 +361,21 @@ def _autocast(run: RunState):
     ctx = run.accelerator.autocast()
     if not run.math_attention:
         return ctx
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     stack = contextlib.ExitStack()
     stack.enter_context(ctx)
-    stack.enter_context(sdpa_kernel([SDPBackend.MATH]))
+    stack.enter_context(_attention_kernel(run))
     return stack
+
+
+def _attention_kernel(run: RunState):
+    """torch's math attention kernel where _autocast chooses it, else nothing. The training step holds it
+    over the backward pass too: checkpointed blocks are recomputed there, and torch restores autocast for
+    them but not the kernel choice (a block recomputed with another kernel fails its checkpoint check)."""
+    if not run.math_attention:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.MATH])
 
 
 def _read_metrics(run: RunState) -> dict:

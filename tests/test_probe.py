@@ -128,6 +128,20 @@ def test_validation_reports_every_problem(model_dir, colors):
         probe(colors, colors, ProbeConfig(model=model_dir, val_frac=0), where=TRAIN, eval_where=TEST)
 
 
+def test_debias_options_a_probe_cannot_use_are_refused_before_any_work(model_dir, colors, tmp_path, monkeypatch):
+    """--debias-text (a probe has no text) and --debias with pre-projection features are refused before any
+    image is encoded (the second was refused after encoding; the first was accepted and did nothing)."""
+    import vltool.encode
+
+    subspace = tmp_path / "subspace"
+    subspace.mkdir()
+    monkeypatch.setattr(vltool.encode, "encode_images", lambda *a, **k: pytest.fail("encoded before refusing"))
+    with pytest.raises(UsageError, match="a probe reads image features only"):
+        probe(colors, colors, ProbeConfig(model=model_dir, debias=str(subspace), debias_text=True), where=TRAIN, eval_where=TEST)
+    with pytest.raises(UsageError, match="use --features post with it"):
+        probe(colors, colors, ProbeConfig(model=model_dir, debias=str(subspace), protocol="santurkar"), where=TRAIN, eval_where=TEST)
+
+
 def test_linear_training_is_seeded_and_schedule_is_clip_benchmarks():
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(50, 4)).astype(np.float32), rng.integers(0, 3, 50)

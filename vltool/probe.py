@@ -98,6 +98,10 @@ class ProbeConfig(EvalCommon):
             problems.append(f"--epochs must be >= 1, got {self.epochs}")
         if self.lr is not None and self.lr <= 0:
             problems.append(f"--lr must be > 0, got {self.lr}")
+        if self.debias_text and self.debias:
+            problems.append("--debias-text edits text embeddings, and a probe reads image features only: leave it out")
+        elif self.debias and preset is not None and (self.features or preset.features) != "post":
+            problems.append("--debias edits the shared embedding space: use --features post with it")
         if preset is not None and preset.optimizer != "svm":
             searches = preset.weight_decay is None or (preset.lr is None and self.lr is None)
             if searches and self.val_frac == 0:

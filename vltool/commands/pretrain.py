@@ -30,7 +30,7 @@ Examples:
       --image-tower torchvision:mobilenet_v2 --image-weights mobilenet_v2-b0353104.pth \\
       --text-tower hf:PATH/TO/all-MiniLM-L6-v2 --lock-image --augment none --epochs 3
 
-  vltool pretrain emoji --where split=train --out runs/siglip-ft --init hf:PATH/TO/siglip \
+  vltool pretrain emoji --where split=train --out runs/siglip-ft --init hf:PATH/TO/siglip \\
       --loss sigmoid --lock-image --unfreeze-image-last 1 --epochs 1
   vltool export runs/siglip-ft --to hf --out siglip-ft     (back to transformers' layout)
 
@@ -62,7 +62,7 @@ def pretrain_command(
     image_size: Annotated[Int, typer.Option("--image-size", help="Input image size [default: the arch's].", rich_help_panel="Model")] = None,
     context_length: Annotated[Int, typer.Option("--context-length", help="Text tokens [default: the arch's; 64 for hf towers].", rich_help_panel="Model")] = None,
     init: Annotated[Str, typer.Option("--init", help="Start from a trained model: a vltool RUN_DIR (or RUN_DIR/model), or hf:DIR, a Hugging Face CLIPModel or SiglipModel saved with save_pretrained (with its processor; its logit scale and SigLIP's bias included).", rich_help_panel="Model")] = None,
-    loss: Annotated[str, typer.Option("--loss", help="Training objective: clip (InfoNCE) | sigmoid (FFF/SigLIP, several positives) | unicl (label-aware soft targets) | jsd (CLIP-Lite, one negative per positive, critic projections); clip with --memory-bank K: EMA queue. See docs/objectives.md.", rich_help_panel="Model")] = "clip",
+    loss: Annotated[str, typer.Option("--loss", help="Training objective: clip (InfoNCE) | sigmoid (FFF/SigLIP, several positives) | unicl (label-aware soft targets) | jsd (CLIP-Lite, one negative per positive, critic projections) | simclr (image-only views, no text); clip with --memory-bank K: EMA queue. See docs/objectives.md.", rich_help_panel="Model")] = "clip",
     bias_init: Annotated[Str, typer.Option("--bias-init", help="sigmoid: the logit bias's start, a number or 'search' (FFF 4.4: the initial loss's minimum over a grid of step 1 from [-20, 0], widened until the minimum is inside it, then refined to 0.1; logged in metrics.jsonl); default -10 (SigLIP's).", rich_help_panel="Loss")] = None,
     bias_search_batches: Annotated[int, typer.Option("--bias-search-batches", help="sigmoid --bias-init search: global batches of epoch 0 encoded by the fresh model to choose the bias (vltool's choice: 4).", rich_help_panel="Loss")] = 4,
     captions_per_image: Annotated[int, typer.Option("--captions-per-image", help="sigmoid: batch text augmentation (FFF 4.2): k captions of each image from the 'captions' list, all positives (shuffled with --caption-sampling random, else in order; fewer captions repeat).", rich_help_panel="Loss")] = 1,
@@ -199,6 +199,6 @@ def print_stats(s: dict) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("pretrain", help=HELP, short_help="Train a two-tower image-text model (CLIP InfoNCE).")(
+    app.command("pretrain", help=HELP, short_help="Train a two-tower model: CLIP, sigmoid, UniCL, JSD, memory bank or SimCLR.")(
         handle_errors(pretrain_command)
     )

@@ -103,6 +103,20 @@ def _pax_path(data: bytes) -> str | None:
     return path
 
 
+def _header(header: bytes) -> tuple[int, bytes] | None:
+    """(data size, type flag) of a 512-byte tar header block; None at the archive's end (a zero block, or
+    the end of the file). Raises tarfile.ReadError on a cut header or a bad checksum."""
+    if len(header) < 512:
+        if header.strip(b"\0"):
+            raise tarfile.ReadError("truncated header")
+        return None
+    if header == _ZERO_BLOCK:
+        return None
+    if not _checksum_ok(header):
+        raise tarfile.ReadError("bad header checksum")
+    return _tar_number(header[124:136]), header[156:157]
+
+
 def iter_tar(path) -> Iterator[tuple[str, bytes]]:
     """(name, data) of each regular file of a tar stream, in order (ustar, GNU long names, PAX paths).
 
@@ -118,16 +132,10 @@ def iter_tar(path) -> Iterator[tuple[str, bytes]]:
         long_name = None
         while True:
             header = f.read(512)
-            if len(header) < 512:
-                if header.strip(b"\0"):
-                    raise tarfile.ReadError("truncated header")
+            parsed = _header(header)
+            if parsed is None:
                 return
-            if header == _ZERO_BLOCK:
-                return
-            if not _checksum_ok(header):
-                raise tarfile.ReadError("bad header checksum")
-            size = _tar_number(header[124:136])
-            kind = header[156:157]
+            size, kind = parsed
             data = f.read(size)
             if len(data) < size:
                 raise tarfile.ReadError("truncated member")
@@ -377,16 +385,10 @@ def scan_members(window: _Window, file_size: int) -> Iterator[Member]:
     pos, long_name = 0, None
     while True:
         header = window.read(pos, 512)
-        if len(header) < 512:
-            if header.strip(b"\0"):
-                raise tarfile.ReadError("truncated header")
+        parsed = _header(header)
+        if parsed is None:
             return
-        if header == _ZERO_BLOCK:
-            return
-        if not _checksum_ok(header):
-            raise tarfile.ReadError("bad header checksum")
-        size = _tar_number(header[124:136])
-        kind = header[156:157]
+        size, kind = parsed
         at = pos + 512
         pos = at + -(-size // 512) * 512  # the next header: past the data and its padding
         if pos > file_size:

@@ -163,9 +163,16 @@ def iter_tar(path) -> Iterator[tuple[str, bytes]]:
 def iter_samples(path: str) -> Iterator[tuple[str, dict]]:
     """(key, {extension: bytes}) of each sample of a shard, in order. Raises tarfile.ReadError (and
     OSError) on a broken shard, after the samples before the damage."""
+    yield from _grouped(iter_tar(path))
+
+
+def _grouped(members, load=None) -> Iterator[tuple[str, dict]]:
+    """WebDataset's samples from (member name, value) pairs in archive order: consecutive members sharing a
+    key form one sample, {extension: value} (or load(extension, value)). A sample is yielded once the next
+    key starts, so one cut short by an error in `members` is never yielded."""
     key, files = None, {}
-    for member, data in iter_tar(path):
-        parts = split_member(member)
+    for name, value in members:
+        parts = split_member(name)
         if parts is None:
             continue
         k, ext = parts
@@ -173,7 +180,7 @@ def iter_samples(path: str) -> Iterator[tuple[str, dict]]:
             if key is not None:
                 yield key, files
             key, files = k, {}
-        files[ext] = data
+        files[ext] = load(ext, value) if load is not None else value
     if key is not None:
         yield key, files
 
@@ -414,21 +421,12 @@ def index_samples(path, stats: dict | None = None) -> Iterator[tuple[str, dict]]
     OSError) after the samples before the damage; the sample the damage cuts is left out."""
     with open(path, "rb", buffering=0) as f:
         window = _Window(f.fileno())
-        key, files = None, {}
+
+        def load(ext, m):  # a small member comes with its padding and the next header (B: bytes)
+            return window.read(m.offset, m.size, -(-m.size // 512) * 512 - m.size + 512) if ext in SMALL_EXTS else m
+
         try:
-            for m in scan_members(window, os.fstat(f.fileno()).st_size):
-                parts = split_member(m.name)
-                if parts is None:
-                    continue
-                k, ext = parts
-                if k != key:
-                    if key is not None:
-                        yield key, files
-                    key, files = k, {}
-                # a small member comes with its padding and the next header (B: bytes)
-                files[ext] = window.read(m.offset, m.size, -(-m.size // 512) * 512 - m.size + 512) if ext in SMALL_EXTS else m
-            if key is not None:
-                yield key, files
+            yield from _grouped(((m.name, m) for m in scan_members(window, os.fstat(f.fileno()).st_size)), load)
         finally:
             if stats is not None:
                 stats["bytes_read"] = stats.get("bytes_read", 0) + window.bytes_read

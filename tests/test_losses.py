@@ -415,6 +415,38 @@ def test_jsd_matches_reference():
     assert JSDLoss.logit_scale_init == pytest.approx(1 / 0.07)
 
 
+def jsd_all_reference(img, txt, scale) -> float:
+    n = img.shape[0]
+    sp = lambda x: math.log1p(math.exp(x))  # noqa: E731
+    pos = sum(sp(-scale * float(img[i] @ txt[i])) for i in range(n)) / n
+    neg = sum(sp(scale * float(img[i] @ txt[j])) for i in range(n) for j in range(n) if j != i) / (n * (n - 1))
+    return pos + neg
+
+
+def test_jsd_all_negatives_matches_reference_and_differs_from_one():
+    from vltool.losses import JSDLoss, LossInput
+
+    img, txt = unit(7, 5, 8), unit(7, 5, 9)
+    s = torch.tensor(1 / 0.07, dtype=torch.float64)
+    all_ = float(JSDLoss("all")(LossInput(img, txt, s))["loss"])
+    assert all_ == pytest.approx(jsd_all_reference(img, txt, 1 / 0.07), rel=1e-6)
+    assert abs(all_ - jsd_reference(img, txt, 1 / 0.07)) > 1e-3
+    # with N = 2 the only other text is the next row's: the two estimates coincide
+    assert float(JSDLoss("all")(LossInput(img[:2], txt[:2], s))["loss"]) == pytest.approx(jsd_reference(img[:2], txt[:2], 1 / 0.07), rel=1e-6)
+    with pytest.raises(ValueError, match="negatives"):
+        JSDLoss("some")
+
+
+def test_jsd_negatives_option_reaches_the_loss(tmp_path, pairs, cli):
+    from vltool.pretrain import pretrain
+
+    one = pretrain([pairs], tmp_path / "one", micro(loss="jsd", steps=2), progress=False)
+    all_ = pretrain([pairs], tmp_path / "all", micro(loss="jsd", steps=2, jsd_negatives="all"), progress=False)
+    assert one["stats"]["final_loss"] != pytest.approx(all_["stats"]["final_loss"], rel=1e-6)
+    r = cli("pretrain", str(pairs), "--arch", "vltool-micro", "--steps", "1", "--jsd-negatives", "all", "--out", str(tmp_path / "x"))
+    assert r.exit_code == 2 and "--jsd-negatives is an option of --loss jsd" in r.output
+
+
 def test_critic_projection_starts_near_identity():
     from vltool.model import CriticProjection
 

@@ -165,6 +165,44 @@ def test_paired_interval_pools_the_seeds_with_one_draw(tmp_path):
         assert (p["ci_low"], p["ci_high"]) == pytest.approx((0.5, 0.5)) and p["differs"] and p["seeds"] == [0, 1]
 
 
+def test_paired_interval_when_each_seed_tests_its_own_examples(tmp_path):
+    """Seeds that hold out their own classes test different examples: seed 0 images a1, a2, b; seed 1 b, c1,
+    c2 (each image its own base_id group). Top-1 hits, baseline none, variant: seed 0 a1 only, seed 1 c1, c2.
+    Per seed, Δ0(w) = w_a1 / (w_a1 + w_a2 + w_b) and Δ1(w) = (w_c1 + w_c2) / (w_b + w_c1 + w_c2).
+
+    One resample draws the union's groups within the set of seeds that test them: {a1, a2} (seed 0 only)
+    twice, {b} (both) once, {c1, c2} (seed 1 only) twice. So each seed always has 3 images, Δ1 = 2/3
+    always, and w_a1 is 0, 1 or 2 with probability 1/4, 1/2, 1/4: Δ = (w_a1/3 + 2/3) / 2 is 1/3, 1/2 or
+    2/3. Point Δ = 1/2, interval [1/3, 2/3]: differs."""
+    runs = tmp_path / "runs"
+    s0 = {"ids": ("a1", "a2", "b"), "groups": ("a1", "a2", "b")}
+    s1 = {"ids": ("b", "c1", "c2"), "groups": ("b", "c1", "c2")}
+    write_run(runs / "base" / "seed0", [0, 0, 0], **s0)
+    write_run(runs / "up" / "seed0", [1, 0, 0], **s0)
+    write_run(runs / "base" / "seed1", [0, 0, 0], **s1)
+    write_run(runs / "up" / "seed1", [0, 1, 1], **s1)
+    cfg = ReportConfig(metrics=[parse_metric("zeroshot:top1")], baseline="base", bootstrap=2000)
+    up = build_report(runs, cfg)["variants"][1]["summary"]["zeroshot:top1"]["paired"]
+    assert (up["delta"], up["ci_low"], up["ci_high"]) == pytest.approx((0.5, 1 / 3, 2 / 3)) and up["differs"]
+    assert up["unit"] == ("base_id group (5 groups of 5 images, the union of the seeds' test sets), "
+                          "within the set of seeds that test it and its class")
+    # the seeds give b different classes (each seed its own class list): classes are not strata, the same draw here
+    write_run(runs / "base" / "seed1", [0, 0, 0], classes=[1, 0, 0], **s1)
+    write_run(runs / "up" / "seed1", [0, 1, 1], classes=[1, 0, 0], **s1)
+    up = build_report(runs, cfg)["variants"][1]["summary"]["zeroshot:top1"]["paired"]
+    assert (up["ci_low"], up["ci_high"]) == pytest.approx((1 / 3, 2 / 3)) and up["unit"].endswith("within the set of seeds that test it")
+    # within one seed the two models must still test the same examples
+    write_run(runs / "up" / "seed1", [0, 1, 1], ids=("a1", "c1", "c2"), groups=("a1", "c1", "c2"))
+    with pytest.raises(VltoolError, match="the test examples differ"):
+        build_report(runs, cfg)
+    # and an example keeps its group across seeds
+    write_run(runs / "up" / "seed1", [0, 1, 1], classes=[1, 0, 0], **s1)
+    write_run(runs / "base" / "seed1", [0, 0, 0], classes=[1, 0, 0], ids=s1["ids"], groups=("a1", "c1", "c2"))
+    write_run(runs / "up" / "seed1", [0, 1, 1], classes=[1, 0, 0], ids=s1["ids"], groups=("a1", "c1", "c2"))
+    with pytest.raises(VltoolError, match="in group"):
+        build_report(runs, cfg)
+
+
 def test_paired_examples_are_matched_by_id_and_must_be_the_same(tmp_path):
     runs = tmp_path / "runs"
     write_run(runs / "base" / "seed0", [1, 0, 0, 0])

@@ -313,23 +313,43 @@ class UniCLLoss(Loss):
 class JSDLoss(Loss):
     """CLIP-Lite's Jensen-Shannon lower bound of the mutual information (CLIP-Lite, section 3.1, Figure 3).
 
-    One negative per positive: image i is paired with the text of row (i + 1) mod N of the global batch.
-    The critic T(img, txt) = exp(t) * <c_I(img), c_T(txt)> (c_I, c_T: the model's critic projections,
-    L2-normalised; exp(t) the model's logit scale, t learnable, initialised at log(1/0.07));
-    loss = mean_i softplus(-T(img_i, txt_i)) + mean_i softplus(T(img_i, txt_{i+1})). Cost linear in N.
+    negatives="one" (the paper's): one negative per positive, image i paired with the text of row
+    (i + 1) mod N of the global batch. The critic T(img, txt) = exp(t) * <c_I(img), c_T(txt)> (c_I, c_T:
+    the model's critic projections, L2-normalised; exp(t) the model's logit scale, t learnable,
+    initialised at log(1/0.07)); loss = mean_i softplus(-T(img_i, txt_i)) + mean_i softplus(T(img_i,
+    txt_{i+1})). Cost linear in N.
+    negatives="all" (an ablation, not CLIP-Lite's): the negative term is the mean over all N(N-1) pairs
+    i != j of the batch (Deep InfoMax's estimate of the same expectation over the product of marginals):
+    the same objective in expectation, with as many negatives per step as InfoNCE. Cost quadratic in N.
     """
 
     logit_scale_init = 1 / 0.07
     logit_scale_learnable = True
+    NEGATIVES = ("one", "all")
+
+    def __init__(self, negatives: str = "one"):
+        super().__init__()
+        if negatives not in self.NEGATIVES:
+            raise ValueError(f"negatives must be one of {self.NEGATIVES}, got {negatives!r}")
+        self.negatives = negatives
 
     def forward(self, batch: LossInput) -> dict[str, torch.Tensor]:
         img, txt = batch.image_features.float(), batch.text_features.float()
         s = batch.logit_scale.float()
         pos = s * (img * txt).sum(-1)  # (N,)
-        neg = s * (img * txt.roll(-1, dims=0)).sum(-1)  # (N,): text of the next row
-        loss = F.softplus(-pos).mean() + F.softplus(neg).mean()
-        with torch.no_grad():
-            acc = (pos > neg).float().mean()
+        if self.negatives == "one":
+            neg = s * (img * txt.roll(-1, dims=0)).sum(-1)  # (N,): text of the next row
+            neg_term = F.softplus(neg).mean()
+            with torch.no_grad():
+                acc = (pos > neg).float().mean()
+        else:
+            n = img.shape[0]
+            logits = s * img @ txt.T  # (N, N)
+            off = ~torch.eye(n, dtype=torch.bool, device=logits.device)
+            neg_term = F.softplus(logits[off]).mean()  # the N(N-1) pairs i != j
+            with torch.no_grad():
+                acc = (logits.argmax(1) == torch.arange(n, device=logits.device)).float().mean()
+        loss = F.softplus(-pos).mean() + neg_term
         return {"loss": loss, "acc_i2t": acc}
 
 

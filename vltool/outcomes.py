@@ -235,32 +235,48 @@ def paired_difference(
 ) -> dict:
     """The paired bootstrap of (variant - baseline), pooled over seeds.
 
-    pairs: one (variant, baseline) per seed, all on the same test examples. For each metric k the
-    difference is D_k(w) = mean over seeds s of [metric_k(variant_s, w) - metric_k(baseline_s, w)]; one
-    resample draws whole groups (the same draw for every seed and both models: the test set is shared),
-    within classes when the groups nest in them, and its w is fed to every model's metrics. The interval
-    is the percentile interval of D_k over the resamples; "differs" when it excludes 0.
-    Returns {"unit", "resampling", "seeds", "metrics": {k: {"delta", "ci_low", "ci_high", "differs"}}}.
+    pairs: one (variant, baseline) per seed; within a seed both on the same test examples. For each metric
+    k the difference is D_k(w) = mean over seeds s of [metric_k(variant_s, w_s) - metric_k(baseline_s, w_s)].
+    One resample draws whole groups of the union of the seeds' test examples and feeds each run the weights
+    of its own examples (w_s), so both models of a seed, and every seed that tests a group, see the same
+    draw. When every seed has the same test examples (the usual recipe) this is one draw over the shared
+    test set, within classes when the groups nest in them. When the seeds test different examples (e.g.
+    each seed holds out its own classes), the groups are drawn within the set of seeds that test them, so
+    that every seed keeps its number of groups in every resample (and, when an example has the same class
+    in every seed, within its class too). The interval is the percentile interval of D_k over the
+    resamples; "differs" when it excludes 0.
+    Returns {"unit", "resampling", "resamples", "seed", "level", "test_sets", "metrics": {k: {"delta",
+    "ci_low", "ci_high", "differs"}}}.
     """
     from vltool.metrics import bootstrap
 
     if not pairs:
         raise ValueError("no (variant, baseline) pairs")
-    base = pairs[0][1]
-    aligned = [(v.aligned_to(base), b.aligned_to(base)) for v, b in pairs]
+    aligned = [(v.aligned_to(b), b) for v, b in pairs]
+    first = aligned[0][1]
+    shared = all(len(b) == len(first) and set(b.ids.tolist()) == set(first.ids.tolist()) for _, b in aligned)
+    if shared:
+        aligned = [(v.aligned_to(first), b.aligned_to(first)) for v, b in aligned]
+        plan = resampling_of(first)
+        index: list[np.ndarray | None] = [None] * len(aligned)
+        unit = plan.unit("image", first.group_column or None)
+    else:
+        plan, index, unit = _union_resampling([b for _, b in aligned])
     stats = [(v.statistic(), b.statistic()) for v, b in aligned]
     keys = list(keys)
 
     def diff(w=None):
         out = {}
-        per = [(fv(w), fb(w)) for fv, fb in stats]
+        per = []
+        for (fv, fb), ix in zip(stats, index):
+            ws = w if w is None or ix is None else w[ix]  # this seed's examples' weights
+            per.append((fv(ws), fb(ws)))
         for k in keys:
             out[k] = float(np.mean([mv[k] - mb[k] for mv, mb in per]))
         return out
 
     point = diff()
-    plan = resampling_of(base)
-    iv = bootstrap(len(base), diff, n_boot, seed, level, resampling=plan)
+    iv = bootstrap(plan.n_items, diff, n_boot, seed, level, resampling=plan)
     metrics = {}
     for k in keys:
         lo, hi = iv[k].low, iv[k].high
@@ -271,14 +287,61 @@ def paired_difference(
             "ci_high": float(hi) if finite else None,
             "differs": bool(finite and (lo > 0 or hi < 0)),
         }
-    unit = plan.unit("image", base.group_column or None)
-    if base.kind == "retrieval":
+    if first.kind == "retrieval":
         unit += ", each image with all its texts" if plan.grouped else " (with all its texts)"
     return {
         "unit": unit,
-        "resampling": plan.record(base.group_column or None),
+        "resampling": plan.record(first.group_column or None),
         "resamples": int(n_boot),
         "seed": int(seed),
         "level": level,
+        "test_sets": "shared" if shared else "per seed",
         "metrics": metrics,
     }
+
+
+def _union_resampling(bases: Sequence[Outcomes]) -> tuple:
+    """The plan of one draw over the union of the seeds' test examples (paired_difference, seeds that test
+    different examples): (plan, index, unit) with index[s] the union positions of seed s's examples in its
+    own order. Strata: the set of seeds that test the example, and its class when every seed gives it the same."""
+    from vltool.metrics import Resampling
+
+    col = bases[0].group_column
+    for b in bases[1:]:
+        if b.group_column != col or b.kind != bases[0].kind or b.task != bases[0].task:
+            raise VltoolError(f"{b.path} and {bases[0].path} are not evaluated alike (task, --group-column); "
+                              "a paired comparison over seeds needs the same evaluation")
+    pos: dict = {}
+    group, klass, member = [], [], []
+    index = []
+    for s, b in enumerate(bases):
+        ix = np.empty(len(b), np.int64)
+        cls = b.strata
+        for i, (e, g) in enumerate(zip(b.ids.tolist(), b.groups.tolist())):
+            j = pos.get(e)
+            if j is None:
+                j = pos[e] = len(group)
+                group.append(g)
+                klass.append(None if cls is None else int(cls[i]))
+                member.append(0)
+            elif group[j] != g:
+                raise VltoolError(f"{b.path} puts example {e!r} in group {g!r}, another seed's run in {group[j]!r}; "
+                                  "evaluate every seed with the same --group-column")
+            elif klass[j] is not None and (cls is None or klass[j] != int(cls[i])):
+                klass[j] = -1  # the seeds give it different classes: classes are not strata here
+            member[j] |= 1 << s
+            ix[i] = j
+        index.append(ix)
+    consistent = bases[0].strata is not None and -1 not in klass
+    labels = [f"{m}:{c}" if consistent else str(m) for m, c in zip(member, klass)]
+    _, strata = np.unique(np.asarray(labels), return_inverse=True)
+    groups = np.asarray(group) if col else None
+    plan = Resampling.make(len(group), strata.reshape(-1), groups)
+    within = "within the set of seeds that test it" + (" and its class" if consistent else "")
+    n = len(group)
+    if plan.grouped:
+        unit = f"{col} group ({plan.n_groups} groups of {n} images, the union of the seeds' test sets), "
+        unit += within if plan.stratified else f"not stratified: {plan.spanning} groups span several strata"
+    else:
+        unit = f"image (the union of the seeds' test sets, {n} images), {within}"
+    return plan, index, unit

@@ -272,7 +272,9 @@ def build_report(runs_dir: str | Path, config: ReportConfig) -> dict:
             "method": "paired bootstrap of the difference from the baseline over the same test examples: "
                       "delta = mean over seeds of metric(variant, seed) - metric(baseline, seed); each resample draws "
                       "whole groups of examples (the runs' --group-column; within classes when the groups nest in them), "
-                      "the same draw for every seed and both variants; 95% percentile interval; 'differs' when it excludes 0",
+                      "the same draw for every seed and both variants (seeds that test different examples: one draw over the union "
+                      "of their test sets, groups drawn within the set of seeds that test them); 95% percentile interval; "
+                      "'differs' when it excludes 0",
             "resamples": config.bootstrap, "seed": config.seed, "level": 0.95,
         } if base is not None else None,
         "paired_notes": paired_notes,
@@ -442,7 +444,11 @@ def render_markdown(report: dict) -> str:
         lines += ["", f"Difference from **{blabel}** on the same test examples, Δ = the mean over seeds {seeds} of "
                       f"(variant − {blabel}), with its 95% paired bootstrap interval (resampling {unit}, the same draw for "
                       "every seed and both variants): **differs** when the interval excludes 0, else *within noise*. "
-                      "Below it, the sd of the per-seed differences (training noise, which the interval does not include).", ""]
+                      "Below it, the sd of the per-seed differences (training noise, which the interval does not include)."
+                  + (" Where each seed tests its own examples (" + ", ".join(sorted({m["label"] for v in report["variants"]
+                     for m in metrics if "union" in ((v["summary"].get(m["name"]) or {}).get("paired") or {}).get("unit", "")}))
+                     + "), one draw over the union of the seeds' test sets serves every seed, the groups drawn within the set "
+                     "of seeds that test them." if any("union" in p["unit"] for p in paired) else ""), ""]
         lines.append("| Variant | " + " | ".join(m["label"] for m in metrics) + " |")
         lines.append("|---|" + "---:|" * len(metrics))
         for v in report["variants"]:

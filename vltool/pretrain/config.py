@@ -58,6 +58,7 @@ class PretrainConfig:
     label_column: str = C.LABEL
     templates: str = "openai-imagenet"
     critic_dim: int | None = None
+    jsd_negatives: str = "one"
     memory_bank: int = 0
     temperature: float = 0.02
     ema_momentum: float | None = None  # None: from the run's length (objectives.ema_momentum_for)
@@ -172,6 +173,10 @@ def _objective_problems(c: PretrainConfig) -> list[str]:
         problems.append("--captions-per-image > 1 needs a loss with several positives per image (--loss sigmoid)")
     if c.critic_dim is not None and (c.loss != "jsd" or c.critic_dim < 1):
         problems.append("--critic-dim is an option of --loss jsd and must be >= 1")
+    if c.jsd_negatives not in ("one", "all"):
+        problems.append(f"--jsd-negatives must be one or all, got {c.jsd_negatives!r}")
+    elif c.jsd_negatives != "one" and c.loss != "jsd":
+        problems.append("--jsd-negatives is an option of --loss jsd")
     if c.memory_bank < 0 or (c.memory_bank and c.loss != "clip"):
         problems.append("--memory-bank K needs --loss clip and K >= 1")
     if not c.temperature > 0:

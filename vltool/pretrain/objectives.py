@@ -392,5 +392,6 @@ def build_objective(config, train: TrainData, total_steps: int) -> Objective:
         return MemoryBankObjective(config, train, total_steps)
     cls = OBJECTIVES.get(config.loss, Objective)
     assert config.loss in LOSSES, config.loss  # validated before
-    return cls(build_loss(config.loss), train)
+    kwargs = {"negatives": config.jsd_negatives} if config.loss == "jsd" else {}
+    return cls(build_loss(config.loss, **kwargs), train)
 

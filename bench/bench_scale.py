@@ -1,16 +1,25 @@
 """Benchmark: how start-up time and peak memory grow with the number of rows, for every command that reads
 a whole dataset.
 
-A synthetic image-text set is built on the fly (32x32 PNGs, five-to-ten-word captions, a list of two
-captions, a 100-class label) at each size, saved with save_to_disk, and for `pretrain-wds` the same kind of
-rows as WebDataset shards of 10,000 samples in img2dataset's layout; a fresh `vltool-micro` model is saved
-once. Each command runs in its own process (`python -m vltool`, so PYTHONPATH picks the checkout), with an
-empty cache directory, and the benchmark prints its wall time (for pretrain: two optimizer steps, i.e. the
-time to the first steps), its throughput (rows per second), its peak resident memory (the kernel's
-maximum RSS, from /usr/bin/time) and its peak anonymous resident memory (RssAnon, sampled every 20 ms: the memory it
-allocated, without the clean file pages of a memory-mapped dataset that the kernel maps into its RSS),
-then the ratio of the largest size to the smallest. Target (issue 22): time to first step and peak memory
-within 2x from 10k to 1M rows (10M with --big).
+A synthetic image-text set is built on the fly (a distinct 32x32 PNG per row, five-to-ten-word captions,
+a list of two captions, a 100-class label) at each size, saved with save_to_disk, and for `pretrain-wds`
+and `retrieve-wds` the same kind of rows as WebDataset shards of 10,000 samples in img2dataset's layout;
+a fresh `vltool-micro` model is saved once. Each command runs in its own process (`python -m vltool`, so
+PYTHONPATH picks the checkout), with an empty cache directory, and the benchmark prints:
+- start-up: for pretrain its whole run (two optimizer steps of batch 64: start-up to the first steps); for
+  zeroshot, retrieve and mine-positives the command's own `seconds_to_first_batch` (its provenance: from
+  its start to its first encoded batch); deform has none (it streams rows from its start);
+- its wall time and throughput (rows per second);
+- its peak resident memory (the kernel's maximum RSS, from /usr/bin/time) and its peak anonymous resident
+  memory (RssAnon, sampled every 20 ms: the memory it allocated, without the clean file pages of a
+  memory-mapped dataset that the kernel maps into its RSS);
+then the ratio of the largest size to the smallest. Target (issue 22): start-up and peak memory within 2x
+from 10k to 1M rows (10M with --big). retrieve and mine-positives score every pair of rows, so at the
+default sizes they stop at 100k rows (1M rows are 10^12 pairs: a GPU job).
+
+mine-positives runs with thresholds set once from the random model's similarities (mining_thresholds),
+so that candidates are few, as with a trained model; FFF's thresholds would make nearly every pair a
+candidate for a random model.
 
     python bench/bench_scale.py                                  # 10k, 100k, 1M rows; every command
     python bench/bench_scale.py --rows 10000,100000 --commands pretrain,pretrain-wds,deform
@@ -34,25 +43,33 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 WORDS = ("red blue green small large happy face hand heart cat dog bird tree house car sun moon star flag "
          "person man woman child old young sitting standing running smiling food cake cup water fire").split()
-COMMANDS = ("pretrain", "pretrain-wds", "deform", "zeroshot", "retrieve", "mine-positives")
+COMMANDS = ("pretrain", "pretrain-wds", "deform", "zeroshot", "retrieve", "retrieve-wds", "mine-positives")
+ON_SHARDS = ("pretrain-wds", "retrieve-wds")  # read the WebDataset copy
+ENCODING = ("zeroshot", "retrieve", "retrieve-wds", "mine-positives")  # start-up: seconds_to_first_batch
+MINE_TAIL = 1e-5  # the share of a sample's pairs above each mining threshold (mining_thresholds)
 VLTOOL = (sys.executable, "-m", "vltool")
 SHARD_ROWS = 10_000  # samples per shard of the WebDataset copy (img2dataset's default)
 
 
-def build_dataset(path: Path, rows: int, chunk: int = 200_000) -> None:
-    """`rows` synthetic rows saved with save_to_disk: id, image (PNG bytes), caption, captions, label."""
+def png(i: int) -> bytes:
+    """Row i's image: 32x32 RGB noise seeded by i, as PNG. Every row has its own image, as in web data (with
+    images reused, mine-positives would find every copy of an image a positive of every other)."""
     import io
 
-    import datasets
     import numpy as np
     from PIL import Image
 
+    buf = io.BytesIO()
+    Image.fromarray(np.random.default_rng(i).integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(buf, format="PNG", compress_level=1)
+    return buf.getvalue()
+
+
+def build_dataset(path: Path, rows: int, chunk: int = 200_000) -> None:
+    """`rows` synthetic rows saved with save_to_disk: id, image (PNG bytes), caption, captions, label."""
+    import datasets
+    import numpy as np
+
     rng = np.random.default_rng(0)
-    pngs = []
-    for k in range(256):  # 256 distinct images, reused: decoding cost is real, building them is not
-        buf = io.BytesIO()
-        Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(buf, format="PNG")
-        pngs.append(buf.getvalue())
     features = datasets.Features({
         "id": datasets.Value("string"), "image": datasets.Image(), "caption": datasets.Value("string"),
         "captions": datasets.List(datasets.Value("string")),
@@ -66,7 +83,7 @@ def build_dataset(path: Path, rows: int, chunk: int = 200_000) -> None:
         caps = [" ".join(WORDS[w] for w in words[i, : lengths[i]]) for i in range(n)]
         parts.append(datasets.Dataset.from_dict({
             "id": [f"r{lo + i:09d}" for i in range(n)],
-            "image": [{"bytes": pngs[(lo + i) % 256], "path": None} for i in range(n)],
+            "image": [{"bytes": png(lo + i), "path": None} for i in range(n)],
             "caption": caps,
             "captions": [[c, c[::-1]] for c in caps],
             "label": [(lo + i) % 100 for i in range(n)],
@@ -83,14 +100,8 @@ def build_shards(path: Path, rows: int) -> str:
     import tarfile
 
     import numpy as np
-    from PIL import Image
 
     rng = np.random.default_rng(0)
-    pngs = []
-    for k in range(256):
-        buf = io.BytesIO()
-        Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(buf, format="PNG")
-        pngs.append(buf.getvalue())
     path.mkdir(parents=True)
     shards = max(1, -(-rows // SHARD_ROWS))
     for s in range(shards):
@@ -100,7 +111,7 @@ def build_shards(path: Path, rows: int) -> str:
             for i in range(lo, hi):
                 key = f"{i:09d}"
                 cap = " ".join(WORDS[w] for w in words[i - lo, : lengths[i - lo]])
-                for ext, data in (("png", pngs[i % 256]), ("txt", cap.encode()),
+                for ext, data in (("png", png(i)), ("txt", cap.encode()),
                                   ("json", json_.dumps({"key": key, "caption": cap, "status": "success"}).encode())):
                     info = tarfile.TarInfo(f"{key}.{ext}")
                     info.size = len(data)
@@ -120,6 +131,36 @@ def build_model(path: Path) -> Path:
     return path
 
 
+def mining_thresholds(model: Path, data: Path, sample: int = 2000) -> list[str]:
+    """mine-positives' thresholds for the bench's random model, the same at every size: each is the
+    (1 - MINE_TAIL) quantile of its similarity over the pairs of `sample` rows (p1' the (1 - 10 x MINE_TAIL)
+    one), so that at N rows a row has about N x MINE_TAIL candidates per term, as with a trained model
+    whose positives are few. FFF's thresholds suit a trained model: the random one puts nearly every pair
+    above them (every row capped at 256 positives: the 10k-row run scored about all 10^8 pairs)."""
+    import numpy as np
+
+    from vltool.encode import encode_images, encode_texts
+    from vltool.io import load_dataset
+    from vltool.model import load_model
+
+    m = load_model(model)
+    d = load_dataset(str(data))
+    d.dataset = d.dataset.select(range(min(sample, len(d.dataset))))
+    img = encode_images(m, d, progress=False).embeddings.astype(np.float64)
+    txt = encode_texts(m, d, progress=False).embeddings.astype(np.float64)
+    off = ~np.eye(len(img), dtype=bool)
+
+    def q(s, tail):
+        return f"{float(np.quantile(s[off], 1 - tail)):.6f}"
+
+    s_it = img @ txt.T
+    return ["--p-it", q(s_it, MINE_TAIL), "--p-ii", q(img @ img.T, MINE_TAIL), "--p-tt", q(txt @ txt.T, MINE_TAIL),
+            "--p-it-tt", q(s_it, 10 * MINE_TAIL)]
+
+
+MINE_ARGS: list[str] = []  # set by main from the smallest size
+
+
 def command_line(command: str, data: Path, model: Path, out: Path) -> list[str]:
     common = ["--no-progress"]
     if command in ("pretrain", "pretrain-wds"):
@@ -127,10 +168,10 @@ def command_line(command: str, data: Path, model: Path, out: Path) -> list[str]:
                 "--device", "cpu", "--out", str(out), *common]
     if command == "deform":
         return [*VLTOOL, "deform", str(data), "--out", str(out)]
-    if command in ("zeroshot", "retrieve"):
-        return [*VLTOOL, command, str(data), "--model", str(model), "--bootstrap", "100", "--out", str(out) + ".json", *common]
+    if command in ("zeroshot", "retrieve", "retrieve-wds"):
+        return [*VLTOOL, command.removesuffix("-wds"), str(data), "--model", str(model), "--bootstrap", "100", "--out", str(out) + ".json", *common]
     if command == "mine-positives":
-        return [*VLTOOL, "mine-positives", str(data), "--model", str(model), "--out", str(out)]
+        return [*VLTOOL, "mine-positives", str(data), "--model", str(model), *MINE_ARGS, "--out", str(out), *common]
     raise SystemExit(f"unknown command {command}")
 
 
@@ -144,6 +185,17 @@ def _anon_kb(pid: int) -> int:
     except OSError:
         pass
     return 0
+
+
+def first_batch_seconds(command: str, out: Path) -> float | None:
+    """The command's own seconds from its start to its first encoded batch (its provenance record)."""
+    if command not in ENCODING:
+        return None
+    path = out / "vltool.json" if command == "mine-positives" else Path(str(out) + ".json")
+    try:
+        return json.loads(path.read_text()).get("seconds_to_first_batch")
+    except (OSError, ValueError):
+        return None
 
 
 def measure(cmd: list[str], cache: Path) -> dict:
@@ -173,9 +225,10 @@ def measure(cmd: list[str], cache: Path) -> dict:
 
 
 def accepted(command: str, rows: int, big: bool) -> bool:
-    """Encoding every image of 1M rows on 2 CPU cores takes minutes per command: at the default sizes the
-    encoding commands stop at 100k rows unless --big asks for everything."""
-    return big or command in ("pretrain", "pretrain-wds", "deform") or rows <= 100_000
+    """retrieve and mine-positives compare every pair of rows (10^12 pairs at 1M rows: hours on 2 CPU
+    cores, a GPU job with --index blocked), so at the default sizes they stop at 100k rows; --big runs
+    everything."""
+    return big or command not in ("retrieve", "retrieve-wds", "mine-positives") or rows <= 100_000
 
 
 def plot(results: list[dict], path: Path) -> None:
@@ -229,39 +282,57 @@ def main() -> None:
         for rows in sizes:
             data = work / f"data-{rows}"
             t0 = time.perf_counter()
-            if any(c != "pretrain-wds" for c in commands):
+            if any(c not in ON_SHARDS for c in commands):
                 build_dataset(data, rows)
-            shards = build_shards(work / f"shards-{rows}", rows) if "pretrain-wds" in commands else None
+            shards = build_shards(work / f"shards-{rows}", rows) if any(c in ON_SHARDS for c in commands) else None
             print(f"built {rows:,} rows in {time.perf_counter() - t0:.1f} s", flush=True)
+            if "mine-positives" in commands and not MINE_ARGS:
+                MINE_ARGS.extend(mining_thresholds(model, data))
+                print("mine-positives thresholds:", " ".join(MINE_ARGS), flush=True)
             for command in commands:
                 if not accepted(command, rows, args.big):
                     continue
-                source = shards if command == "pretrain-wds" else data
-                res = measure(command_line(command, source, model, work / f"out-{command}-{rows}"), work / f"cache-{command}-{rows}")
+                source = shards if command in ON_SHARDS else data
+                out_path = work / f"out-{command}-{rows}"
+                res = measure(command_line(command, source, model, out_path), work / f"cache-{command}-{rows}")
                 res.update(command=command, rows=rows)
                 if res["ok"]:
                     res["rows_per_s"] = round(rows / res["seconds"], 1)
+                    first = first_batch_seconds(command, out_path)
+                    if first is not None:
+                        res["first_batch_s"] = first
                 results.append(res)
                 print(json.dumps(res), flush=True)
             subprocess.run(["rm", "-rf", str(data), str(work / f"shards-{rows}")] + [str(p) for p in work.glob(f"out-*-{rows}*")] + [str(p) for p in work.glob(f"cache-*-{rows}")])
     report(results, commands, sizes, out)
 
 
+def startup(r: dict) -> float | None:
+    """Start-up: pretrain's whole run (two steps), an encoding command's seconds to its first batch; deform
+    has none (it streams rows from its start)."""
+    if r["command"] in ("pretrain", "pretrain-wds"):
+        return r["seconds"]
+    return r.get("first_batch_s")
+
+
 def report(results: list[dict], commands: list[str], sizes: list[int], out: Path) -> None:
     """The table, the growth ratios, OUT/scale.json and OUT/scale.png."""
-    print("\n| command | rows | seconds | rows/s | peak RSS (GB) | peak anonymous RSS (GB) |\n|---|---|---|---|---|---|")
+    print("\n| command | rows | start-up (s) | seconds | rows/s | peak RSS (GB) | peak anonymous RSS (GB) |\n|---|---|---|---|---|---|---|")
     for r in results:
         if r["ok"]:
-            print(f"| {r['command']} | {r['rows']:,} | {r['seconds']:.1f} | {r['rows_per_s']:,.0f} | {r['peak_rss_gb']:.2f} | "
-                  f"{r['peak_anon_gb']:.2f} |")
+            start = startup(r)
+            print(f"| {r['command']} | {r['rows']:,} | {'' if start is None else f'{start:.1f}'} | {r['seconds']:.1f} | {r['rows_per_s']:,.0f} | "
+                  f"{r['peak_rss_gb']:.2f} | {r['peak_anon_gb']:.2f} |")
         else:
-            print(f"| {r['command']} | {r['rows']:,} | failed: {r['error']} | | | |")
-    print("\ngrowth from the smallest to the largest size measured (target: within 2x):")
+            print(f"| {r['command']} | {r['rows']:,} | | failed: {r['error']} | | | |")
+    print("\ngrowth from the smallest to the largest size measured (target: start-up and peak memory within 2x):")
     for command in commands:
         pts = [r for r in results if r["command"] == command and r["ok"]]
         if len(pts) >= 2:
             a, b = pts[0], pts[-1]
-            print(f"  {command}: {a['rows']:,} -> {b['rows']:,} rows: time x{b['seconds'] / a['seconds']:.2f}, "
+            sa, sb = startup(a), startup(b)
+            grow = f"start-up x{sb / sa:.2f}, " if sa and sb is not None else ""
+            print(f"  {command}: {a['rows']:,} -> {b['rows']:,} rows: {grow}time x{b['seconds'] / a['seconds']:.2f}, "
                   f"peak RSS x{b['peak_rss_gb'] / a['peak_rss_gb']:.2f}, peak anonymous RSS x{b['peak_anon_gb'] / a['peak_anon_gb']:.2f}")
     (out / "scale.json").write_text(json.dumps({"results": results, "sizes": sizes}, indent=2))
     plot(results, out / "scale.png")

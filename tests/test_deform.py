@@ -276,3 +276,18 @@ def test_a_base_row_without_text_is_dropped_and_not_counted(text_dataset, tmp_pa
     assert [r["is_base"] for r in rows] == [False, False, False, True, True]
     assert [r["caption"] for r in rows[3:]] == CAPS[3:5]  # base rows intact
     assert prov["stats"]["base_rows"] == 2 and prov["stats"]["deformed_rows"] == 3 and prov["stats"]["rows_dropped_empty"] == 1
+
+
+def test_deform_never_imports_torch(text_dataset, tmp_path):
+    """Commands that never touch a model stay light in a plain run: no torch (about 0.5 GB of memory and a
+    second or two of start-up), even where they ask whether this is the main process."""
+    import subprocess
+    import sys
+
+    data = text_dataset(["a red cat sits on the mat", "the blue dog runs", "the cat and the dog"])
+    code = ("import sys; from vltool.cli import main; sys.argv = ['vltool', 'deform', sys.argv[1], '--ops', 'shuffle', "
+            "'--out', sys.argv[2]]\ntry:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+            "print('torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code, str(data), str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == "False" and (tmp_path / "out" / "vltool.json").exists()

@@ -97,3 +97,12 @@ def test_cli(cli, model_dir, colors, tmp_path):
     assert rec["options"]["cache_dir"] == str(tmp_path) and rec["stats"]["cache"]["images"]["hit"] is False
     t = cli("retrieve", colors, "--model", model_dir, "--where", "split=test", "--bootstrap", "10", "--no-progress", "--cache-dir", tmp_path)
     assert t.exit_code == 0 and "text_to_image_R@10" in t.stdout and "chance" in t.stdout
+
+
+def test_seconds_to_first_batch_is_recorded_when_something_is_encoded(model_dir, colors, tmp_path):
+    """The start-up before any encoding (docs/conventions.md, "Provenance"): recorded when the command encoded
+    a batch, inside its wall time; absent when every embedding came from the cache."""
+    first = retrieve(colors, cfg(model_dir, cache_dir=str(tmp_path / "c")), where=["split=test"], out=tmp_path / "a.json")
+    assert 0 < first["seconds_to_first_batch"] <= first["wall_time_s"]
+    again = retrieve(colors, cfg(model_dir, cache_dir=str(tmp_path / "c")), where=["split=test"], out=tmp_path / "b.json")
+    assert "seconds_to_first_batch" not in again and json.loads((tmp_path / "b.json").read_text())["metrics"] == first["metrics"]

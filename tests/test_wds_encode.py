@@ -235,6 +235,8 @@ def test_retrieve_on_shards_equals_retrieve_on_the_import(cli, shards, imported,
     ra, rb = json.loads(a.stdout), json.loads(b.stdout)
     assert ra["metrics"] == rb["metrics"] and ra["chance"] == rb["chance"] and ra["data"]["images"] == 24
     assert ra["inputs"][0]["format"] == "wds" and ra["inputs"][0]["shards"] == 3
+    # the index built on the way does not take the command's start-up mark
+    assert 0 < ra["seconds_to_first_batch"] <= ra["wall_time_s"]
     # the second command reuses the index (and the embeddings cached under its fingerprint)
     c = cli("retrieve", str(Path(shards).parent), *args)
     assert c.exit_code == 0 and "indexed into" not in c.stderr and "indexed into" in a.stderr

@@ -30,6 +30,7 @@ from vltool import columns as C
 from vltool.cache import CacheKey, EmbeddingCache, row_filter, texts_digest
 from vltool.errors import UsageError, VltoolError
 from vltool.io import column_digest, column_values, decode_image  # noqa: F401  (decode_image re-exported: callers import it from here)
+from vltool.provenance import mark_first_batch
 from vltool.topology import is_main, process_state, warn
 
 FEATURES = ("post", "pre")
@@ -283,6 +284,8 @@ def run_batches(
                     futures.append(pool.submit(prepare, *bounds[i + ahead]))
                 out = forward(batch)
                 out = out.numpy() if hasattr(out, "numpy") else np.asarray(out)
+                if i == 0:
+                    mark_first_batch()
                 pieces.append((b_idx, np.asarray(out, dtype=np.float32)))
                 if bar is not None:
                     bar[0].advance(bar[1], (b - a) * world)

@@ -804,10 +804,9 @@ def save_dataset(ds, out: Path | str, provenance: dict, *, overwrite: bool = Fal
     out = Path(out).expanduser()
     if len(ds) == 0:
         raise VltoolError(f"nothing to write to {out}: no row is left (every row was filtered out or dropped)")
-    from vltool.topology import process_state
+    from vltool.topology import is_main
 
-    state = process_state()
-    if state.is_main_process:
+    if is_main():
         with atomic_output(out, overwrite) as tmp:
             # Shard writing in parallel only pays off for large data (images); it spawns processes.
             big = num_proc and num_proc > 1 and ds.data.nbytes > 2**30
@@ -986,9 +985,9 @@ def shard_index(spec: str | Path, cache_dir: str | Path | None = None) -> ShardI
                     _build_shard_index(source, dest, digest, spec)
             finally:
                 lk.release()
-    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
-        from vltool.topology import process_state
+    from vltool.topology import launched_processes, process_state
 
+    if launched_processes() > 1:
         process_state().wait_for_everyone()
     return ShardIndex(source, dest)
 

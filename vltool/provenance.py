@@ -6,6 +6,7 @@ import dataclasses
 import shlex
 import sys
 import time
+import weakref
 from datetime import datetime, timezone
 from enum import Enum
 from pathlib import Path
@@ -37,13 +38,30 @@ def jsonable(obj: Any) -> Any:
 
 
 class Timer:
+    """A command's clock, from its start. The encoding loop marks every live Timer when its first batch is
+    done (`mark_first_batch`; a step that made its own record before, such as a shard index built on the
+    way, is marked too late to matter), and `make` records the seconds to that mark as
+    `seconds_to_first_batch`, the start-up a user waits before any encoding."""
+
+    _live: "weakref.WeakSet[Timer]" = weakref.WeakSet()
+
     def __init__(self) -> None:
         self.start = time.perf_counter()
         self.started_at = datetime.now(timezone.utc)
+        self.first_batch: float | None = None
+        Timer._live.add(self)
 
     @property
     def seconds(self) -> float:
         return time.perf_counter() - self.start
+
+
+def mark_first_batch() -> None:
+    """Record on the running commands' Timers that their first encoding batch is done (the first call only)."""
+    now = time.perf_counter()
+    for t in list(Timer._live):
+        if t.first_batch is None:
+            t.first_batch = now
 
 
 def make(
@@ -71,5 +89,7 @@ def make(
     }
     if timer is not None:
         prov["wall_time_s"] = round(timer.seconds, 3)
+        if timer.first_batch is not None:  # something was encoded (not all read from the embedding cache)
+            prov["seconds_to_first_batch"] = round(timer.first_batch - timer.start, 3)
     prov["stats"] = jsonable(stats or {})
     return prov

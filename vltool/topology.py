@@ -56,8 +56,22 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
+def launched_processes() -> int:
+    """How many processes the launcher started (WORLD_SIZE, which `accelerate launch` and torchrun set), 1
+    without a launcher. Reads the environment only: no torch import."""
+    import os
+
+    try:
+        return max(1, int(os.environ.get("WORLD_SIZE", "1") or 1))
+    except ValueError:
+        return 1
+
+
 def is_main() -> bool:
-    """Whether this is the main process (the one that prints and writes)."""
+    """Whether this is the main process (the one that prints and writes). A plain run is, without importing
+    torch: commands that never touch a model (deform, split, filter, ...) stay light."""
+    if launched_processes() == 1:
+        return True
     return process_state().is_main_process
 
 

@@ -289,6 +289,13 @@ def test_other_commands_take_shards(cli, shards, model, tmp_path):
 
     images = datasets.load_from_disk(str(tmp_path / "deformed")).cast_column("image", datasets.Image(decode=False))["image"]
     assert all(v["path"].startswith("tar://") for v in images)
+    # its images live in the shards: they are inputs of every command that reads it, never its --out
+    shard_dir, first = Path(shards).parent, sorted(Path(shards).parent.glob("*.tar"))[0]
+    before = first.read_bytes()
+    r = cli("split", tmp_path / "deformed", "--parts", "a=0.5,b=0.5", "--out", shard_dir / "split", "--no-progress")
+    assert r.exit_code == 2 and "would overwrite the input" in r.stderr and not (shard_dir / "split").exists(), r.stderr
+    r = cli("retrieve", tmp_path / "deformed", "--model", model, "--out", first, "--overwrite", "--no-progress", *cache)
+    assert r.exit_code == 2 and "would overwrite the input" in r.stderr and first.read_bytes() == before, r.stderr
     r = cli("zeroshot", shards, "--model", model, "--no-progress", *cache)
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
     assert r.exit_code == 2 and len(errors) == 1 and "no 'label' or 'labels' column" in errors[0], r.stderr

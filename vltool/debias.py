@@ -224,7 +224,7 @@ def measure(config: DebiasConfig, out=None, *, where=(), split=None, overwrite: 
             f"--zeroshot-label {config.zeroshot_label!r}: {config.eval_data!r} has no such column "
             f"(it has: {', '.join(src.dataset.column_names)}); give a label column, or --zeroshot-label '' to skip zero-shot"
         )
-    out_path = check_out(out, overwrite, [src.path, *model_inputs(config.model, config.pretrained), *_files(config)])
+    out_path = check_out(out, overwrite, [*src.reads, *model_inputs(config.model, config.pretrained), *_files(config)])
     m = load_eval_model(config.model, config.pretrained, config.cache_dir)
     v = load_subspace(config.subspace, m.fingerprint)
     cache = EmbeddingCache(config.cache_dir)

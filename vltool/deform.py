@@ -490,7 +490,7 @@ def deform(
     config.validate()
     src = load_dataset(data, split=split, where=where, required=[C.ID], texts=[config.text_column])
     require_texts(sum(clean_text(t) is not None for t in column_values(src.dataset, config.text_column)), src.rows, config.text_column, data)
-    out = check_output(out, overwrite, inputs=[src.path])
+    out = check_output(out, overwrite, inputs=[*src.reads])
     ds, stats = deform_dataset(src.dataset, config)
     prov = provenance.make(
         "deform", config, [src], rows_in=stats["rows_in"], rows_out=stats["rows_out"], stats=stats, timer=timer

@@ -209,7 +209,7 @@ def export(
     if config.to not in DATASET_TARGETS:
         raise UsageError(f"--to {config.to} writes a model; call export_hf_model")
     src = load_dataset(data, split=split, where=where, required=[C.ID], images=[C.IMAGE], texts=[C.CAPTION], text_option="the caption column")
-    out = check_output(out, overwrite, inputs=[src.path])
+    out = check_output(out, overwrite, inputs=[*src.reads])
     ds = src.dataset
     n = len(ds)
     if n == 0:

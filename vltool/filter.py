@@ -688,7 +688,7 @@ def filter(  # noqa: A001 - the command's name (docs/conventions.md: one name ev
     ref = load_dataset(reference, split=reference_split, where=reference_where, texts=[ref_column], text_lists=True,
                        text_option="--reference-column")
     require_texts(sum(clean_text(t) is not None for t in column_values(src.dataset, config.text_column)), src.rows, config.text_column, data)
-    out = check_output(out, overwrite, inputs=[src.path, ref.path])
+    out = check_output(out, overwrite, inputs=[*src.reads, *ref.reads])
     ref_texts = _text_column(ref.dataset, ref_column, "the reference set", allow_list=True)
     require_texts(sum(clean_text(t) is not None for t in ref_texts.to_pylist()), ref.rows, ref_column, reference)
     log(f"filter: {src.rows:,} source rows, {len(ref_texts):,} reference captions; training the classifier")

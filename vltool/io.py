@@ -83,6 +83,29 @@ class LoadedDataset:
     def rows(self) -> int:
         return len(self.dataset)
 
+    @property
+    def reads(self) -> list[Path]:
+        """Every path this input reads, for check_output: the dataset, and the WebDataset shards its images
+        live in. Shards given directly are `path`; a dataset made from shards keeps `tar://` paths into
+        them, and its provenance chain (inputs[].path, followed through the datasets that made it) names
+        them as inputs of format "wds"."""
+        paths, seen, todo = [self.path], set(), [self.path]
+        while todo and len(seen) < 64:
+            p = todo.pop()
+            if p in seen:
+                continue
+            seen.add(p)
+            rec = read_provenance(p) if p.is_dir() else None
+            for inp in (rec or {}).get("inputs") or []:
+                if not isinstance(inp, dict) or not isinstance(inp.get("path"), str):
+                    continue
+                up = Path(inp["path"])
+                if inp.get("format") == "wds":
+                    paths.append(up)
+                else:
+                    todo.append(up)
+        return list(dict.fromkeys(paths))
+
     def provenance(self) -> dict:
         prov = {
             "spec": self.spec,

@@ -532,7 +532,7 @@ def mine_positives(data: str, out, config: MinePositivesConfig, *, where=(), spl
     if not config.dry_run:
         if out is None:
             raise UsageError("--out is required (or pass --dry-run)")
-        out = check_output(out, overwrite, inputs=[src.path, *model_inputs(config.model, config.pretrained)])
+        out = check_output(out, overwrite, inputs=[*src.reads, *model_inputs(config.model, config.pretrained)])
     ds = src.dataset
     n = len(ds)
     if n < 2:

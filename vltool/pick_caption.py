@@ -57,7 +57,7 @@ def pick_caption(data: str, out, config: PickConfig, *, where=(), split_name=Non
         raise UsageError(f"--strategy {config.strategy!r}: choose one of {', '.join(STRATEGIES)}")
     timer = provenance.Timer()
     src = load_dataset(data, split=split_name, where=where, required=[C.ID, config.source_column])
-    out = check_output(out, overwrite, inputs=[src.path])
+    out = check_output(out, overwrite, inputs=[*src.reads])
     ds = src.dataset
     from vltool.checks import text_column
 

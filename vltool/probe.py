@@ -403,7 +403,7 @@ def probe(
     train.spec, evald.spec = train_data, eval_data
     image_column(train.dataset, C.IMAGE, train_data)
     image_column(evald.dataset, C.IMAGE, eval_data)
-    out_path = check_out(out, overwrite, [train.path, evald.path, Path(train_data).expanduser(), Path(eval_data).expanduser()], config)
+    out_path = check_out(out, overwrite, [*train.reads, *evald.reads, Path(train_data).expanduser(), Path(eval_data).expanduser()], config)
     if train.rows == 0 or evald.rows == 0:
         raise UsageError(f"no rows selected: {train.rows} training rows (--where {list(where)}), {evald.rows} eval rows (--eval-where {list(eval_where)})")
     if C.ID in train.dataset.column_names and C.ID in evald.dataset.column_names:

@@ -253,7 +253,7 @@ def pseudolabel(
     if overlap:
         raise UsageError(f"{len(overlap)} ids are in both the unaligned and the aligned data (e.g. {sorted(overlap)[0]!r}); "
                          "an image cannot be both")
-    out = check_output(out, overwrite, inputs=[usrc.path, asrc.path, *model_inputs(config.model, config.pretrained)])
+    out = check_output(out, overwrite, inputs=[*usrc.reads, *asrc.reads, *model_inputs(config.model, config.pretrained)])
     if len(asrc.dataset) == 0 or len(usrc.dataset) == 0:
         raise UsageError("the unaligned and the aligned data both need rows after their filters")
 

@@ -869,7 +869,7 @@ def recaption(
     for column, lists in ((C.CAPTION, False), (C.CAPTIONS, True)):
         if column in src.dataset.column_names and (column != input_column or not config.paraphrase):
             text_column(src.dataset, column, data, option="the existing text column", list_only=lists)
-    out = check_output(out, overwrite, inputs=[src.path, *[Path(f) for f in (config.model, config.lm, config.examples) if f]])
+    out = check_output(out, overwrite, inputs=[*src.reads, *[Path(f) for f in (config.model, config.lm, config.examples) if f]])
     if not config.paraphrase:
         from vltool.io import require_a_decodable_image
 

@@ -113,7 +113,7 @@ def retrieve(
     loaded = load_dataset(clip_benchmark_input(data, config.cache_dir), split=split, where=where, images=[C.IMAGE],
                           texts=[config.text_column], text_lists=True, cache_dir=config.cache_dir)
     loaded.spec = data
-    out_path = check_out(out, overwrite, [loaded.path, Path(data).expanduser()], config)
+    out_path = check_out(out, overwrite, [*loaded.reads, Path(data).expanduser()], config)
     if loaded.rows == 0:
         raise UsageError(f"no rows of {data!r} are selected (--where {list(where)})")
     groups = read_groups(loaded.dataset, config.group_column, data)

@@ -65,7 +65,7 @@ def split(data: str, out, config: SplitConfig, *, where=(), split_name=None, ove
     timer = provenance.Timer()
     parts = config.parsed()
     src = load_dataset(data, split=split_name, where=where, required=[C.ID] + ([config.by] if config.by else []))
-    out = check_output(out, overwrite, inputs=[src.path])
+    out = check_output(out, overwrite, inputs=[*src.reads])
     ds = src.dataset
     groups = ds[config.by] if config.by else ds[C.ID]
     assigned = assign_parts(list(groups), parts, config.seed)

@@ -162,7 +162,7 @@ def zeroshot(
                           cache_dir=config.cache_dir)
     loaded.spec = data
     files = [config.classnames, config.class_prompts, config.templates if Path(config.templates).expanduser().is_file() else None]
-    out_path = check_out(out, overwrite, [loaded.path, Path(data).expanduser(), *[Path(f) for f in files if f]], config)
+    out_path = check_out(out, overwrite, [*loaded.reads, Path(data).expanduser(), *[Path(f) for f in files if f]], config)
     labels = read_labels(loaded.dataset, config.label_column, config.classnames, data)
     groups = read_groups(loaded.dataset, config.group_column, data)
     if loaded.rows == 0:

@@ -533,7 +533,9 @@ def _load_data(spec: RunSpec, config: PretrainConfig, run_dir: Path, overwrite: 
             f"{final} is an unfinished run ({at}); continue it with `vltool pretrain --resume {final}` "
             "(--overwrite starts again from scratch; the unfinished run is replaced only when the new one finishes)"
         )
-    inputs = [s.path for s in train.inputs] + ([s.path for s in evald.inputs] if evald else []) + model_inputs(config.init)
+    # every path read: datasets (with the shards their images live in) or the shards streamed
+    sources = list(train.inputs) + (list(evald.inputs) if evald else [])
+    inputs = [p for s in sources for p in (s.reads if hasattr(s, "reads") else [s.path])] + model_inputs(config.init)
     check_output(final, overwrite, inputs=inputs, lock=is_main())
     return train, evald
 

@@ -4,7 +4,7 @@ a whole dataset.
 A synthetic image-text set is built on the fly (a distinct 32x32 PNG per row, five-to-ten-word captions,
 a list of two captions, a 100-class label) at each size, saved with save_to_disk, and for `pretrain-wds`
 and `retrieve-wds` the same kind of rows as WebDataset shards of 10,000 samples in img2dataset's layout;
-a fresh `vltool-micro` model is saved once. Each command runs in its own process (`python -m vltool`, so
+the model is made once (below). Each command runs in its own process (`python -m vltool`, so
 PYTHONPATH picks the checkout), with an empty cache directory, and the benchmark prints:
 - start-up: for pretrain its whole run (two optimizer steps of batch 64: start-up to the first steps); for
   zeroshot, retrieve and mine-positives the command's own `seconds_to_first_batch` (its provenance: from
@@ -17,9 +17,11 @@ then the ratio of the largest size to the smallest. Target (issue 22): start-up 
 from 10k to 1M rows (10M with --big). retrieve and mine-positives score every pair of rows, so at the
 default sizes they stop at 100k rows (1M rows are 10^12 pairs: a GPU job).
 
-mine-positives runs with thresholds set once from the random model's similarities (mining_thresholds),
-so that candidates are few, as with a trained model; FFF's thresholds would make nearly every pair a
-candidate for a random model.
+The model is `vltool-micro` trained 500 steps on 20,000 synthetic rows first (--model-steps; each image's
+quadrants are coloured by its caption's first four words), so that its embeddings spread out as a trained
+model's do. mine-positives runs with thresholds set once from that model's similarities on a sample
+(mining_thresholds), the same at every size, so that a row's candidates are few and grow with the rows
+as near-duplicates do.
 
     python bench/bench_scale.py                                  # 10k, 100k, 1M rows; every command
     python bench/bench_scale.py --rows 10000,100000 --commands pretrain,pretrain-wds,deform
@@ -51,16 +53,33 @@ VLTOOL = (sys.executable, "-m", "vltool")
 SHARD_ROWS = 10_000  # samples per shard of the WebDataset copy (img2dataset's default)
 
 
-def png(i: int) -> bytes:
-    """Row i's image: 32x32 RGB noise seeded by i, as PNG. Every row has its own image, as in web data (with
+def palette():
+    import numpy as np
+
+    return np.random.default_rng(12345).integers(0, 256, (len(WORDS), 3))  # a colour per word
+
+
+PALETTE = None
+
+
+def png(i: int, words) -> bytes:
+    """Row i's image, as PNG: its quadrants coloured by the first four words of its caption (so that a model
+    can learn to match the two), plus noise seeded by i. Every row has its own image, as in web data (with
     images reused, mine-positives would find every copy of an image a positive of every other)."""
     import io
 
     import numpy as np
     from PIL import Image
 
+    global PALETTE
+    if PALETTE is None:
+        PALETTE = palette()
+    img = np.random.default_rng(i).integers(0, 48, (32, 32, 3))
+    for k, w in enumerate(list(words)[:4]):
+        y, x = 16 * (k // 2), 16 * (k % 2)
+        img[y : y + 16, x : x + 16] += PALETTE[w] * 207 // 255
     buf = io.BytesIO()
-    Image.fromarray(np.random.default_rng(i).integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(buf, format="PNG", compress_level=1)
+    Image.fromarray(img.astype(np.uint8)).save(buf, format="PNG", compress_level=1)
     return buf.getvalue()
 
 
@@ -83,7 +102,7 @@ def build_dataset(path: Path, rows: int, chunk: int = 200_000) -> None:
         caps = [" ".join(WORDS[w] for w in words[i, : lengths[i]]) for i in range(n)]
         parts.append(datasets.Dataset.from_dict({
             "id": [f"r{lo + i:09d}" for i in range(n)],
-            "image": [{"bytes": png(lo + i), "path": None} for i in range(n)],
+            "image": [{"bytes": png(lo + i, words[i, : lengths[i]]), "path": None} for i in range(n)],
             "caption": caps,
             "captions": [[c, c[::-1]] for c in caps],
             "label": [(lo + i) % 100 for i in range(n)],
@@ -111,7 +130,7 @@ def build_shards(path: Path, rows: int) -> str:
             for i in range(lo, hi):
                 key = f"{i:09d}"
                 cap = " ".join(WORDS[w] for w in words[i - lo, : lengths[i - lo]])
-                for ext, data in (("png", png(i)), ("txt", cap.encode()),
+                for ext, data in (("png", png(i, words[i - lo, : lengths[i - lo]])), ("txt", cap.encode()),
                                   ("json", json_.dumps({"key": key, "caption": cap, "status": "success"}).encode())):
                     info = tarfile.TarInfo(f"{key}.{ext}")
                     info.size = len(data)
@@ -120,23 +139,34 @@ def build_shards(path: Path, rows: int) -> str:
     return str(path / f"{{00000..{shards - 1:05d}}}.tar")
 
 
-def build_model(path: Path) -> Path:
-    import torch
+def build_model(path: Path, steps: int) -> Path:
+    """The bench's `vltool-micro` model: trained `steps` steps (batch 128) on 20,000 rows of the synthetic
+    data, so that its embeddings spread out as a trained model's do (a random model maps every image and
+    every text to nearly the same direction: every ranking is then near-ties, and retrieval falls back to
+    float64 blocks); with steps 0, the random model."""
+    if steps <= 0:
+        import torch
 
-    from vltool.model import ModelSpec, create_model, save_model
+        from vltool.model import ModelSpec, create_model, save_model
 
-    torch.manual_seed(0)
-    model, tok = create_model(ModelSpec(arch="vltool-micro"))
-    save_model(model, tok, path / "model")
+        torch.manual_seed(0)
+        model, tok = create_model(ModelSpec(arch="vltool-micro"))
+        save_model(model, tok, path / "model")
+        return path
+    data = path.parent / "model-train-data"
+    build_dataset(data, 20_000)
+    subprocess.run([*VLTOOL, "pretrain", str(data), "--arch", "vltool-micro", "--steps", str(steps), "--batch-size", "128",
+                    "--lr", "2e-3", "--device", "cpu", "--out", str(path), "--no-progress"], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(["rm", "-rf", str(data)])
     return path
 
 
 def mining_thresholds(model: Path, data: Path, sample: int = 2000) -> list[str]:
-    """mine-positives' thresholds for the bench's random model, the same at every size: each is the
+    """mine-positives' thresholds for the bench's model, the same at every size: each is the
     (1 - MINE_TAIL) quantile of its similarity over the pairs of `sample` rows (p1' the (1 - 10 x MINE_TAIL)
     one), so that at N rows a row has about N x MINE_TAIL candidates per term, as with a trained model
-    whose positives are few. FFF's thresholds suit a trained model: the random one puts nearly every pair
-    above them (every row capped at 256 positives: the 10k-row run scored about all 10^8 pairs)."""
+    whose positives are few. FFF's thresholds were chosen for FFF's model: a random model puts nearly every
+    pair above them (every row capped at 256 positives: a 10k-row run scored about all 10^8 pairs)."""
     import numpy as np
 
     from vltool.encode import encode_images, encode_texts
@@ -262,6 +292,7 @@ def main() -> None:
     ap.add_argument("--rows", default="10000,100000,1000000")
     ap.add_argument("--big", action="store_true", help="add 10M rows, and run the encoding commands at every size")
     ap.add_argument("--commands", default=",".join(COMMANDS))
+    ap.add_argument("--model-steps", type=int, default=500, help="train the bench's model this many steps first (0: a random model)")
     ap.add_argument("--out", default="bench-scale")
     ap.add_argument("--work", default=None, help="where the synthetic data go [default: a temporary directory]")
     ap.add_argument("--merge", nargs="+", default=None, metavar="SCALE_JSON",
@@ -278,7 +309,9 @@ def main() -> None:
     results = []
     with tempfile.TemporaryDirectory(dir=args.work) as tmp:
         work = Path(tmp)
-        model = build_model(work / "m")
+        t0 = time.perf_counter()
+        model = build_model(work / "m", args.model_steps)
+        print(f"model ready in {time.perf_counter() - t0:.1f} s", flush=True)
         for rows in sizes:
             data = work / f"data-{rows}"
             t0 = time.perf_counter()

@@ -191,3 +191,24 @@ def test_present_classes_only_equals_a_dataset_of_those_classes(model_dir, color
         assert got["metrics"][k]["value"] == pytest.approx(ref["metrics"][k]["value"])
     full = zeroshot(colors, cfg(model_dir), where=where)
     assert full["chance"]["top1"] == pytest.approx(1 / len(COLORS))
+
+
+def test_ranks_in_blocks_equal_the_whole_score_matrix(monkeypatch, model_dir, colors, tmp_path):
+    """zeroshot never holds the (N, C) score matrix of single-label data: its blocks of rows give the same
+    per-image ranks as the whole matrix (ties included), and the same results."""
+    import vltool.zeroshot as zs
+    from vltool.metrics import class_ranks
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((50, 8)).astype(np.float32)
+    cls = rng.standard_normal((7, 8))
+    cls[3] = cls[1]  # two classes tied everywhere
+    target = rng.integers(0, 7, 50)
+    want = class_ranks(x.astype(np.float64) @ cls.T, target)
+    monkeypatch.setattr(zs, "ROW_BLOCK", 16)
+    got = zs.ranks_in_blocks(x, cls, target)
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1]) and (want[1] > 0).any()
+    small = zeroshot(colors, ZeroshotConfig(model=model_dir, progress=False, bootstrap=50), out=tmp_path / "a.json")
+    monkeypatch.setattr(zs, "ROW_BLOCK", 16_384)
+    whole = zeroshot(colors, ZeroshotConfig(model=model_dir, progress=False, bootstrap=50), out=tmp_path / "b.json")
+    assert small["metrics"] == whole["metrics"] and small["rows_out"] > 16

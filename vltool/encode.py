@@ -272,6 +272,7 @@ def run_batches(
     mine = list(range(rank, n_batches, world))
     bounds = [(b * batch_size, min(n, (b + 1) * batch_size)) for b in mine]
     pieces: list[tuple[int, np.ndarray]] = []
+    whole: np.ndarray | None = None  # one process: the (n, D) result, filled in place (no list to concatenate)
     bar = _progress(label, n, enabled=progress and state.is_main_process)
     try:
         with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
@@ -283,15 +284,24 @@ def run_batches(
                 if i + ahead < len(bounds):
                     futures.append(pool.submit(prepare, *bounds[i + ahead]))
                 out = forward(batch)
-                out = out.numpy() if hasattr(out, "numpy") else np.asarray(out)
+                out = np.asarray(out.numpy() if hasattr(out, "numpy") else out, dtype=np.float32)
                 if i == 0:
                     mark_first_batch()
-                pieces.append((b_idx, np.asarray(out, dtype=np.float32)))
+                if world == 1:
+                    if out.shape[0] != b - a:
+                        raise VltoolError(f"internal error: a batch of {b - a} rows encoded to {out.shape[0]}")
+                    if whole is None:
+                        whole = np.empty((n, *out.shape[1:]), np.float32)
+                    whole[a:b] = out
+                else:
+                    pieces.append((b_idx, out))
                 if bar is not None:
                     bar[0].advance(bar[1], (b - a) * world)
     finally:
         if bar is not None:
             bar[0].stop()
+    if whole is not None:
+        return whole
     if world > 1:
         from accelerate.utils import gather_object
 

@@ -132,6 +132,25 @@ def class_embeddings(prompt_emb: np.ndarray, counts: Sequence[int]) -> np.ndarra
     return torch.stack(out).numpy()
 
 
+
+ROW_BLOCK = 16_384  # images scored at once: the (block, C) float64 scores are all that exist at a time
+
+
+def ranks_in_blocks(x: np.ndarray, cls64: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per image, the classes scoring above / tied with its true class (metrics.class_ranks), from the
+    embeddings x (N, D) and the class embeddings (C, D) float64, ROW_BLOCK images at a time: the (N, C)
+    score matrix never exists (1M images x 1,000 classes would be 8 GB)."""
+    from vltool.metrics import class_ranks
+
+    greater = np.empty(len(x), np.int64)
+    tied = np.empty(len(x), np.int64)
+    for a in range(0, len(x), ROW_BLOCK):
+        b = min(len(x), a + ROW_BLOCK)
+        scores = x[a:b].astype(np.float64) @ cls64.T  # (block, C) cosine similarities
+        greater[a:b], tied[a:b] = class_ranks(scores, target[a:b])
+    return greater, tied
+
+
 def zeroshot(
     data: str,
     config: ZeroshotConfig,
@@ -193,8 +212,7 @@ def zeroshot(
     x = img.embeddings[keep]
     if edit is not None:
         x = edit.images(x)
-    x = x.astype(np.float64)
-    scores = x @ cls.astype(np.float64).T  # (N, C) cosine similarities
+    cls64 = cls.astype(np.float64)
     n_cls = len(labels.classnames)
     target = labels.target[keep]
     n = len(x)
@@ -204,6 +222,7 @@ def zeroshot(
     examples = base_arrays(task, "map" if labels.multilabel else "classification", example_ids(loaded.dataset)[keep], kept_groups, config.group_column)
 
     if labels.multilabel:
+        scores = x.astype(np.float64) @ cls64.T  # (N, C) cosine similarities: AP needs them all
         ap = AveragePrecision(scores, target)
         per_ap = ap.per_class()
         value = ap.mean()
@@ -218,7 +237,8 @@ def zeroshot(
             for j, c in enumerate(labels.classnames)
         ]
     else:
-        items = ClassificationItems.from_scores(scores, target, n_cls)
+        greater, tied = ranks_in_blocks(x, cls64, target)
+        items = ClassificationItems.from_ranks(greater, tied, target, n_cls)
         point = items.metrics()
         iv = bootstrap(n, items.metrics, config.bootstrap, config.seed, resampling=plan)
         examples.update({"class": target, "greater": items.greater[None].astype(np.int32), "tied": items.tied[None].astype(np.int32),

@@ -8,7 +8,9 @@ the model is made once (below). Each command runs in its own process (`python -m
 PYTHONPATH picks the checkout), with an empty cache directory, and the benchmark prints:
 - start-up: for pretrain its whole run (two optimizer steps of batch 64: start-up to the first steps); for
   zeroshot, retrieve and mine-positives the command's own `seconds_to_first_batch` (its provenance: from
-  its start to its first encoded batch); deform has none (it streams rows from its start);
+  its start to its first encoded batch); deform has none (it streams rows from its start). retrieve-wds
+  builds the shard index on the way (once per set of shards: the first command on them pays it);
+  retrieve-wds-indexed finds it built (by `vltool info SHARDS` before the measured run);
 - its wall time and throughput (rows per second);
 - its peak resident memory (the kernel's maximum RSS, from /usr/bin/time) and its peak anonymous resident
   memory (RssAnon, sampled every 20 ms: the memory it allocated, without the clean file pages of a
@@ -26,6 +28,8 @@ as near-duplicates do.
     python bench/bench_scale.py                                  # 10k, 100k, 1M rows; every command
     python bench/bench_scale.py --rows 10000,100000 --commands pretrain,pretrain-wds,deform
     python bench/bench_scale.py --big                            # adds 10M rows (about 32 GB of disk per copy)
+    python bench/bench_scale.py --data-dir D --build-only        # build (or keep) the data in D; later runs with
+                                                                 # --data-dir D measure without building
 
 Writes OUT/scale.json and OUT/scale.png (time and memory against rows, one line per command).
 """
@@ -45,9 +49,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 WORDS = ("red blue green small large happy face hand heart cat dog bird tree house car sun moon star flag "
          "person man woman child old young sitting standing running smiling food cake cup water fire").split()
-COMMANDS = ("pretrain", "pretrain-wds", "deform", "zeroshot", "retrieve", "retrieve-wds", "mine-positives")
-ON_SHARDS = ("pretrain-wds", "retrieve-wds")  # read the WebDataset copy
-ENCODING = ("zeroshot", "retrieve", "retrieve-wds", "mine-positives")  # start-up: seconds_to_first_batch
+COMMANDS = ("pretrain", "pretrain-wds", "deform", "zeroshot", "retrieve", "retrieve-wds", "retrieve-wds-indexed", "mine-positives")
+ON_SHARDS = ("pretrain-wds", "retrieve-wds", "retrieve-wds-indexed")  # read the WebDataset copy
+ENCODING = ("zeroshot", "retrieve", "retrieve-wds", "retrieve-wds-indexed", "mine-positives")  # start-up: seconds_to_first_batch
+INDEXED = ("retrieve-wds-indexed",)  # the shard index is built (by `vltool info`) before the measured run
 MINE_TAIL = 1e-5  # the share of a sample's pairs above each mining threshold (mining_thresholds)
 VLTOOL = (sys.executable, "-m", "vltool")
 SHARD_ROWS = 10_000  # samples per shard of the WebDataset copy (img2dataset's default)
@@ -198,8 +203,8 @@ def command_line(command: str, data: Path, model: Path, out: Path) -> list[str]:
                 "--device", "cpu", "--out", str(out), *common]
     if command == "deform":
         return [*VLTOOL, "deform", str(data), "--out", str(out)]
-    if command in ("zeroshot", "retrieve", "retrieve-wds"):
-        return [*VLTOOL, command.removesuffix("-wds"), str(data), "--model", str(model), "--bootstrap", "100", "--out", str(out) + ".json", *common]
+    if command in ("zeroshot", "retrieve", "retrieve-wds", "retrieve-wds-indexed"):
+        return [*VLTOOL, command.split("-")[0], str(data), "--model", str(model), "--bootstrap", "100", "--out", str(out) + ".json", *common]
     if command == "mine-positives":
         return [*VLTOOL, "mine-positives", str(data), "--model", str(model), *MINE_ARGS, "--out", str(out), *common]
     raise SystemExit(f"unknown command {command}")
@@ -258,7 +263,7 @@ def accepted(command: str, rows: int, big: bool) -> bool:
     """retrieve and mine-positives compare every pair of rows (10^12 pairs at 1M rows: hours on 2 CPU
     cores, a GPU job with --index blocked), so at the default sizes they stop at 100k rows; --big runs
     everything."""
-    return big or command not in ("retrieve", "retrieve-wds", "mine-positives") or rows <= 100_000
+    return big or command not in ("retrieve", "retrieve-wds", "retrieve-wds-indexed", "mine-positives") or rows <= 100_000
 
 
 def plot(results: list[dict], path: Path) -> None:
@@ -295,6 +300,9 @@ def main() -> None:
     ap.add_argument("--model-steps", type=int, default=500, help="train the bench's model this many steps first (0: a random model)")
     ap.add_argument("--out", default="bench-scale")
     ap.add_argument("--work", default=None, help="where the synthetic data go [default: a temporary directory]")
+    ap.add_argument("--data-dir", default=None,
+                    help="keep the synthetic data and the model here and reuse them (built when missing, never deleted)")
+    ap.add_argument("--build-only", action="store_true", help="with --data-dir: build the data and the model, measure nothing")
     ap.add_argument("--merge", nargs="+", default=None, metavar="SCALE_JSON",
                     help="measure nothing: the table, ratios and PNG of earlier runs' scale.json files together")
     args = ap.parse_args()
@@ -307,18 +315,31 @@ def main() -> None:
         report(results, list(dict.fromkeys(r["command"] for r in results)), sorted({r["rows"] for r in results}), out)
         return
     results = []
+    keep = Path(args.data_dir) if args.data_dir else None
     with tempfile.TemporaryDirectory(dir=args.work) as tmp:
         work = Path(tmp)
+        store = keep or work
         t0 = time.perf_counter()
-        model = build_model(work / "m", args.model_steps)
+        model = store / "m"
+        if not (model / "model").is_dir():
+            build_model(model, args.model_steps)
         print(f"model ready in {time.perf_counter() - t0:.1f} s", flush=True)
         for rows in sizes:
-            data = work / f"data-{rows}"
+            data, shard_dir = store / f"data-{rows}", store / f"shards-{rows}"
             t0 = time.perf_counter()
-            if any(c not in ON_SHARDS for c in commands):
+            if any(c not in ON_SHARDS for c in commands) and not (data / "state.json").is_file():
                 build_dataset(data, rows)
-            shards = build_shards(work / f"shards-{rows}", rows) if any(c in ON_SHARDS for c in commands) else None
+            shards = None
+            if any(c in ON_SHARDS for c in commands):
+                n_shards = max(1, -(-rows // SHARD_ROWS))
+                if not (shard_dir / f"{n_shards - 1:05d}_stats.json").is_file():
+                    subprocess.run(["rm", "-rf", str(shard_dir)])
+                    build_shards(shard_dir, rows)
+                shards = str(shard_dir / f"{{00000..{n_shards - 1:05d}}}.tar")
+            os.sync()  # the data on disk before any measurement (write-back would slow the first command)
             print(f"built {rows:,} rows in {time.perf_counter() - t0:.1f} s", flush=True)
+            if args.build_only:
+                continue
             if "mine-positives" in commands and not MINE_ARGS:
                 MINE_ARGS.extend(mining_thresholds(model, data))
                 print("mine-positives thresholds:", " ".join(MINE_ARGS), flush=True)
@@ -327,6 +348,10 @@ def main() -> None:
                     continue
                 source = shards if command in ON_SHARDS else data
                 out_path = work / f"out-{command}-{rows}"
+                if command in INDEXED:  # the index a first command on these shards builds, built beforehand
+                    cache = work / f"cache-{command}-{rows}"
+                    subprocess.run([*VLTOOL, "info", str(source)], env={**os.environ, "VLTOOL_CACHE": str(cache)},
+                                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 res = measure(command_line(command, source, model, out_path), work / f"cache-{command}-{rows}")
                 res.update(command=command, rows=rows)
                 if res["ok"]:
@@ -336,8 +361,11 @@ def main() -> None:
                         res["first_batch_s"] = first
                 results.append(res)
                 print(json.dumps(res), flush=True)
-            subprocess.run(["rm", "-rf", str(data), str(work / f"shards-{rows}")] + [str(p) for p in work.glob(f"out-*-{rows}*")] + [str(p) for p in work.glob(f"cache-*-{rows}")])
-    report(results, commands, sizes, out)
+            if keep is None:
+                subprocess.run(["rm", "-rf", str(data), str(shard_dir)])
+            subprocess.run(["rm", "-rf"] + [str(p) for p in work.glob(f"out-*-{rows}*")] + [str(p) for p in work.glob(f"cache-*-{rows}")])
+    if not args.build_only:
+        report(results, commands, sizes, out)
 
 
 def startup(r: dict) -> float | None:

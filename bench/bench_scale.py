@@ -312,7 +312,10 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     if args.merge:
         results = [r for f in args.merge for r in json.loads(Path(f).read_text())["results"]]
-        report(results, list(dict.fromkeys(r["command"] for r in results)), sorted({r["rows"] for r in results}), out)
+        order = {c: k for k, c in enumerate(COMMANDS)}
+        results.sort(key=lambda r: (r["rows"], order.get(r["command"], len(order))))
+        commands = sorted(dict.fromkeys(r["command"] for r in results), key=lambda c: order.get(c, len(order)))
+        report(results, commands, sorted({r["rows"] for r in results}), out)
         return
     results = []
     keep = Path(args.data_dir) if args.data_dir else None

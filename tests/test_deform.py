@@ -176,6 +176,21 @@ def test_same_output_for_num_proc_1_and_2(text_dataset, tmp_path, monkeypatch):
     assert a == b and len(a) > 100
 
 
+def test_chunks_of_texts_give_the_same_output(text_dataset, tmp_path, monkeypatch):
+    """deform holds TEXT_CHUNK rows' texts as Python strings at a time; any chunk size gives the same
+    output and statistics, with a selection (--where) and rows that become empty."""
+    texts = _random_captions(400, random.Random(3)) + ["the of and"] * 20 + ["   "] * 5
+    src = text_dataset(texts, part=[i % 3 for i in range(len(texts))])
+    cfg = DeformConfig(ops="shuffle,rmstop,basevocab,rmtopfreq3,keep4", seed=5)
+    whole = deform(src, tmp_path / "whole", cfg, where=["part=0", "part=1"])
+    monkeypatch.setattr(D, "TEXT_CHUNK", 7)
+    chunked = deform(src, tmp_path / "chunked", cfg, where=["part=0", "part=1"])
+    a = datasets.load_from_disk(str(tmp_path / "whole")).to_list()
+    b = datasets.load_from_disk(str(tmp_path / "chunked")).to_list()
+    assert a == b and whole["stats"] == chunked["stats"] and 100 < len(a) < 300
+    assert whole["stats"]["rows_dropped_empty"] > 0
+
+
 def test_base_frac_zero_deforms_every_row(text_dataset, tmp_path):
     src = text_dataset(CAPS[:5])
     prov = deform(src, tmp_path / "o", DeformConfig(ops="rmstop", base_frac=0))

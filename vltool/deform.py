@@ -27,7 +27,7 @@ import numpy as np
 from vltool import columns as C
 from vltool.checks import clean_text
 from vltool.errors import UsageError
-from vltool.io import column_values
+from vltool.io import arrow_column
 from vltool.text import english_stopwords, tokenize
 
 DEFAULT_OPS = "shuffle,rmstop,basevocab,rmtopfreq1000,keep4"
@@ -349,15 +349,16 @@ def fit_vocabulary_parallel(base_captions: list[str], ops: Ops, stopwords: froze
 
 
 def deform_texts(
-    texts: list[str], ids: list[str], is_base: np.ndarray, ops: Ops, vocab: Vocabulary, seed: int, num_proc: int = 1
+    texts: list[str], ids: list[str], is_base: np.ndarray, ops: Ops, vocab: Vocabulary, seed: int, num_proc: int = 1,
+    label: str | None = "deform",
 ) -> tuple[list[str], Counter, int, int]:
-    """Deform the non-base rows of `texts` (base rows unchanged).
+    """Deform the non-base rows of `texts` (base rows unchanged); `label`: the progress bar's (None: none).
 
     Returns (texts, removed words, words of the input, words of the output)."""
     idx = np.flatnonzero(~is_base).tolist()
     sub_texts = [texts[i] for i in idx]
     sub_ids = [ids[i] for i in idx]
-    parts = _pool_map(_deform_work, len(sub_texts), num_proc, label="deform", texts=sub_texts, ids=sub_ids, ops=ops, vocab=vocab, seed=seed)
+    parts = _pool_map(_deform_work, len(sub_texts), num_proc, label=label, texts=sub_texts, ids=sub_ids, ops=ops, vocab=vocab, seed=seed)
     removed: Counter = Counter()
     result = list(texts)
     base_words = sum(len(texts[i].split()) for i in np.flatnonzero(is_base).tolist() if texts[i])
@@ -371,6 +372,9 @@ def deform_texts(
             result[idx[j]] = o
             j += 1
     return result, removed, words_in, words_out
+
+
+TEXT_CHUNK = 200_000  # rows whose texts are Python strings at a time (deform_dataset)
 
 
 def _fingerprint(parent: str, config: DeformConfig) -> str:
@@ -390,26 +394,42 @@ def deform_dataset(ds, config: DeformConfig) -> tuple[object, dict]:
     feature = ds.features[config.text_column]
     if not (isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")):
         raise UsageError(f"--text-column {config.text_column!r} is not a text column (its type is {feature})")
-    texts = column_values(ds, config.text_column)
-    ids = column_values(ds, C.ID)
-    n = len(texts)
+    table = ds.data.table
+    col_type = table.schema.field(config.text_column).type
+    texts_col, ids_col = arrow_column(ds, config.text_column), arrow_column(ds, C.ID)  # Arrow: no Python objects
+    n = len(texts_col)
     stopwords, stop_source = english_stopwords()
     is_base = choose_base(n, config.base_frac, config.seed)
-    base_texts = [texts[i] for i in np.flatnonzero(is_base).tolist()]
+    base_texts = texts_col.take(pa.array(np.flatnonzero(is_base))).to_pylist()
     vocab = fit_vocabulary_parallel(base_texts, ops, stopwords, config.num_proc)
-    new_texts, removed, words_in, words_out = deform_texts(texts, ids, is_base, ops, vocab, config.seed, config.num_proc)
+    del base_texts
+
+    # The texts are deformed TEXT_CHUNK rows at a time (a row's result depends on its own text, its id and
+    # the seed only), so Python holds one chunk of strings, not the whole column; the new column is Arrow.
+    # (a base row stays intact, but a row without text, base or not, is dropped: None, "" and whitespace are no text)
+    from vltool.console import Bar
+
+    pieces, removed, words_in, words_out = [], Counter(), 0, 0
+    has_text, deformed_nonempty = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+    with Bar("deform", n, unit="rows", enabled=n > PROGRESS_ROWS) as bar:
+        for a in range(0, n, TEXT_CHUNK):
+            b = min(n, a + TEXT_CHUNK)
+            texts = texts_col.slice(a, b - a).to_pylist()
+            ids = ids_col.slice(a, b - a).to_pylist()
+            new, r, w_in, w_out = deform_texts(texts, ids, is_base[a:b], ops, vocab, config.seed, config.num_proc, label=None)
+            removed.update(r)
+            words_in, words_out = words_in + w_in, words_out + w_out
+            has_text[a:b] = [clean_text(t) is not None for t in texts]
+            deformed_nonempty[a:b] = [bool(t) for t in new]
+            pieces.append(pa.array(new, type=col_type))
+            bar.advance(b - a)
+    new_texts = pa.chunked_array(pieces, type=col_type)
+    keep = np.where(is_base, has_text, deformed_nonempty)  # (n,) a base row's text is its input text
+    rows_out = int(keep.sum())
 
     # Build the output with Arrow without copying the table: the new columns are appended to the input's
     # (memory-mapped) table, and the rows kept are an indices mapping that save_to_disk follows batch by
     # batch, so the images are never held in memory (a filter would copy every column, images included).
-    # (a base row stays intact, but a row without text, base or not, is dropped: None, "" and whitespace are no text)
-    has_text = np.fromiter((clean_text(t) is not None for t in texts), dtype=bool, count=n)
-    deformed_nonempty = np.fromiter((bool(t) for t in new_texts), dtype=bool, count=n)
-    keep = np.where(is_base, has_text, deformed_nonempty)  # (n,) a base row's text is its input text
-    rows_out = int(keep.sum())
-    del texts
-    table = ds.data.table
-    col_type = table.schema.field(config.text_column).type
     if ds._indices is None:
         rows = np.arange(n)
         scatter = None
@@ -420,7 +440,7 @@ def deform_dataset(ds, config: DeformConfig) -> tuple[object, dict]:
         scatter = pa.array(inverse, mask=inverse < 0)
 
     def whole(values, type_):  # (n,) values of the selected rows -> a column of the whole table
-        arr = pa.array(values, type=type_)
+        arr = values if isinstance(values, pa.ChunkedArray) else pa.array(values, type=type_)
         return arr if scatter is None else arr.take(scatter)
 
     original = table.column(config.text_column)
@@ -489,7 +509,9 @@ def deform(
     timer = provenance.Timer()
     config.validate()
     src = load_dataset(data, split=split, where=where, required=[C.ID], texts=[config.text_column])
-    require_texts(sum(clean_text(t) is not None for t in column_values(src.dataset, config.text_column)), src.rows, config.text_column, data)
+    col = arrow_column(src.dataset, config.text_column)  # counted TEXT_CHUNK rows at a time
+    with_text = sum(clean_text(t) is not None for a in range(0, len(col), TEXT_CHUNK) for t in col.slice(a, TEXT_CHUNK).to_pylist())
+    require_texts(with_text, src.rows, config.text_column, data)
     out = check_output(out, overwrite, inputs=[*src.reads])
     ds, stats = deform_dataset(src.dataset, config)
     prov = provenance.make(

@@ -289,6 +289,11 @@ class ShardSource:
         """The directory holding the shards (an output may not be inside it)."""
         return Path(os.path.commonpath([str(p.resolve().parent) for p in self.shards]))
 
+    @property
+    def reads(self) -> list[Path]:
+        """Every path these shards' readers read (as LoadedDataset.reads): their folder."""
+        return [self.path]
+
     def provenance(self) -> dict:
         return {"spec": self.spec, "path": str(self.path), "format": "wds", "shards": len(self.shards),
                 "fingerprint": self.fingerprint, "rows": self.rows}

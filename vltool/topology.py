@@ -88,7 +88,7 @@ def launch_token() -> str:
     import hashlib
     import os
 
-    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+    if launched_processes() > 1:
         key = "|".join(os.environ.get(k, "") for k in ("TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT"))
     else:
         key = f"pid:{os.getpid()}"

@@ -535,7 +535,7 @@ def _load_data(spec: RunSpec, config: PretrainConfig, run_dir: Path, overwrite: 
         )
     # every path read: datasets (with the shards their images live in) or the shards streamed
     sources = list(train.inputs) + (list(evald.inputs) if evald else [])
-    inputs = [p for s in sources for p in (s.reads if hasattr(s, "reads") else [s.path])] + model_inputs(config.init)
+    inputs = [p for s in sources for p in s.reads] + model_inputs(config.init)
     check_output(final, overwrite, inputs=inputs, lock=is_main())
     return train, evald
 

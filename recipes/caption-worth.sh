@@ -7,7 +7,8 @@
 #   Table 2 (left): the caption filter. Each training image gets one keyword as its caption (noisy, like
 #     ALT-text); `vltool filter` scores them against the emoji names (the reference, training rows only) and
 #     keeps the most name-like KEEP_FRAC; CLIP trains on those vs a random subset of the same size.
-#   Table 2 (right), when CAPTIONER is a local captioning model: CLIPS on its captions (skipped otherwise).
+#   Figure 5a (CLIPS on several BLIP captions per image; Table 2 (left) trains CLIP on BLIP captions), when CAPTIONER
+#   is a local captioning model: CLIPS on its captions (skipped otherwise).
 # Towers: pretrained MobileNetV2 with its last UNFREEZE blocks trained and MiniLM locked (docs/recipes.md).
 # Usage: bash recipes/caption-worth.sh      SEEDS="0 1 2" (default) | SMOKE=1 for a quick end-to-end check
 set -euo pipefail
@@ -20,7 +21,7 @@ STEPS=${STEPS:-}                      # if set: steps of every run instead of EP
 DEVICE=${DEVICE:-auto}                # auto | cpu
 UNFREEZE=${UNFREEZE:-1}               # last MobileNetV2 blocks trained (the rest stays ImageNet-pretrained)
 KEEP_FRAC=${KEEP_FRAC:-0.5}           # share of the keyword captions the filter keeps (and the random subset's)
-CAPTIONER=${CAPTIONER:-}              # a local image captioner directory (BLIP, ...) for Table 2 (right)
+CAPTIONER=${CAPTIONER:-}              # a local image captioner directory (BLIP, ...) for Figure 5a's setting
 SMOKE=${SMOKE:-0}
 
 source "$(dirname "$0")/common.sh"
@@ -64,7 +65,7 @@ for SEED in $SEEDS; do
     train "$OUT/clip-keywords-filtered/seed$SEED/run" "$SEED" "$OUT/clip-keywords-filtered/seed$SEED/data"
     evaluate_all "$OUT/clip-keywords-filtered/seed$SEED"
 
-    # ---- Table 2 (right): CLIPS on generated captions, with a local captioner only
+    # ---- Figure 5a's setting: CLIPS on generated captions, with a local captioner only
     if [ -n "$CAPTIONER" ]; then
         say "seed $SEED: CLIPS on captions from $CAPTIONER"
         vltool recaption "$DATA" --where split=train --model "$CAPTIONER" --num-captions 5 --replace --seed "$SEED" \

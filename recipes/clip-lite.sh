@@ -67,7 +67,7 @@ vltool report "$OUT" --out "$RESULTS/clip-lite" --recipe recipes/clip-lite.sh --
     --paper jsd-25pct="77.7 (+3.5; Table 2)" --paper jsd-50pct="84.4 (+10.2; Table 2)" \
     --paper jsd-75pct="86.8 (+12.6; Table 2)" --paper clip-100pct="VOC07 mAP 74.2 (CLIP-COCO; Tables 1, 2)" \
     --paper jsd-100pct="88.2 (+14.0; Tables 1, 2)" \
-    --note "Paper: VOC07 mAP of linear SVMs on CLIP-Lite's frozen ResNet-50 trained on COCO (Tables 1, 2). Table 2 compares each CLIP-Lite fraction with CLIP on 100% of COCO, as the paired table here compares with InfoNCE, 100%; it has no CLIP run on less data. Table 4, COCO R@1, CLIP-COCO vs CLIP-Lite: text retrieval 18.9 vs 26.0, image retrieval 13.9 vs 20.2."
+    --note "Paper: VOC07 mAP of linear SVMs on frozen ResNet-50s trained on COCO, by CLIP (CLIP-COCO) and by CLIP-Lite (Tables 1, 2). Table 2 compares each CLIP-Lite fraction with CLIP on 100% of COCO, as the paired table here compares with InfoNCE, 100%; it has no CLIP run on less data. Table 4, COCO R@1, CLIP-COCO vs CLIP-Lite: text retrieval 18.9 vs 26.0, image retrieval 13.9 vs 20.2."
 BATCHES=()
 for b in $BATCH_SIZES $BATCH; do BATCHES+=("$b"); done
 BATCH_VARIANTS=()

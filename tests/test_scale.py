@@ -121,6 +121,43 @@ def test_deform_drops_rows_without_copying_the_images(tmp_path):
         assert r["split"] == "train" and r["caption"] and not r["is_base"]
 
 
+def test_deform_spills_its_new_columns_to_a_memory_mapped_file(tmp_path, monkeypatch):
+    """With a spill directory, deform's new columns (the deformed text, is_base) and the kept rows' indices
+    are written TEXT_CHUNK rows at a time to Arrow files and memory-mapped back: the output is the same as
+    with everything in memory, and Arrow's memory pool holds none of the new columns afterwards (in
+    memory, it holds the whole deformed column). `deform` removes its spill directory when it is done."""
+    import random
+
+    import datasets
+
+    import vltool.deform as D
+    from vltool.deform import DeformConfig, deform, deform_dataset
+
+    rng = random.Random(0)
+    words = "a the red dog cat runs on of big small park street blue house".split()
+    caps = [" ".join(rng.choice(words) for _ in range(rng.randint(2, 40))) for _ in range(3000)] + ["the of a"] * 50
+    src = datasets.Dataset.from_dict({"id": [f"r{i}" for i in range(len(caps))], "caption": caps})
+    src.save_to_disk(str(tmp_path / "src"))
+    ds = datasets.load_from_disk(str(tmp_path / "src"))
+    cfg = DeformConfig(ops="shuffle,rmstop,basevocab,rmtopfreq3,keep8", seed=1)
+    monkeypatch.setattr(D, "TEXT_CHUNK", 500)
+
+    in_memory, stats = deform_dataset(ds, cfg)
+    (tmp_path / "spill").mkdir()
+    before = pa.total_allocated_bytes()
+    spilled, spilled_stats = deform_dataset(ds, cfg, spill=tmp_path / "spill")
+    held = pa.total_allocated_bytes() - before
+    assert spilled.to_list() == in_memory.to_list() and spilled_stats == stats
+    assert stats["rows_dropped_empty"] >= 50 and spilled._indices is not None
+    deformed_bytes = in_memory.data.table.column("caption").nbytes
+    assert deformed_bytes > 50_000 and held < deformed_bytes / 10, (held, deformed_bytes)
+    assert sorted(p.name for p in (tmp_path / "spill").iterdir()) == ["columns.arrow", "indices.arrow"]
+
+    deform(str(tmp_path / "src"), tmp_path / "out", cfg)
+    assert datasets.load_from_disk(str(tmp_path / "out")).to_list() == in_memory.flatten_indices().to_list()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "spill", "src"]  # no spill left beside out
+
+
 def test_workers_default_is_chosen_from_the_machine_and_recorded(tmp_path, monkeypatch):
     import json
     import os

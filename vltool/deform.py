@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import hashlib
 import re
+import shutil
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Sequence
+from pathlib import Path
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -139,12 +141,21 @@ def fit_vocabulary(base_captions: Sequence[str], ops: Ops, stopwords: frozenset[
     A word's frequency is the number of base captions containing it, over every alphabetic token
     (stop words included). Ties at the t-th place are broken alphabetically.
     """
+    return _vocabulary(*_count_base(base_captions), ops, stopwords)
+
+
+def _count_base(texts: Iterable[str | None]) -> tuple[set[str], Counter]:
+    """The tokens of `texts`, and each alphabetic token's number of texts."""
     vocab: set[str] = set()
     df: Counter = Counter()
-    for text in base_captions:
+    for text in texts:
         toks = set(tokenize(text or ""))
         vocab |= toks
         df.update(t for t in toks if t.isalpha())
+    return vocab, df
+
+
+def _vocabulary(vocab: set[str], df: Counter, ops: Ops, stopwords: frozenset[str]) -> Vocabulary:
     top = sorted(df.items(), key=lambda kv: (-kv[1], kv[0]))[: ops.rmtopfreq or 0]
     return Vocabulary(
         stopwords=stopwords,
@@ -275,13 +286,7 @@ MIN_ROWS_PER_PROC = 20_000  # below this, one process is faster than starting a 
 
 def _fit_work(span: tuple[int, int]) -> tuple[set, Counter]:
     """Tokens and caption frequencies of a slice of the base captions."""
-    vocab: set[str] = set()
-    df: Counter = Counter()
-    for text in _WORK["texts"][span[0] : span[1]]:
-        toks = set(tokenize(text or ""))
-        vocab |= toks
-        df.update(t for t in toks if t.isalpha())
-    return vocab, df
+    return _count_base(_WORK["texts"][span[0] : span[1]])
 
 
 def _deform_work(span: tuple[int, int]) -> tuple[list[str], Counter, int, int]:
@@ -330,22 +335,20 @@ def _pool_map(fn, n: int, num_proc: int, label: str | None = None, **work) -> li
         _WORK.clear()
 
 
-def fit_vocabulary_parallel(base_captions: list[str], ops: Ops, stopwords: frozenset[str], num_proc: int) -> Vocabulary:
-    """`fit_vocabulary` with the counting spread over processes (same result)."""
-    if num_proc <= 1 or len(base_captions) < MIN_ROWS_PER_PROC * 2:
-        return fit_vocabulary(base_captions, ops, stopwords)
+def fit_vocabulary_chunks(chunks: Iterable[list[str]], ops: Ops, stopwords: frozenset[str], num_proc: int) -> Vocabulary:
+    """`fit_vocabulary` over the base captions given a chunk at a time, each chunk's counting spread over
+    processes (the same result for any chunking and any num_proc: the counts add up)."""
     vocab: set[str] = set()
     df: Counter = Counter()
-    for v, d in _pool_map(_fit_work, len(base_captions), num_proc, label="base vocabulary", texts=base_captions):
-        vocab |= v
-        df.update(d)
-    top = sorted(df.items(), key=lambda kv: (-kv[1], kv[0]))[: ops.rmtopfreq or 0]
-    return Vocabulary(
-        stopwords=stopwords,
-        base_vocab=frozenset(vocab) if ops.basevocab else None,
-        top_words=[w for w, _ in top],
-        top_counts=[c for _, c in top],
-    )
+    for texts in chunks:
+        if num_proc <= 1 or len(texts) < MIN_ROWS_PER_PROC * 2:
+            parts = [_count_base(texts)]
+        else:
+            parts = _pool_map(_fit_work, len(texts), num_proc, label=None, texts=texts)
+        for v, d in parts:
+            vocab |= v
+            df.update(d)
+    return _vocabulary(vocab, df, ops, stopwords)
 
 
 def deform_texts(
@@ -381,8 +384,43 @@ def _fingerprint(parent: str, config: DeformConfig) -> str:
     return hashlib.blake2b(f"{parent}|deform|{config}".encode(), digest_size=8).hexdigest()
 
 
-def deform_dataset(ds, config: DeformConfig) -> tuple[object, dict]:
-    """Deform `ds[config.text_column]`; return the new dataset (empty rows dropped) and its statistics."""
+class _Columns:
+    """Columns built a batch at a time: into an Arrow file at `path` and memory-mapped back by table() (their
+    pages are then the file's, which the kernel can drop, not the process's memory), or, with no path, in
+    memory."""
+
+    def __init__(self, path: Path | None, schema) -> None:
+        import pyarrow as pa
+
+        self.path, self.schema, self.batches = path, schema, []
+        self.sink = pa.OSFile(str(path), "wb") if path is not None else None
+        self.writer = pa.ipc.new_stream(self.sink, schema) if path is not None else None
+
+    def add(self, arrays: list) -> None:
+        import pyarrow as pa
+
+        batch = pa.record_batch(arrays, schema=self.schema)
+        if self.writer is not None:
+            self.writer.write_batch(batch)
+        else:
+            self.batches.append(batch)
+
+    def table(self):
+        import pyarrow as pa
+
+        if self.writer is None:
+            return pa.Table.from_batches(self.batches, schema=self.schema)
+        self.writer.close()
+        self.sink.close()
+        return pa.ipc.open_stream(pa.memory_map(str(self.path))).read_all()
+
+
+def deform_dataset(ds, config: DeformConfig, spill: Path | None = None) -> tuple[object, dict]:
+    """Deform `ds[config.text_column]`; return the new dataset (empty rows dropped) and its statistics.
+
+    `spill`: a directory for the new columns and the kept rows' indices, written there TEXT_CHUNK rows at
+    a time and memory-mapped back, so that memory stays O(TEXT_CHUNK) at any number of rows; it must
+    outlive the returned dataset's use. None: they are held in memory."""
     import datasets
     import pyarrow as pa
     from datasets.table import InMemoryTable
@@ -399,18 +437,22 @@ def deform_dataset(ds, config: DeformConfig) -> tuple[object, dict]:
     texts_col, ids_col = arrow_column(ds, config.text_column), arrow_column(ds, C.ID)  # Arrow: no Python objects
     n = len(texts_col)
     stopwords, stop_source = english_stopwords()
-    is_base = choose_base(n, config.base_frac, config.seed)
-    base_texts = texts_col.take(pa.array(np.flatnonzero(is_base))).to_pylist()
-    vocab = fit_vocabulary_parallel(base_texts, ops, stopwords, config.num_proc)
-    del base_texts
+    is_base = choose_base(n, config.base_frac, config.seed)  # (n,) bool
+    base_rows = np.flatnonzero(is_base)
+    vocab = fit_vocabulary_chunks(
+        (texts_col.take(pa.array(base_rows[a : a + TEXT_CHUNK])).to_pylist() for a in range(0, len(base_rows), TEXT_CHUNK)),
+        ops, stopwords, config.num_proc,
+    )
 
     # The texts are deformed TEXT_CHUNK rows at a time (a row's result depends on its own text, its id and
-    # the seed only), so Python holds one chunk of strings, not the whole column; the new column is Arrow.
+    # the seed only), so Python holds one chunk of strings, not the whole column; the new column is Arrow,
+    # in memory or spilled to a file.
     # (a base row stays intact, but a row without text, base or not, is dropped: None, "" and whitespace are no text)
     from vltool.console import Bar
 
-    pieces, removed, words_in, words_out = [], Counter(), 0, 0
-    has_text, deformed_nonempty = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+    new_cols = _Columns(spill and spill / "columns.arrow", pa.schema([(config.text_column, col_type), (C.IS_BASE, pa.bool_())]))
+    removed, words_in, words_out = Counter(), 0, 0
+    keep = np.zeros(n, dtype=bool)  # (n,) the rows written: a base row with text, a deformed row left non-empty
     with Bar("deform", n, unit="rows", enabled=n > PROGRESS_ROWS) as bar:
         for a in range(0, n, TEXT_CHUNK):
             b = min(n, a + TEXT_CHUNK)
@@ -419,19 +461,17 @@ def deform_dataset(ds, config: DeformConfig) -> tuple[object, dict]:
             new, r, w_in, w_out = deform_texts(texts, ids, is_base[a:b], ops, vocab, config.seed, config.num_proc, label=None)
             removed.update(r)
             words_in, words_out = words_in + w_in, words_out + w_out
-            has_text[a:b] = [clean_text(t) is not None for t in texts]
-            deformed_nonempty[a:b] = [bool(t) for t in new]
-            pieces.append(pa.array(new, type=col_type))
+            has_text = np.fromiter((clean_text(t) is not None for t in texts), dtype=bool, count=b - a)
+            keep[a:b] = np.where(is_base[a:b], has_text, np.fromiter(map(bool, new), dtype=bool, count=b - a))
+            new_cols.add([pa.array(new, type=col_type), pa.array(is_base[a:b])])
             bar.advance(b - a)
-    new_texts = pa.chunked_array(pieces, type=col_type)
-    keep = np.where(is_base, has_text, deformed_nonempty)  # (n,) a base row's text is its input text
+    new_cols = new_cols.table()
     rows_out = int(keep.sum())
 
     # Build the output with Arrow without copying the table: the new columns are appended to the input's
     # (memory-mapped) table, and the rows kept are an indices mapping that save_to_disk follows batch by
     # batch, so the images are never held in memory (a filter would copy every column, images included).
     if ds._indices is None:
-        rows = np.arange(n)
         scatter = None
     else:  # the selected rows' values go to their places in the whole table (other places: null, never read)
         rows = ds._indices.column(0).to_numpy()
@@ -439,12 +479,12 @@ def deform_dataset(ds, config: DeformConfig) -> tuple[object, dict]:
         inverse[rows] = np.arange(n)
         scatter = pa.array(inverse, mask=inverse < 0)
 
-    def whole(values, type_):  # (n,) values of the selected rows -> a column of the whole table
-        arr = values if isinstance(values, pa.ChunkedArray) else pa.array(values, type=type_)
-        return arr if scatter is None else arr.take(scatter)
+    def whole(name):  # (n,) values of the selected rows -> a column of the whole table
+        values = new_cols.column(name)
+        return values if scatter is None else values.take(scatter)
 
     original = table.column(config.text_column)
-    table = table.set_column(table.schema.get_field_index(config.text_column), config.text_column, whole(new_texts, col_type))
+    table = table.set_column(table.schema.get_field_index(config.text_column), config.text_column, whole(config.text_column))
     features = ds.features.copy()
     original_col = C.CAPTION_ORIGINAL if config.text_column == C.CAPTION else f"{config.text_column}_original"
     if original_col not in table.column_names:  # a second deform keeps the intact text of the first
@@ -453,11 +493,15 @@ def deform_dataset(ds, config: DeformConfig) -> tuple[object, dict]:
     if C.IS_BASE in table.column_names:
         table = table.drop_columns([C.IS_BASE])
         del features[C.IS_BASE]
-    table = table.append_column(C.IS_BASE, whole(is_base, pa.bool_()))
+    table = table.append_column(C.IS_BASE, whole(C.IS_BASE))
     features[C.IS_BASE] = datasets.Value("bool")
     indices = None
-    if scatter is not None or not keep.all():
-        indices = InMemoryTable(pa.table({"indices": pa.array(rows[keep], type=pa.uint64())}))
+    if scatter is not None or rows_out < n:  # the kept rows of the whole table, in order
+        kept = _Columns(spill and spill / "indices.arrow", pa.schema([("indices", pa.uint64())]))
+        for a in range(0, n, TEXT_CHUNK):
+            k = np.flatnonzero(keep[a : a + TEXT_CHUNK]) + a
+            kept.add([pa.array(k if scatter is None else rows[k], type=pa.uint64())])
+        indices = InMemoryTable(kept.table())
     out = datasets.Dataset(
         InMemoryTable(table), info=datasets.DatasetInfo(features=features), indices_table=indices,
         fingerprint=_fingerprint(ds._fingerprint, config),
@@ -504,7 +548,7 @@ def deform(
     """Load `data`, deform it, write it atomically to `out` with its `vltool.json`; return that record."""
     from vltool import provenance
     from vltool.checks import require_texts
-    from vltool.io import check_output, load_dataset, save_dataset
+    from vltool.io import check_output, load_dataset, output_scope, save_dataset, work_dir
 
     timer = provenance.Timer()
     config.validate()
@@ -512,11 +556,17 @@ def deform(
     col = arrow_column(src.dataset, config.text_column)  # counted TEXT_CHUNK rows at a time
     with_text = sum(clean_text(t) is not None for a in range(0, len(col), TEXT_CHUNK) for t in col.slice(a, TEXT_CHUNK).to_pylist())
     require_texts(with_text, src.rows, config.text_column, data)
-    out = check_output(out, overwrite, inputs=[*src.reads])
-    ds, stats = deform_dataset(src.dataset, config)
-    prov = provenance.make(
-        "deform", config, [src], rows_in=stats["rows_in"], rows_out=stats["rows_out"], stats=stats, timer=timer
-    )
-    save_dataset(ds, out, prov, overwrite=overwrite, num_proc=config.num_proc)
+    with output_scope():  # out's lock until the end (a CLI command holds it already), so no write cleans the spill
+        out = check_output(out, overwrite, inputs=[*src.reads])
+        spill = work_dir(out)  # the new columns while they are written out (one left by a killed run is cleaned as stale)
+        spill.mkdir(parents=True)
+        try:
+            ds, stats = deform_dataset(src.dataset, config, spill=spill)
+            prov = provenance.make(
+                "deform", config, [src], rows_in=stats["rows_in"], rows_out=stats["rows_out"], stats=stats, timer=timer
+            )
+            save_dataset(ds, out, prov, overwrite=overwrite, num_proc=config.num_proc)
+        finally:
+            shutil.rmtree(spill, ignore_errors=True)
     prov["wall_time_s"] = round(timer.seconds, 3)
     return prov

@@ -990,7 +990,9 @@ def shard_index(spec: str | Path, cache_dir: str | Path | None = None) -> ShardI
     digest = hashlib.sha256(f"v{SHARD_INDEX_VERSION}:{source.fingerprint}".encode()).hexdigest()[:16]
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     dest = root / SHARD_INDEX_DIR / f"{source.path.name or 'shards'}-{digest}"
-    if os.environ.get("LOCAL_RANK", "0") in ("", "0"):
+    from vltool.topology import is_local_main, launched_processes, process_state
+
+    if is_local_main():
         while not _index_ready(dest):
             try:
                 dest.parent.mkdir(parents=True, exist_ok=True)
@@ -1008,8 +1010,6 @@ def shard_index(spec: str | Path, cache_dir: str | Path | None = None) -> ShardI
                     _build_shard_index(source, dest, digest, spec)
             finally:
                 lk.release()
-    from vltool.topology import launched_processes, process_state
-
     if launched_processes() > 1:
         process_state().wait_for_everyone()
     return ShardIndex(source, dest)

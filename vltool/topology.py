@@ -6,6 +6,7 @@ A leaf module (it imports no other vltool module), so that encoding, evaluation,
     state = process_state()        # accelerate.PartialState
     state.process_index, state.num_processes, state.local_process_index, state.device
     is_main()                      # state.is_main_process
+    is_local_main()                # state.is_local_main_process (the first process of its node)
     warn("...")                    # "warning: ..." on stderr, printed by the main process only
 
 Without a GPU, PartialState is asked for CPU processes (as `Accelerator(cpu=True)`): under
@@ -73,6 +74,14 @@ def is_main() -> bool:
     if launched_processes() == 1:
         return True
     return process_state().is_main_process
+
+
+def is_local_main() -> bool:
+    """Whether this is the first process of its node (the one that builds what a node's processes share,
+    such as an index in the local cache). A plain run is, without importing torch."""
+    if launched_processes() == 1:
+        return True
+    return process_state().is_local_main_process
 
 
 def warn(message: str) -> None:

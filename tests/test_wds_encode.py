@@ -327,3 +327,39 @@ def test_two_processes_build_the_index_once_and_retrieve_as_one(shards, model, t
     two = launch([*args, "--cache-dir", tmp_path / "two"], 2)
     assert two.stderr.count("indexed into") == 1 and len(index_dirs(tmp_path / "two")) == 1
     assert json.loads(two.stdout)["metrics"] == json.loads(one.stdout)["metrics"]
+
+
+def test_a_cache_that_cannot_be_written_gets_an_index_for_this_run(shards, model, tmp_path, capsys):
+    """A cache directory that cannot be created (a file in its way): the index is built in a temporary
+    directory for this run, with one warning, the metrics are those of a run with a cache, and nothing is
+    left in the temporary directory afterwards (the process that built it removes it at exit)."""
+    from _launch import launch
+
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a directory")
+    args = ["-m", "vltool", "retrieve", shards, "--model", model, "--bootstrap", "20", "--json", "--no-progress"]
+    ref = launch([*args, "--cache-dir", tmp_path / "cache"], 1, in_process=False)
+    r = launch([*args, "--cache-dir", blocked / "cache"], 1, in_process=False)
+    assert r.stderr.count("it is built for this run only") == 1
+    assert json.loads(r.stdout)["metrics"] == json.loads(ref.stdout)["metrics"]
+    assert blocked.read_text() == "not a directory"
+
+
+@pytest.mark.slow
+def test_two_processes_share_the_index_built_for_the_run_when_the_cache_cannot_be_written(shards, model, tmp_path):
+    """The same under `accelerate launch` with 2 processes: the first builds the run's index in a temporary
+    directory that the other finds by name (it reads no cache), and the metrics equal one process's."""
+    import tempfile
+
+    from _launch import launch
+
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a directory")
+    args = ["-m", "vltool", "retrieve", shards, "--model", model, "--bootstrap", "20", "--json", "--no-progress"]
+    before = set(Path(tempfile.gettempdir()).glob("vltool-shard-index-*"))
+    one = launch([*args, "--cache-dir", tmp_path / "cache"], 1, in_process=False)
+    two = launch([*args, "--cache-dir", blocked / "cache"], 2)
+    assert two.stderr.count("it is built for this run only") == 1
+    assert json.loads(two.stdout)["metrics"] == json.loads(one.stdout)["metrics"]
+    assert set(Path(tempfile.gettempdir()).glob("vltool-shard-index-*")) == before  # removed at exit
+

@@ -1001,7 +1001,8 @@ def shard_index(spec: str | Path, cache_dir: str | Path | None = None) -> ShardI
                 time.sleep(0.5)
                 continue
             except (OSError, UsageError) as e:  # a cache that cannot be written
-                dest = _index_elsewhere(spec, root, e)
+                dest = _index_elsewhere(digest)
+                _warn(f"cannot write the index of {spec} into {root} ({getattr(e, 'strerror', None) or e}); it is built for this run only")
                 _build_shard_index(source, dest, digest, spec)
                 break
             try:
@@ -1012,6 +1013,8 @@ def shard_index(spec: str | Path, cache_dir: str | Path | None = None) -> ShardI
                 lk.release()
     if launched_processes() > 1:
         process_state().wait_for_everyone()
+        if not _index_ready(dest):  # the node's first process built it for this run only: read that copy
+            dest = _index_elsewhere(digest, register=False)
     return ShardIndex(source, dest)
 
 
@@ -1019,15 +1022,20 @@ def _index_ready(dest: Path) -> bool:
     return (dest / "state.json").is_file() and (dest / C.PROVENANCE_FILE).is_file()
 
 
-def _index_elsewhere(spec, root: Path, e: Exception) -> Path:
-    """A temporary directory for the index of this run (removed at exit), when the cache is not writable."""
+def _index_elsewhere(digest: str, register: bool = True) -> Path:
+    """Where the index is built for this run alone when the cache cannot be written: a temporary directory
+    that every process of this launch on this node names alike (removed at exit, with `register`, by the
+    process that builds it)."""
     import atexit
     import tempfile
 
-    tmp = Path(tempfile.mkdtemp(prefix="vltool-shard-index-"))
-    atexit.register(shutil.rmtree, tmp, ignore_errors=True)
-    why = getattr(e, "strerror", None) or str(e)
-    _warn(f"cannot write the index of {spec} into {root} ({why}); it is built for this run only")
+    from vltool.topology import launch_token
+
+    tmp = Path(tempfile.gettempdir()) / f"vltool-shard-index-{digest}-{launch_token()}"
+    if register:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        atexit.register(shutil.rmtree, tmp, ignore_errors=True)
     return tmp / "index"
 
 

@@ -30,6 +30,8 @@ as near-duplicates do.
     python bench/bench_scale.py --big                            # adds 10M rows (about 32 GB of disk per copy)
     python bench/bench_scale.py --data-dir D --build-only        # build (or keep) the data in D; later runs with
                                                                  # --data-dir D measure without building
+    python bench/bench_scale.py --rows 10000,1000000,10000000 --commands pretrain-wds --linked-shards 10
+                                                                 # streaming from 1,000 shards on the disk of 10
 
 Writes OUT/scale.json and OUT/scale.png (time and memory against rows, one line per command).
 """
@@ -116,9 +118,10 @@ def build_dataset(path: Path, rows: int, chunk: int = 200_000) -> None:
     ds.save_to_disk(str(path), num_shards=max(1, rows // 500_000))
 
 
-def build_shards(path: Path, rows: int) -> str:
+def build_shards(path: Path, rows: int, distinct: int | None = None) -> str:
     """The same kind of rows as WebDataset shards in img2dataset's layout (KEY.png, KEY.txt, KEY.json, and
-    NNNNN_stats.json beside each shard); returns the brace pattern naming them."""
+    NNNNN_stats.json beside each shard); returns the brace pattern naming them. With `distinct`, only the
+    first `distinct` shards are written and every later one is a hard link to one of them (--linked-shards)."""
     import io
     import json as json_
     import tarfile
@@ -130,6 +133,10 @@ def build_shards(path: Path, rows: int) -> str:
     shards = max(1, -(-rows // SHARD_ROWS))
     for s in range(shards):
         lo, hi = s * SHARD_ROWS, min(rows, (s + 1) * SHARD_ROWS)
+        if distinct is not None and s >= distinct and hi - lo == SHARD_ROWS:
+            os.link(path / f"{s % distinct:05d}.tar", path / f"{s:05d}.tar")
+            (path / f"{s:05d}_stats.json").write_text(json_.dumps({"count": hi - lo, "successes": hi - lo}))
+            continue
         lengths, words = rng.integers(5, 11, hi - lo), rng.integers(0, len(WORDS), (hi - lo, 10))
         with tarfile.open(path / f"{s:05d}.tar", "w") as tar:
             for i in range(lo, hi):
@@ -307,6 +314,10 @@ def main() -> None:
     ap.add_argument("--data-dir", default=None,
                     help="keep the synthetic data and the model here and reuse them (built when missing, never deleted)")
     ap.add_argument("--build-only", action="store_true", help="with --data-dir: build the data and the model, measure nothing")
+    ap.add_argument("--linked-shards", type=int, default=None, metavar="K",
+                    help="write only K distinct shards at each size; the others are hard links to them (the same samples "
+                         "again, under the same keys): 10M samples in 1,000 shards on the disk of 10. For pretrain-wds, "
+                         "whose start-up and memory depend on the shards and samples listed, not on their content")
     ap.add_argument("--merge", nargs="+", default=None, metavar="SCALE_JSON",
                     help="measure nothing: the table, ratios and PNG of earlier runs' scale.json files together")
     args = ap.parse_args()
@@ -341,7 +352,7 @@ def main() -> None:
                 n_shards = max(1, -(-rows // SHARD_ROWS))
                 if not (shard_dir / f"{n_shards - 1:05d}_stats.json").is_file():
                     subprocess.run(["rm", "-rf", str(shard_dir)])
-                    build_shards(shard_dir, rows)
+                    build_shards(shard_dir, rows, distinct=args.linked_shards)
                 shards = str(shard_dir / f"{{00000..{n_shards - 1:05d}}}.tar")
             os.sync()  # the data on disk before any measurement (write-back would slow the first command)
             print(f"built {rows:,} rows in {time.perf_counter() - t0:.1f} s", flush=True)

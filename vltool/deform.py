@@ -377,7 +377,7 @@ def deform_texts(
     return result, removed, words_in, words_out
 
 
-TEXT_CHUNK = 200_000  # rows whose texts are Python strings at a time (deform_dataset)
+TEXT_CHUNK = 50_000  # rows whose texts are Python strings at a time (deform_dataset)
 
 
 def _fingerprint(parent: str, config: DeformConfig) -> str:
@@ -438,9 +438,8 @@ def deform_dataset(ds, config: DeformConfig, spill: Path | None = None) -> tuple
     n = len(texts_col)
     stopwords, stop_source = english_stopwords()
     is_base = choose_base(n, config.base_frac, config.seed)  # (n,) bool
-    base_rows = np.flatnonzero(is_base)
-    vocab = fit_vocabulary_chunks(
-        (texts_col.take(pa.array(base_rows[a : a + TEXT_CHUNK])).to_pylist() for a in range(0, len(base_rows), TEXT_CHUNK)),
+    vocab = fit_vocabulary_chunks(  # the base texts of TEXT_CHUNK rows at a time (a take over the whole column would copy it)
+        (texts_col.slice(a, TEXT_CHUNK).filter(pa.array(is_base[a : a + TEXT_CHUNK])).to_pylist() for a in range(0, n, TEXT_CHUNK)),
         ops, stopwords, config.num_proc,
     )
 

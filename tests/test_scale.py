@@ -44,6 +44,26 @@ def test_blank_text_test_equals_texts_of():
     assert _has_text(lists, True).tolist() == [bool(texts_of(v, "first")) for v in lists.to_pylist()]
 
 
+def test_blank_text_test_over_slices_of_many_chunks(monkeypatch):
+    """_has_text works HAS_TEXT_ROWS rows at a time, across record batches: any slice size gives the
+    row-by-row answer, for strings and lists, with slices that cut through batches."""
+    import random
+
+    import vltool.pretrain.data as data
+    from vltool.pretrain.data import _has_text, texts_of
+
+    rng = random.Random(0)
+    pool = ["a", "", "  ", None, " b\t", "\u3000", "x y", "\n"]
+    strings = pa.chunked_array([[rng.choice(pool) for _ in range(rng.randint(0, 7))] for _ in range(40)], type=pa.string())
+    lists = pa.chunked_array([[rng.choice([None, [], [rng.choice(pool) for _ in range(rng.randint(0, 3))]])
+                               for _ in range(rng.randint(0, 7))] for _ in range(40)], type=pa.list_(pa.string()))
+    want_s = [bool(texts_of(v, None)) for v in strings.to_pylist()]
+    want_l = [bool(texts_of(v, "first")) for v in lists.to_pylist()]
+    for rows in (1, 5, 13, 1 << 20):
+        monkeypatch.setattr(data, "HAS_TEXT_ROWS", rows)
+        assert _has_text(strings, False).tolist() == want_s and _has_text(lists, True).tolist() == want_l
+
+
 def test_load_train_data_formats_no_row(tmp_path, rows_formatted):
     """Checking ids, dropping rows without text and keying the rows read whole columns: no row is formatted
     (the row-by-row code formatted each row 3 times: ids twice and texts once)."""

@@ -112,7 +112,7 @@ def load_train_data(
         if pc.count_distinct(ids, mode="all").as_py() != len(ids):
             raise UsageError(f"{src.spec!r} has duplicate ids (e.g. {_a_repeated(ids)!r}); ids must be unique")
         all_ids.append(ids)
-        parts.append(ds.select_columns(needed))
+        parts.append(ds.select_columns(needed) if ds.column_names != needed else ds)  # (each select costs a Python step per record batch)
     if len(loaded) > 1:
         joined = pa.chunked_array([c for ids in all_ids for c in ids.chunks], type=all_ids[0].type)
         if pc.count_distinct(joined, mode="all").as_py() != len(joined):
@@ -146,21 +146,30 @@ def _a_repeated(ids) -> str:
     return counts.field("values").filter(pc.greater(counts.field("counts"), 1))[0].as_py()
 
 
+HAS_TEXT_ROWS = 1 << 20  # rows per Arrow call of _has_text (a saved image dataset has a record batch per 100 rows)
+
+
 def _has_text(column, lists: bool) -> np.ndarray:
-    """(rows,) bool: the row has a text that is not blank (texts_of's test, on the whole column, chunk by
-    chunk): a string, or a list with at least one string."""
+    """(rows,) bool: the row has a text that is not blank (texts_of's test, on the whole column): a string, or
+    a list with at least one string. One Arrow call per HAS_TEXT_ROWS rows, whatever their record batches
+    (a Python call per batch was 2 s of start-up at 10M rows), and memory for that many rows' texts."""
+    import pyarrow as pa
     import pyarrow.compute as pc
 
     def nonblank(strings) -> np.ndarray:
         return pc.fill_null(pc.not_equal(pc.utf8_trim_whitespace(strings), ""), False).to_numpy(zero_copy_only=False)
 
+    if not isinstance(column, pa.ChunkedArray):
+        column = pa.chunked_array([column])
     out = []
-    for chunk in getattr(column, "chunks", [column]):
+    for a in range(0, len(column), HAS_TEXT_ROWS):
+        part = column.slice(a, HAS_TEXT_ROWS)
         if not lists:
-            out.append(nonblank(chunk))
+            out.append(nonblank(part))
         else:
-            parent = pc.list_parent_indices(chunk).to_numpy()
-            out.append(np.bincount(parent[nonblank(pc.list_flatten(chunk))], minlength=len(chunk)) > 0)
+            part = part.combine_chunks()  # list_parent_indices counts from the start of one array
+            parent = pc.list_parent_indices(part).to_numpy()
+            out.append(np.bincount(parent[nonblank(pc.list_flatten(part))], minlength=len(part)) > 0)
     return np.concatenate(out) if out else np.zeros(0, dtype=bool)
 
 

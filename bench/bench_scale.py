@@ -316,7 +316,7 @@ def plot(results: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
     for command in dict.fromkeys(r["command"] for r in results):
         pts = [r for r in results if r["command"] == command and r["ok"]]
         if pts:
@@ -332,7 +332,7 @@ def plot(results: list[dict], path: Path) -> None:
         ax.set_xlabel("rows")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-    axes[1].legend()
+    axes[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1))  # beside the plots, clear of the lines
     axes[0].set_ylim(bottom=0)
     fig.suptitle("vltool at scale: start-up and peak memory against rows (bench/bench_scale.py)")
     fig.tight_layout()

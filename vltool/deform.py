@@ -406,13 +406,15 @@ class _Columns:
             self.batches.append(batch)
 
     def table(self):
+        """The columns as a `datasets` table (memory-mapped ones pickle as their file, not their data)."""
         import pyarrow as pa
+        from datasets.table import InMemoryTable, MemoryMappedTable
 
         if self.writer is None:
-            return pa.Table.from_batches(self.batches, schema=self.schema)
+            return InMemoryTable(pa.Table.from_batches(self.batches, schema=self.schema))
         self.writer.close()
         self.sink.close()
-        return pa.ipc.open_stream(pa.memory_map(str(self.path))).read_all()
+        return MemoryMappedTable.from_file(str(self.path))
 
 
 def deform_dataset(ds, config: DeformConfig, spill: Path | None = None) -> tuple[object, dict]:
@@ -423,7 +425,7 @@ def deform_dataset(ds, config: DeformConfig, spill: Path | None = None) -> tuple
     outlive the returned dataset's use. None: they are held in memory."""
     import datasets
     import pyarrow as pa
-    from datasets.table import InMemoryTable
+    from datasets.table import ConcatenationTable, InMemoryTable
 
     from vltool.io import require_columns
 
@@ -467,9 +469,11 @@ def deform_dataset(ds, config: DeformConfig, spill: Path | None = None) -> tuple
     new_cols = new_cols.table()
     rows_out = int(keep.sum())
 
-    # Build the output with Arrow without copying the table: the new columns are appended to the input's
-    # (memory-mapped) table, and the rows kept are an indices mapping that save_to_disk follows batch by
-    # batch, so the images are never held in memory (a filter would copy every column, images included).
+    # Build the output without copying the table: the input's table (memory-mapped: `datasets` pickles it as
+    # its files and replayed operations, so save_to_disk's worker processes do not copy it) beside the new
+    # columns (memory-mapped from the spill file too), with the rows kept as an indices mapping that
+    # save_to_disk follows batch by batch, so the images are never held in memory (a filter would copy every
+    # column, images included).
     if ds._indices is None:
         scatter = None
     else:  # the selected rows' values go to their places in the whole table (other places: null, never read)
@@ -477,32 +481,29 @@ def deform_dataset(ds, config: DeformConfig, spill: Path | None = None) -> tuple
         inverse = np.full(len(table), -1, dtype=np.int64)
         inverse[rows] = np.arange(n)
         scatter = pa.array(inverse, mask=inverse < 0)
+        new_cols = InMemoryTable(pa.table({c: new_cols.column(c).take(scatter) for c in new_cols.column_names}))
 
-    def whole(name):  # (n,) values of the selected rows -> a column of the whole table
-        values = new_cols.column(name)
-        return values if scatter is None else values.take(scatter)
-
-    original = table.column(config.text_column)
-    table = table.set_column(table.schema.get_field_index(config.text_column), config.text_column, whole(config.text_column))
-    features = ds.features.copy()
     original_col = C.CAPTION_ORIGINAL if config.text_column == C.CAPTION else f"{config.text_column}_original"
-    if original_col not in table.column_names:  # a second deform keeps the intact text of the first
-        table = table.append_column(original_col, original)
-        features[original_col] = feature
-    if C.IS_BASE in table.column_names:
-        table = table.drop_columns([C.IS_BASE])
-        del features[C.IS_BASE]
-    table = table.append_column(C.IS_BASE, whole(C.IS_BASE))
-    features[C.IS_BASE] = datasets.Value("bool")
+    names = [c for c in ds.data.column_names if c != C.IS_BASE]
+    order = names + ([original_col] if original_col not in names else []) + [C.IS_BASE]  # the new text in its place
+    base = ds.data.drop([C.IS_BASE]) if C.IS_BASE in ds.data.column_names else ds.data
+    if original_col in names:  # a second deform keeps the intact text of the first
+        base = base.drop([config.text_column])
+    else:
+        base = base.rename_columns([original_col if c == config.text_column else c for c in names])
+    whole = ConcatenationTable.from_tables([base, new_cols], axis=1).select(order)
+    features = datasets.Features({
+        c: feature if c == original_col else datasets.Value("bool") if c == C.IS_BASE else ds.features[c] for c in order
+    })
     indices = None
     if scatter is not None or rows_out < n:  # the kept rows of the whole table, in order
         kept = _Columns(spill and spill / "indices.arrow", pa.schema([("indices", pa.uint64())]))
         for a in range(0, n, TEXT_CHUNK):
             k = np.flatnonzero(keep[a : a + TEXT_CHUNK]) + a
             kept.add([pa.array(k if scatter is None else rows[k], type=pa.uint64())])
-        indices = InMemoryTable(kept.table())
+        indices = kept.table()
     out = datasets.Dataset(
-        InMemoryTable(table), info=datasets.DatasetInfo(features=features), indices_table=indices,
+        whole, info=datasets.DatasetInfo(features=features), indices_table=indices,
         fingerprint=_fingerprint(ds._fingerprint, config),
     )
 

@@ -191,6 +191,26 @@ def test_chunks_of_texts_give_the_same_output(text_dataset, tmp_path, monkeypatc
     assert whole["stats"]["rows_dropped_empty"] > 0
 
 
+def test_a_second_deform_keeps_the_first_intact_text_and_the_column_order(text_dataset, tmp_path):
+    """The output's columns: the input's, the deformed text in the text column's place, then
+    `caption_original` and `is_base`; a second deform deforms the deformed text again, keeps the first
+    one's `caption_original` (the intact text) and replaces `is_base`."""
+    src = text_dataset(CAPS[:5], part=[0, 1, 0, 1, 0])
+    deform(src, tmp_path / "once", DeformConfig(ops="shuffle", base_frac=0, seed=3))
+    deform(str(tmp_path / "once"), tmp_path / "twice", DeformConfig(ops="rmstop", base_frac=0))
+    once = datasets.load_from_disk(str(tmp_path / "once"))
+    twice = datasets.load_from_disk(str(tmp_path / "twice"))
+    original = datasets.load_from_disk(src)
+    assert once.column_names == [*original.column_names, "caption_original", "is_base"] == twice.column_names
+    assert once["caption_original"] == original["caption"] and len(once) == 5
+    first = {r["id"]: r for r in once}
+    assert 0 < len(twice) < 5 and twice.features == once.features and twice["is_base"] == [False] * len(twice)
+    for r in twice:  # the intact text of the first deform; the first deform's text, deformed again
+        assert r["caption_original"] == first[r["id"]]["caption_original"]
+        ops, vocab = Ops.parse("rmstop"), Vocabulary(stopwords=english_stopwords()[0])
+        assert r["caption"] == deform_caption(first[r["id"]]["caption"], ops, vocab, row_seed(0, r["id"]))[0]
+
+
 def test_base_frac_zero_deforms_every_row(text_dataset, tmp_path):
     src = text_dataset(CAPS[:5])
     prov = deform(src, tmp_path / "o", DeformConfig(ops="rmstop", base_frac=0))

@@ -492,9 +492,8 @@ def deform_dataset(ds, config: DeformConfig, spill: Path | None = None) -> tuple
     else:
         base = base.rename_columns([original_col if c == config.text_column else c for c in names])
     whole = ConcatenationTable.from_tables([base, new_cols], axis=1).select(order)
-    features = datasets.Features({
-        c: feature if c == original_col else datasets.Value("bool") if c == C.IS_BASE else ds.features[c] for c in order
-    })
+    kinds = {**{c: ds.features[c] for c in names}, original_col: ds.features.get(original_col, feature), C.IS_BASE: datasets.Value("bool")}
+    features = datasets.Features({c: kinds[c] for c in order})
     indices = None
     if scatter is not None or rows_out < n:  # the kept rows of the whole table, in order
         kept = _Columns(spill and spill / "indices.arrow", pa.schema([("indices", pa.uint64())]))

@@ -206,6 +206,25 @@ def test_deform_output_pickles_as_files_not_data(tmp_path):
         assert pickle.loads(pickle.dumps(out.data)).to_pydict() == out.data.to_pydict()
 
 
+def test_shared_ids_of_train_and_eval_equal_the_set_intersection(rows_formatted):
+    """pretrain's check that --eval-data rows are not training rows: Arrow's set lookup over the training
+    ids gives the Python set intersection, and formats no row."""
+    import random
+
+    import datasets
+
+    from vltool.pretrain.loop import _shared_ids
+
+    rng = random.Random(1)
+    train_ids = [f"r{i}" for i in rng.sample(range(10_000), 3000)]
+    eval_ids = [f"r{i}" for i in rng.sample(range(10_000), 300)]
+    train = datasets.concatenate_datasets([datasets.Dataset.from_dict({"id": train_ids[a : a + 700]}) for a in range(0, 3000, 700)])
+    evald = datasets.Dataset.from_dict({"id": eval_ids})
+    assert _shared_ids(train, evald) == sorted(set(train_ids) & set(eval_ids)) != []
+    assert _shared_ids(train, datasets.Dataset.from_dict({"id": ["x", "y"]})) == []
+    assert rows_formatted == []
+
+
 def test_workers_default_is_chosen_from_the_machine_and_recorded(tmp_path, monkeypatch):
     import json
     import os

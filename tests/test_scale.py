@@ -83,6 +83,52 @@ def test_load_train_data_formats_no_row(tmp_path, rows_formatted):
     assert td.ids[:2] == ["0:p0", "0:p1"] and td.ids[-1] == "1:p39" and len(td.ids) == 76
 
 
+def test_the_checked_rows_are_kept_under_the_inputs_fingerprints(tmp_path, monkeypatch):
+    """load_train_data keeps its verdict (the rows without text of inputs whose ids passed) in the cache:
+    the same inputs and filters again check nothing (the id count and the text test are not called) and
+    give the same rows; another filter, another text column or another input is checked anew; duplicate
+    ids are refused every time (no verdict is kept for them); an unreadable verdict is checked anew."""
+    import pyarrow.compute as pc
+
+    import vltool.pretrain.data as data_mod
+    from vltool.pretrain import PretrainConfig
+    from vltool.pretrain.data import load_train_data
+
+    import datasets
+
+    from vltool.io import default_cache_dir
+
+    made = datasets.load_from_disk(make_pairs(tmp_path / "made", n=40, empty=(3, 17)))
+    data = str(tmp_path / "d")
+    made.add_column("split", ["train", "test"] * 20).save_to_disk(data)
+    first = load_train_data([data], PretrainConfig())
+    calls = []
+    real_count, real_has_text = pc.count_distinct, data_mod._has_text
+    monkeypatch.setattr(pc, "count_distinct", lambda *a, **k: calls.append("ids") or real_count(*a, **k))
+    monkeypatch.setattr(data_mod, "_has_text", lambda *a, **k: calls.append("texts") or real_has_text(*a, **k))
+
+    again = load_train_data([data], PretrainConfig())
+    assert calls == [] and again.ids == first.ids and again.empty_text_ids == first.empty_text_ids == ["p3", "p17"]
+    assert again.rows_key == first.rows_key and again.rows_in == first.rows_in == 40
+    tested = load_train_data([data], PretrainConfig(), where=["split=test"])
+    assert calls == ["ids", "texts"] and tested.empty_text_ids == ["p3", "p17"] and len(tested.ids) == 18
+    calls.clear()
+    assert load_train_data([data], PretrainConfig(), where=["split=test"]).ids == tested.ids and calls == []
+    load_train_data([data], PretrainConfig(caption_sampling="random"))
+    assert calls == ["ids", "texts"]
+
+    assert len(list((default_cache_dir() / data_mod.VERDICT_DIR).glob("*.npy"))) == 3
+    for f in (default_cache_dir() / data_mod.VERDICT_DIR).glob("*.npy"):
+        f.write_bytes(b"not a verdict")
+    calls.clear()
+    assert load_train_data([data], PretrainConfig()).ids == first.ids and calls == ["ids", "texts"]
+
+    dup = make_pairs(tmp_path / "dup", n=8, ids=["a", "b", "c", "b", "e", "f", "g", "h"])
+    for _ in range(2):
+        with pytest.raises(UsageError, match="duplicate ids"):
+            load_train_data([dup], PretrainConfig())
+
+
 def test_duplicate_and_clashing_ids_are_named(tmp_path):
     from vltool.pretrain import PretrainConfig
     from vltool.pretrain.data import load_train_data

@@ -98,7 +98,11 @@ def load_train_data(
 
     # Whole-column work in Arrow (no per-row Python before the first step): ids checked for duplicates and
     # clashes by distinct counts, rows without text found by a vectorised test; only the offending ids
-    # (duplicates, clashes, dropped rows) ever become Python objects.
+    # (duplicates, clashes, dropped rows) ever become Python objects. The verdict (the rows without text of
+    # inputs whose ids passed) is kept in the cache under the inputs' fingerprints and filters, so a resume,
+    # a later run and the other processes of a later launch skip both passes (2.5 s and 0.7 GB at 10M rows).
+    verdict = _verdict_file(loaded, text_col, lists, config.prefix_ids)
+    dropped_cached = _read_verdict(verdict)
     parts, all_ids = [], []
     for k, src in enumerate(loaded):
         ds = src.dataset.select_columns(needed).cast_column(C.IMAGE, datasets.Image(decode=False))
@@ -109,11 +113,11 @@ def load_train_data(
             if C.POSITIVES in needed:
                 pos = [[f"{k}:{p}" for p in (ps or [])] for ps in arrow_column(ds, C.POSITIVES).to_pylist()]
                 ds = ds.remove_columns([C.POSITIVES]).add_column(C.POSITIVES, pos)
-        if pc.count_distinct(ids, mode="all").as_py() != len(ids):
+        if dropped_cached is None and pc.count_distinct(ids, mode="all").as_py() != len(ids):
             raise UsageError(f"{src.spec!r} has duplicate ids (e.g. {_a_repeated(ids)!r}); ids must be unique")
         all_ids.append(ids)
         parts.append(ds.select_columns(needed) if ds.column_names != needed else ds)  # (each select costs a Python step per record batch)
-    if len(loaded) > 1:
+    if len(loaded) > 1 and dropped_cached is None:
         joined = pa.chunked_array([c for ids in all_ids for c in ids.chunks], type=all_ids[0].type)
         if pc.count_distinct(joined, mode="all").as_py() != len(joined):
             clash = _a_repeated(joined)
@@ -124,18 +128,68 @@ def load_train_data(
             )
     ds = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
     rows_in = len(ds)
-    has_text = _has_text(arrow_column(ds, text_col), lists)  # (rows,) bool
-    empty_ids, dropped = [], []
-    if not has_text.all():
-        dropped = np.flatnonzero(~has_text)
+    if dropped_cached is None:
+        dropped = np.flatnonzero(~_has_text(arrow_column(ds, text_col), lists))  # (dropped,) int64
+        _write_verdict(verdict, dropped)
+    else:
+        dropped = dropped_cached
+    empty_ids = []
+    if len(dropped):
         empty_ids = arrow_column(ds, C.ID).take(pa.array(dropped)).to_pylist()
-        ds = ds.select(np.flatnonzero(has_text))
-        dropped = dropped.tolist()
+        keep = np.ones(rows_in, dtype=bool)
+        keep[dropped] = False
+        ds = ds.select(np.flatnonzero(keep))
+    dropped = dropped.tolist()
     if len(ds) == 0:
         raise UsageError(f"the {what} has no rows with text in {text_col!r}")
     positives = _positive_rows(ds) if C.POSITIVES in needed else None
     key = rows_key(loaded, ["pairs"] * len(loaded), config.prefix_ids, dropped)
     return TrainData(ds, text_col, loaded, rows_in, empty_ids, positives, rows_key=key, text_source=text_col)
+
+
+VERDICT_DIR = "checked-rows"  # <cache-dir>/checked-rows/<key>.npy: the rows without text of inputs whose ids passed
+VERDICT_VERSION = 1  # part of the key: a change to what is checked makes new verdicts
+
+
+def _verdict_file(loaded, text_col: str, lists: bool, prefix_ids: bool):
+    """Where the verdict on these inputs is kept: keyed by each input's on-disk fingerprint and row filter
+    (vltool.cache's convention), the text column and how it is read, and --prefix-ids."""
+    import hashlib
+    import json
+
+    from vltool.cache import row_filter
+    from vltool.io import default_cache_dir
+
+    key = {"version": VERDICT_VERSION, "text": text_col, "lists": lists, "prefix_ids": prefix_ids and len(loaded) > 1,
+           "inputs": [{"fingerprint": s.fingerprint, "rows": s.rows, **row_filter(s.split, s.where)} for s in loaded]}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
+    return default_cache_dir() / VERDICT_DIR / f"{digest}.npy"
+
+
+def _read_verdict(path) -> np.ndarray | None:
+    """The cached rows without text (int64), or None when there is no readable verdict."""
+    try:
+        dropped = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError):
+        return None
+    return dropped if dropped.dtype == np.int64 and dropped.ndim == 1 else None
+
+
+def _write_verdict(path, dropped: np.ndarray) -> None:
+    """Keep the verdict (atomically, by the first process of a node; a cache that cannot be written is
+    skipped: the verdict is only a shortcut)."""
+    from vltool.io import atomic_file
+    from vltool.topology import is_local_main
+
+    if not is_local_main():
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_file(path) as tmp:
+            with open(tmp, "wb") as fh:
+                np.save(fh, np.asarray(dropped, dtype=np.int64), allow_pickle=False)
+    except OSError:
+        pass
 
 
 def _a_repeated(ids) -> str:

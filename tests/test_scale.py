@@ -129,6 +129,34 @@ def test_the_checked_rows_are_kept_under_the_inputs_fingerprints(tmp_path, monke
             load_train_data([dup], PretrainConfig())
 
 
+def test_positive_rows_equal_the_row_by_row_reference(monkeypatch, rows_formatted):
+    """The mined positives' rows by Arrow's lookup equal the plain loop over rows (order kept, repeats kept,
+    unknown ids and a row's own id ignored, rows without positives absent), for any slice size across
+    record batches, and no row is formatted."""
+    import random
+
+    import datasets
+
+    import vltool.pretrain.data as data_mod
+
+    rng = random.Random(0)
+    n = 500
+    ids = [f"r{i}" for i in rng.sample(range(2000), n)]
+    listed = [None if rng.random() < 0.2 else [rng.choice(ids + ["zz", "yy"]) for _ in range(rng.randint(0, 5))] for _ in range(n)]
+    for i in range(0, n, 50):
+        listed[i] = [ids[i], ids[i]]  # only itself: no positive
+    feats = datasets.Features({"id": datasets.Value("string"), "positives": datasets.List(datasets.Value("string"))})
+    ds = datasets.concatenate_datasets(
+        [datasets.Dataset.from_dict({"id": ids[a : a + 37], "positives": listed[a : a + 37]}, features=feats) for a in range(0, n, 37)])
+    want = data_mod._positive_rows_reference(ds)
+    assert 200 < len(want) < n and any(len(set(v)) < len(v) for v in want.values())
+    rows_formatted.clear()
+    for rows in (1, 7, 1 << 20):
+        monkeypatch.setattr(data_mod, "HAS_TEXT_ROWS", rows)
+        assert data_mod._positive_rows(ds) == want
+    assert rows_formatted == []
+
+
 def test_duplicate_and_clashing_ids_are_named(tmp_path):
     from vltool.pretrain import PretrainConfig
     from vltool.pretrain.data import load_train_data

@@ -281,21 +281,22 @@ def test_deform_output_pickles_as_files_not_data(tmp_path):
 
 
 def test_shared_ids_of_train_and_eval_equal_the_set_intersection(rows_formatted):
-    """pretrain's check that --eval-data rows are not training rows: Arrow's set lookup over the training
-    ids gives the Python set intersection, and formats no row."""
+    """pretrain's check that --eval-data rows are not training rows (and pseudolabel's, that no image is
+    both aligned and unaligned): Arrow's set lookup gives the Python set intersection, either way round, and
+    formats no row."""
     import random
 
     import datasets
 
-    from vltool.pretrain.loop import _shared_ids
+    from vltool.io import shared_ids
 
     rng = random.Random(1)
     train_ids = [f"r{i}" for i in rng.sample(range(10_000), 3000)]
     eval_ids = [f"r{i}" for i in rng.sample(range(10_000), 300)]
     train = datasets.concatenate_datasets([datasets.Dataset.from_dict({"id": train_ids[a : a + 700]}) for a in range(0, 3000, 700)])
     evald = datasets.Dataset.from_dict({"id": eval_ids})
-    assert _shared_ids(train, evald) == sorted(set(train_ids) & set(eval_ids)) != []
-    assert _shared_ids(train, datasets.Dataset.from_dict({"id": ["x", "y"]})) == []
+    assert shared_ids(train, evald) == shared_ids(evald, train) == sorted(set(train_ids) & set(eval_ids)) != []
+    assert shared_ids(train, datasets.Dataset.from_dict({"id": ["x", "y"]})) == []
     assert rows_formatted == []
 
 

@@ -328,6 +328,15 @@ def column_digest(ds, name: str) -> str:
     return h.hexdigest()
 
 
+def shared_ids(a, b) -> list[str]:
+    """The ids that datasets `a` and `b` share, sorted: Arrow's set lookup of the larger one's ids among the
+    smaller one's (no Python object per row; memory for the smaller set)."""
+    import pyarrow.compute as pc
+
+    small, large = sorted((arrow_column(a, C.ID), arrow_column(b, C.ID)), key=len)
+    return sorted(set(large.filter(pc.is_in(large, value_set=small.combine_chunks())).to_pylist()))
+
+
 def column_values(ds, name: str) -> list:
     """A column as a Python list, honouring a selection (indices mapping) without reading other columns."""
     return arrow_column(ds, name).to_pylist()

@@ -238,7 +238,7 @@ def pseudolabel(
     from vltool.cache import EmbeddingCache
     from vltool.encode import encode_texts, load_eval_model, model_record
     from vltool.checks import clean_texts, missing_text_warning, require_decoded, text_column
-    from vltool.io import check_output, load_dataset, model_inputs, save_dataset
+    from vltool.io import check_output, load_dataset, model_inputs, save_dataset, shared_ids
     from vltool.topology import warn
 
     timer = provenance.Timer()
@@ -249,9 +249,9 @@ def pseudolabel(
     if text_col not in asrc.dataset.column_names:
         raise UsageError(f"the aligned data {aligned!r} has no caption column (it has: {', '.join(asrc.dataset.column_names)})")
     text_column(asrc.dataset, text_col, aligned, option="the aligned caption column")
-    overlap = set(usrc.dataset[C.ID]) & set(asrc.dataset[C.ID])
+    overlap = shared_ids(usrc.dataset, asrc.dataset)
     if overlap:
-        raise UsageError(f"{len(overlap)} ids are in both the unaligned and the aligned data (e.g. {sorted(overlap)[0]!r}); "
+        raise UsageError(f"{len(overlap)} ids are in both the unaligned and the aligned data (e.g. {overlap[0]!r}); "
                          "an image cannot be both")
     out = check_output(out, overwrite, inputs=[*usrc.reads, *asrc.reads, *model_inputs(config.model, config.pretrained)])
     if len(asrc.dataset) == 0 or len(usrc.dataset) == 0:

@@ -494,18 +494,6 @@ def _accelerator(config: PretrainConfig):
     return acc
 
 
-def _shared_ids(train, evald) -> list[str]:
-    """The ids of `evald` that are also ids of `train`, sorted: Arrow's set lookup of the training ids in the
-    evaluation ids (no Python object per training row; memory for the evaluation ids)."""
-    import pyarrow.compute as pc
-
-    from vltool.io import arrow_column
-
-    eval_ids = arrow_column(evald, C.ID).combine_chunks()
-    train_ids = arrow_column(train, C.ID)
-    return sorted(set(train_ids.filter(pc.is_in(train_ids, value_set=eval_ids)).to_pylist()))
-
-
 def _load_data(spec: RunSpec, config: PretrainConfig, run_dir: Path, overwrite: bool, resumed: bool):
     from vltool.io import check_output, final_of_work_dir, hold_output_lock, model_inputs
     from vltool.topology import is_main
@@ -527,7 +515,9 @@ def _load_data(spec: RunSpec, config: PretrainConfig, run_dir: Path, overwrite: 
 
         require_a_decodable_image(evald.dataset, C.IMAGE, "--eval-data " + ", ".join(s.spec for s in evald.inputs))
     if evald is not None and not isinstance(train, ShardData):  # (shards are not read before training)
-        overlap = _shared_ids(train.dataset, evald.dataset)
+        from vltool.io import shared_ids
+
+        overlap = shared_ids(train.dataset, evald.dataset)
         if overlap:
             raise UsageError(
                 f"{len(overlap)} rows of --eval-data are also training rows (e.g. id {overlap[0]!r}); "

@@ -333,7 +333,11 @@ def shared_ids(a, b) -> list[str]:
     smaller one's (no Python object per row; memory for the smaller set)."""
     import pyarrow.compute as pc
 
+    import pyarrow as pa
+
     small, large = sorted((arrow_column(a, C.ID), arrow_column(b, C.ID)), key=len)
+    if small.type != large.type:  # ids of two kinds (numbers, strings) compare as text
+        small, large = small.cast(pa.string()), large.cast(pa.string())
     return sorted(set(large.filter(pc.is_in(large, value_set=small.combine_chunks())).to_pylist()))
 
 

@@ -385,7 +385,7 @@ def probe(
     from vltool.encode import encode_images, load_eval_model, model_record
     from vltool.evaluation import bootstrap_record, check_out, debias_edit, entry, finish
     from vltool.topology import is_main, process_state, warn
-    from vltool.io import load_dataset
+    from vltool.io import load_dataset, shared_ids
     from vltool.metrics import AveragePrecision, ClassificationItems, Resampling, bootstrap, majority_rate, per_class_recall, topk_chance
     from vltool.outcomes import base_arrays, example_ids, read_groups
     from vltool.zeroshot import read_labels
@@ -407,10 +407,10 @@ def probe(
     if train.rows == 0 or evald.rows == 0:
         raise UsageError(f"no rows selected: {train.rows} training rows (--where {list(where)}), {evald.rows} eval rows (--eval-where {list(eval_where)})")
     if C.ID in train.dataset.column_names and C.ID in evald.dataset.column_names:
-        shared = set(train.dataset[C.ID]) & set(evald.dataset[C.ID])
+        shared = shared_ids(train.dataset, evald.dataset)
         if shared:
             raise UsageError(
-                f"{len(shared)} rows are in both the training and the eval data (e.g. id {sorted(shared)[0]!r}); "
+                f"{len(shared)} rows are in both the training and the eval data (e.g. id {shared[0]!r}); "
                 "evaluation rows never reach training: select disjoint rows (e.g. --where split=train --eval-where split=test)"
             )
     lab_tr = read_labels(train.dataset, config.label_column, None, train_data)

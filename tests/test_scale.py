@@ -154,6 +154,8 @@ def test_positive_rows_equal_the_row_by_row_reference(monkeypatch, rows_formatte
     for rows in (1, 7, 1 << 20):
         monkeypatch.setattr(data_mod, "HAS_TEXT_ROWS", rows)
         assert data_mod._positive_rows(ds) == want
+    sub = ds.select(sorted(rng.sample(range(n), 300)))  # a selection (rows without text dropped): an indices mapping
+    assert data_mod._positive_rows(sub) == data_mod._positive_rows_reference(sub) != {}
     assert rows_formatted == []
 
 

@@ -319,6 +319,7 @@ def plot(results: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    axes[1].set_prop_cycle(color=plt.cm.tab20.colors)  # more series than the default ten colours
     for command in dict.fromkeys(r["command"] for r in results):
         pts = [r for r in results if r["command"] == command and r["ok"]]
         if pts:

@@ -45,7 +45,7 @@ def test_blank_text_test_equals_texts_of():
 
 
 def test_blank_text_test_over_slices_of_many_chunks(monkeypatch):
-    """_has_text works HAS_TEXT_ROWS rows at a time, across record batches: any slice size gives the
+    """_has_text works SLICE_ROWS rows at a time, across record batches: any slice size gives the
     row-by-row answer, for strings and lists, with slices that cut through batches."""
     import random
 
@@ -60,7 +60,7 @@ def test_blank_text_test_over_slices_of_many_chunks(monkeypatch):
     want_s = [bool(texts_of(v, None)) for v in strings.to_pylist()]
     want_l = [bool(texts_of(v, "first")) for v in lists.to_pylist()]
     for rows in (1, 5, 13, 1 << 20):
-        monkeypatch.setattr(data, "HAS_TEXT_ROWS", rows)
+        monkeypatch.setattr(data, "SLICE_ROWS", rows)
         assert _has_text(strings, False).tolist() == want_s and _has_text(lists, True).tolist() == want_l
 
 
@@ -152,7 +152,7 @@ def test_positive_rows_equal_the_row_by_row_reference(monkeypatch, rows_formatte
     assert 200 < len(want) < n and any(len(set(v)) < len(v) for v in want.values())
     rows_formatted.clear()
     for rows in (1, 7, 1 << 20):
-        monkeypatch.setattr(data_mod, "HAS_TEXT_ROWS", rows)
+        monkeypatch.setattr(data_mod, "SLICE_ROWS", rows)
         assert data_mod._positive_rows(ds) == want
     sub = ds.select(sorted(rng.sample(range(n), 300)))  # a selection (rows without text dropped): an indices mapping
     assert data_mod._positive_rows(sub) == data_mod._positive_rows_reference(sub) != {}

@@ -331,9 +331,8 @@ def column_digest(ds, name: str) -> str:
 def shared_ids(a, b) -> list[str]:
     """The ids that datasets `a` and `b` share, sorted: Arrow's set lookup of the larger one's ids among the
     smaller one's (no Python object per row; memory for the smaller set)."""
-    import pyarrow.compute as pc
-
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     small, large = sorted((arrow_column(a, C.ID), arrow_column(b, C.ID)), key=len)
     if small.type != large.type:  # ids of two kinds (numbers, strings) compare as text
@@ -986,6 +985,7 @@ def shard_index(spec: str | Path, cache_dir: str | Path | None = None) -> ShardI
     process of each node builds it (a cache shared by the nodes: one of them, the others wait for its lock)
     and every process waits at a barrier. A cache that cannot be written: the index is built for this run
     in a temporary directory, with a warning."""
+    import atexit
     import hashlib
     import time
 
@@ -1014,7 +1014,10 @@ def shard_index(spec: str | Path, cache_dir: str | Path | None = None) -> ShardI
                 time.sleep(0.5)
                 continue
             except (OSError, UsageError) as e:  # a cache that cannot be written
-                dest = _index_elsewhere(digest)
+                dest = _run_index(digest)
+                shutil.rmtree(dest.parent, ignore_errors=True)
+                dest.parent.mkdir(parents=True)
+                atexit.register(shutil.rmtree, dest.parent, ignore_errors=True)
                 _warn(f"cannot write the index of {spec} into {root} ({getattr(e, 'strerror', None) or e}); it is built for this run only")
                 _build_shard_index(source, dest, digest, spec)
                 break
@@ -1027,7 +1030,7 @@ def shard_index(spec: str | Path, cache_dir: str | Path | None = None) -> ShardI
     if launched_processes() > 1:
         process_state().wait_for_everyone()
         if not _index_ready(dest):  # the node's first process built it for this run only: read that copy
-            dest = _index_elsewhere(digest, register=False)
+            dest = _run_index(digest)
     return ShardIndex(source, dest)
 
 
@@ -1035,21 +1038,14 @@ def _index_ready(dest: Path) -> bool:
     return (dest / "state.json").is_file() and (dest / C.PROVENANCE_FILE).is_file()
 
 
-def _index_elsewhere(digest: str, register: bool = True) -> Path:
-    """Where the index is built for this run alone when the cache cannot be written: a temporary directory
-    that every process of this launch on this node names alike (removed at exit, with `register`, by the
-    process that builds it)."""
-    import atexit
+def _run_index(digest: str) -> Path:
+    """Where the index is built for this run alone when the cache cannot be written: in a temporary
+    directory that every process of this launch on this node names alike (the builder removes it at exit)."""
     import tempfile
 
     from vltool.topology import launch_token
 
-    tmp = Path(tempfile.gettempdir()) / f"vltool-shard-index-{digest}-{launch_token()}"
-    if register:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        atexit.register(shutil.rmtree, tmp, ignore_errors=True)
-    return tmp / "index"
+    return Path(tempfile.gettempdir()) / f"vltool-shard-index-{digest}-{launch_token()}" / "index"
 
 
 def _warn(message: str) -> None:

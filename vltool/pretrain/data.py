@@ -52,13 +52,18 @@ def rows_key(loaded, role: Sequence[str], prefix_ids: bool, dropped: Sequence[in
     filter (vltool.cache's convention), and the rows dropped for having no text."""
     import hashlib
 
-    from vltool.cache import row_filter
-
     return {
-        "inputs": [{"fingerprint": s.fingerprint, "role": r, **row_filter(s.split, s.where)} for s, r in zip(loaded, role)],
+        "inputs": [{**_input_key(s), "role": r} for s, r in zip(loaded, role)],
         "prefix_ids": prefix_ids,
         "dropped": hashlib.sha256(np.asarray(dropped, dtype=np.int64).tobytes()).hexdigest(),
     }
+
+
+def _input_key(src) -> dict:
+    """An input's part of a key: its on-disk fingerprint and row filter (vltool.cache's convention)."""
+    from vltool.cache import row_filter
+
+    return {"fingerprint": src.fingerprint, **row_filter(src.split, src.where)}
 
 
 def texts_of(value, sampling: str | None) -> list[str]:
@@ -157,11 +162,10 @@ def _verdict_file(loaded, text_col: str, lists: bool, prefix_ids: bool):
     import hashlib
     import json
 
-    from vltool.cache import row_filter
     from vltool.io import default_cache_dir
 
     key = {"version": VERDICT_VERSION, "text": text_col, "lists": lists, "prefix_ids": prefix_ids and len(loaded) > 1,
-           "inputs": [{"fingerprint": s.fingerprint, "rows": s.rows, **row_filter(s.split, s.where)} for s in loaded]}
+           "inputs": [{**_input_key(s), "rows": s.rows} for s in loaded]}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
     return default_cache_dir() / VERDICT_DIR / f"{digest}.npy"
 
@@ -200,12 +204,12 @@ def _a_repeated(ids) -> str:
     return counts.field("values").filter(pc.greater(counts.field("counts"), 1))[0].as_py()
 
 
-HAS_TEXT_ROWS = 1 << 20  # rows per Arrow call of _has_text (a saved image dataset has a record batch per 100 rows)
+SLICE_ROWS = 1 << 20  # rows per Arrow call of the whole-column checks (a saved image dataset has a record batch per 100 rows)
 
 
 def _has_text(column, lists: bool) -> np.ndarray:
     """(rows,) bool: the row has a text that is not blank (texts_of's test, on the whole column): a string, or
-    a list with at least one string. One Arrow call per HAS_TEXT_ROWS rows, whatever their record batches
+    a list with at least one string. One Arrow call per SLICE_ROWS rows, whatever their record batches
     (a Python call per batch was 2 s of start-up at 10M rows), and memory for that many rows' texts."""
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -216,8 +220,8 @@ def _has_text(column, lists: bool) -> np.ndarray:
     if not isinstance(column, pa.ChunkedArray):
         column = pa.chunked_array([column])
     out = []
-    for a in range(0, len(column), HAS_TEXT_ROWS):
-        part = column.slice(a, HAS_TEXT_ROWS)
+    for a in range(0, len(column), SLICE_ROWS):
+        part = column.slice(a, SLICE_ROWS)
         if not lists:
             out.append(nonblank(part))
         else:
@@ -229,7 +233,7 @@ def _has_text(column, lists: bool) -> np.ndarray:
 
 def _positive_rows(ds) -> dict[int, list[int]]:
     """Row -> rows of its mined positives, in the order listed (`positives` ids outside the training rows, and
-    a row's own id, are ignored). Arrow's lookup of the listed ids among the training ids, HAS_TEXT_ROWS
+    a row's own id, are ignored). Arrow's lookup of the listed ids among the training ids, SLICE_ROWS
     rows at a time: Python objects for the rows that have positives only (the plain loop over rows,
     `_positive_rows_reference`, took a dict of every id)."""
     import pyarrow.compute as pc
@@ -239,8 +243,8 @@ def _positive_rows(ds) -> dict[int, list[int]]:
     ids = arrow_column(ds, C.ID).combine_chunks()
     listed = arrow_column(ds, C.POSITIVES)
     positives: dict[int, list[int]] = {}
-    for a in range(0, len(listed), HAS_TEXT_ROWS):
-        part = listed.slice(a, HAS_TEXT_ROWS).combine_chunks()
+    for a in range(0, len(listed), SLICE_ROWS):
+        part = listed.slice(a, SLICE_ROWS).combine_chunks()
         parent = pc.list_parent_indices(part).to_numpy().astype(np.int64) + a  # (listed,) the row listing each id
         found = pc.fill_null(pc.index_in(pc.list_flatten(part), value_set=ids), -1).to_numpy().astype(np.int64)  # (listed,)
         ok = (found >= 0) & (found != parent)

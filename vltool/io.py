@@ -1149,10 +1149,10 @@ def _build_shard_index(source, dest: Path, digest: str, spec) -> None:
     into Arrow columns of INDEX_BATCH rows written by datasets' ArrowWriter (bounded memory, no per-row
     encoding by datasets), then duplicate ids dropped (the first kept) by a second pass when there are any."""
     import datasets
-    import pyarrow.compute as pc
 
     from vltool import provenance
     from vltool.console import Bar
+    from vltool.distinct import duplicate
     from vltool.shards import BAD_SHARD, DUPLICATE_ID
 
     timer = provenance.Timer()
@@ -1178,7 +1178,7 @@ def _build_shard_index(source, dest: Path, digest: str, spec) -> None:
                 raise VltoolError(f"{spec}: no sample of the {len(shards)} shards has an image and a text "
                                   f"({stats['samples_read']} read; {why or 'the shards are empty'})")
             ids = _read_arrow(data).column(C.ID)
-            if pc.count_distinct(ids, mode="all").as_py() != len(ids):
+            if duplicate(ids)[0]:
                 drop = duplicate_rows(ids)
                 skipped[DUPLICATE_ID] = len(drop)
                 rows = _drop_index_rows(data, features, drop)
@@ -1279,18 +1279,13 @@ def _drop_index_rows(path: Path, features, drop: list[int]) -> int:
 def duplicate_rows(ids) -> list[int]:
     """The rows whose id repeats an earlier row's, in order (ids: a pyarrow Array or ChunkedArray).
 
-    Memory is 16 bytes a row (a 64-bit hash of each id and a sort order), not a set of the ids: rows whose
-    hashes collide are compared by their ids, so a collision never counts a row twice."""
+    Memory is 16 bytes a row (a 64-bit hash of each id, vltool.distinct's, and a sort order), not a set of
+    the ids: rows whose hashes collide are compared by their ids, so a collision never counts a row twice."""
     import numpy as np
-    import pyarrow as pa
 
-    chunks = ids.chunks if isinstance(ids, pa.ChunkedArray) else [ids]
-    hashes = np.empty(len(ids), dtype=np.int64)
-    i = 0
-    for chunk in chunks:  # memory-mapped: one chunk at a time in Python objects
-        values = chunk.to_pylist()
-        hashes[i : i + len(values)] = [hash(v) for v in values]
-        i += len(values)
+    from vltool.distinct import string_hashes
+
+    hashes = string_hashes(ids)
     order = np.argsort(hashes, kind="stable")  # equal hashes stay in row order
     sorted_h = hashes[order]
     same = np.flatnonzero(sorted_h[1:] == sorted_h[:-1])

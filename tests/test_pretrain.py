@@ -328,6 +328,20 @@ def test_batches_equal_for_any_process_count():
     assert {r for _, r in one[0] + one[1]} != {r for _, r in one[6] + one[7]} or one[0] != one[6]
 
 
+def test_epoch_order_is_generator_permutation():
+    """The epoch's order, shuffled in 4-byte rows, is Generator.permutation's (so checkpoints made before
+    the change resume in the same order): golden first rows and the whole order for a few sizes."""
+    from vltool.pretrain.data import EpochBatches
+
+    for n in (1, 7, 50, 10_007):
+        order = EpochBatches(n, 1, 1, 0, seed=3, start=0, stop=1).perm(2)
+        assert order.dtype == np.int32 and np.array_equal(order, np.random.default_rng([3, 7919, 2]).permutation(n))
+    assert EpochBatches(50, 1, 1, 0, seed=3, start=0, stop=1).perm(0)[:5].tolist() == GOLDEN_ORDER_50
+
+
+GOLDEN_ORDER_50 = [9, 35, 6, 34, 42]  # np.random.default_rng([3, 7919, 0]).permutation(50)[:5], before the change
+
+
 def test_freezing_and_bn_stats(tmp_path):
     """--lock-image freezes the image tower (BatchNorm statistics too); --unfreeze-image-last N trains N blocks."""
     from vltool.model import ModelSpec, create_model

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-SLICE_ROWS = 1 << 20  # rows hashed per step: bounds the transient memory (their bytes, a few arrays of that many rows)
+SLICE_ROWS = 1 << 18  # rows hashed per step: bounds the transient memory (their bytes, a few arrays of that many rows)
 
 _M1 = np.uint64(0x9E3779B97F4A7C15)  # odd multipliers of the mix (golden ratio; murmur3's fmix64 constants)
 _M2 = np.uint64(0xFF51AFD7ED558CCD)

@@ -169,6 +169,7 @@ def check_rows(loaded, text_col: str, lists: bool, prefixed: bool) -> np.ndarray
     for src in loaded:
         dropped.append(np.flatnonzero(~_has_text(arrow_column(src.dataset, text_col), lists)) + offset)
         offset += len(src.dataset)
+    pa.default_memory_pool().release_unused()  # the slices' transient arrays, which Arrow's pool would keep for the run
     return np.concatenate(dropped).astype(np.int64)
 
 
@@ -216,7 +217,7 @@ def _write_verdict(path, dropped: np.ndarray) -> None:
         pass
 
 
-SLICE_ROWS = 1 << 20  # rows per Arrow call of the whole-column checks (a saved image dataset has a record batch per 100 rows)
+SLICE_ROWS = 1 << 18  # rows per Arrow call of the whole-column checks (a saved image dataset has a record batch per 100 rows)
 
 
 def _has_text(column, lists: bool) -> np.ndarray:

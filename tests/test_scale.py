@@ -323,3 +323,94 @@ def test_workers_default_is_chosen_from_the_machine_and_recorded(tmp_path, monke
     r = pretrain([data], tmp_path / "run", cfg, progress=False)
     assert json.loads((tmp_path / "run" / "run.json").read_text())["config"]["workers"] == 0  # on CPU
     assert r["options"]["workers"] == 0
+
+
+def _unicl_reference(config, where=()):
+    """load_unicl_data row by row in Python, as it was before (the reference): (ids, texts, labels,
+    templated, empty ids, rows in, dropped rows)."""
+    import datasets
+
+    from vltool.io import load_dataset
+
+    specs = [(s, "label") for s in config.label_data] + [(s, "text") for s in config.text_data]
+    classes, ids_out, texts_out, role_out, empty, dropped, rows_in = {}, [], [], [], [], [], 0
+    for k, (spec_, role) in enumerate(specs):
+        col = config.label_column if role == "label" else config.text_column
+        ds = load_dataset(spec_, where=where, required=["id", "image", col]).dataset
+        feat = ds.features[col]
+        if role == "label" and isinstance(feat, datasets.ClassLabel):
+            values = [None if v is None or v < 0 else feat.names[v] for v in ds[col]]
+        else:
+            values = ds[col]
+        texts = [t if isinstance(t, str) and t.strip() else None for t in values]
+        if role == "label":
+            for t in texts:
+                if t is not None and t not in classes:
+                    classes[t] = len(classes)
+        ids = [f"{k}:{i}" for i in ds["id"]] if config.prefix_ids and len(specs) > 1 else ds["id"]
+        for j, (i, t) in enumerate(zip(ids, texts)):
+            if t is None:
+                empty.append(i)
+                dropped.append(rows_in + j)
+            else:
+                ids_out.append(i), texts_out.append(t), role_out.append(role == "label")
+        rows_in += len(ds)
+    labels = [classes.get(t, -1) if lab else len(classes) + r for r, (t, lab) in enumerate(zip(texts_out, role_out))]
+    return ids_out, texts_out, labels, role_out, empty, rows_in, dropped
+
+
+@pytest.mark.parametrize("prefix", [False, True])
+def test_unicl_data_equal_the_row_by_row_reference(tmp_path, rows_formatted, prefix):
+    """UniCL's rows by whole-column work equal the row-by-row loader's: ids (prefixed or not), texts, labels
+    (classes numbered in order of first appearance over two label inputs, a ClassLabel one with a missing
+    label and a string one with a blank name, a name shared by both), which rows are templated, the rows
+    without text dropped and named; under --where too; and no row is formatted."""
+    import datasets
+
+    from vltool.pretrain import PretrainConfig
+    from vltool.pretrain.data import load_unicl_data
+
+    base = datasets.load_from_disk(make_pairs(tmp_path / "base", n=30, empty=(4, 21)))
+    names = ["red", "blue", "green", "cyan"]
+    lab1 = base.select(range(10)).remove_columns(["caption", "captions"])
+    lab1 = lab1.add_column("label", [2, 0, -1, 2, 3, 0, 1, 1, 3, 2]).cast_column("label", datasets.ClassLabel(names=names))
+    lab2 = base.select(range(10, 20)).remove_columns(["caption", "captions"])
+    lab2 = lab2.add_column("label", ["pink", "blue", "  ", "pink", None, "red", "gray", "blue", "pink", "teal"])
+    txt = base.select(range(20, 30))
+    paths = []
+    for name, d in (("lab1", lab1), ("lab2", lab2), ("txt", txt)):
+        d.add_column("split", ["train", "test"] * 5).save_to_disk(str(tmp_path / name))
+        paths.append(str(tmp_path / name))
+    cfg = PretrainConfig(arch="vltool-micro", loss="unicl", label_data=paths[:2], text_data=paths[2:], prefix_ids=prefix)
+    for where in ((), ("split=train",)):
+        got = load_unicl_data(cfg, where=where)
+        ids, texts, labels, templated, empty, rows_in, dropped = _unicl_reference(cfg, where)
+        assert got.ids == ids and got.dataset["_unicl_text"] == texts
+        assert got.labels.tolist() == labels and got.templated.tolist() == templated
+        assert got.empty_text_ids == empty and got.rows_in == rows_in
+        assert got.rows_key == load_unicl_data(cfg, where=where).rows_key
+    assert len(set(labels)) < len(labels) and -1 not in labels and sum(templated) == 7  # (under split=train)
+    rows_formatted.clear()
+    load_unicl_data(cfg)
+    assert rows_formatted == []
+    p0, p1 = ("0:", "1:") if prefix else ("", "")
+    assert empty == [f"{p0}p2", f"{p1}p12", f"{p1}p14"]  # (train rows) lab1's missing label, lab2's blank and missing names
+
+
+def test_unicl_duplicate_and_clashing_ids_are_named(tmp_path):
+    import datasets
+
+    from vltool.pretrain import PretrainConfig
+    from vltool.pretrain.data import load_unicl_data
+
+    base = datasets.load_from_disk(make_pairs(tmp_path / "base", n=8, ids=["a", "b", "c", "b", "e", "f", "g", "h"]))
+    base.select([0, 1, 2, 3]).save_to_disk(str(tmp_path / "dup"))
+    base.select([4, 5, 6, 7]).save_to_disk(str(tmp_path / "ok"))
+    base.select([0, 4]).save_to_disk(str(tmp_path / "clash"))
+    cfg = dict(arch="vltool-micro", loss="unicl", label_column="caption")
+    with pytest.raises(UsageError, match="duplicate ids .*'b'"):
+        load_unicl_data(PretrainConfig(**cfg, text_data=[str(tmp_path / "dup")]))
+    with pytest.raises(UsageError, match="id 'e' is in both"):
+        load_unicl_data(PretrainConfig(**cfg, label_data=[str(tmp_path / "ok")], text_data=[str(tmp_path / "clash")]))
+    ok = load_unicl_data(PretrainConfig(**cfg, label_data=[str(tmp_path / "ok")], text_data=[str(tmp_path / "clash")], prefix_ids=True))
+    assert ok.ids == ["0:e", "0:f", "0:g", "0:h", "1:a", "1:e"]

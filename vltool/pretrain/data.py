@@ -287,50 +287,78 @@ UNICL_TEXT = "_unicl_text"  # unicl's internal text column: the caption, or the 
 
 def load_unicl_data(config: PretrainConfig, where: Sequence[str] = (), split: str | None = None) -> TrainData:
     """UniCL's two roles, concatenated (label inputs first): image-label rows get their class's label and
-    the class name as text (a template is drawn per sample); image-text rows get a label each."""
-    import datasets
+    the class name as text (a template is drawn per sample); image-text rows get a label each.
 
-    from vltool.io import load_dataset
+    Whole-column work, no per-row Python (as load_train_data): ids checked by vltool.distinct, texts by the
+    blank-text test, class names numbered in order of first appearance by Arrow's `unique` and each label
+    row's class found by Arrow's lookup. A caption or string label column becomes the text column as it
+    is, memory-mapped (rows without text are dropped, so their values are never read); a ClassLabel
+    column's names are taken into a new column."""
+    import datasets
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from vltool.io import arrow_column, load_dataset
     from vltool.templates import load_templates
 
     specs = [(s, "label") for s in config.label_data] + [(s, "text") for s in config.text_data]
     if not specs:
         raise UsageError("--loss unicl needs --label-data and/or --text-data (or DATA, taken as --text-data)")
+    prefixed = config.prefix_ids and len(specs) > 1
     classes: dict[str, int] = {}  # class name -> class index; equal names in several label inputs are one class
-    parts, loaded, empty_ids, seen, dropped = [], [], [], {}, []
-    rows_in = 0
+    parts, loaded, all_ids, keep, is_label = [], [], [], [], []
     for k, (spec_, role) in enumerate(specs):
         col = config.label_column if role == "label" else config.text_column
         src = load_dataset(spec_, split=split, where=where, required=[C.ID, C.IMAGE, col])
         loaded.append(src)
         ds = src.dataset
-        texts = _role_texts(ds, col, role, spec_, classes)
-        ids = ds[C.ID]
-        if config.prefix_ids and len(specs) > 1:
-            ids = [f"{k}:{i}" for i in ids]
-        for i in ids:
-            if i in seen:
-                raise UsageError(
-                    f"id {i!r} is in both {specs[seen[i]][0]!r} and {spec_!r}; "
-                    "pass --prefix-ids to make ids unique as '<input index>:<id>' (e.g. one dataset in both roles)"
-                )
-            seen[i] = k
-        keep = [j for j, t in enumerate(texts) if t is not None]
-        empty_ids += [ids[j] for j, t in enumerate(texts) if t is None]
-        dropped += [rows_in + j for j, t in enumerate(texts) if t is None]
-        rows_in += len(ds)
-        sub = ds.select_columns([C.IMAGE]).cast_column(C.IMAGE, datasets.Image(decode=False)).select(keep)
-        sub = sub.add_column(C.ID, [ids[j] for j in keep]).add_column(UNICL_TEXT, [texts[j] for j in keep])
-        sub = sub.add_column("_role_label", [role == "label"] * len(keep))
-        parts.append(sub)
+        texts = _role_texts(ds, col, role, spec_)  # (rows,) the caption or class name, as Arrow strings
+        has_text = _has_text(texts, lists=False)  # (rows,) bool
+        if role == "label":
+            named = pc.unique(pc.filter(texts, pa.array(has_text)))  # in order of first appearance
+            for name in named.to_pylist():
+                classes.setdefault(name, len(classes))
+        ids = arrow_column(ds, C.ID)
+        repeated, an_id = duplicate(ids)
+        if repeated:
+            raise UsageError(f"{spec_!r} has duplicate ids (e.g. {an_id!r}); ids must be unique")
+        sub = ds.select_columns([C.ID, C.IMAGE, col]).cast_column(C.IMAGE, datasets.Image(decode=False))
+        if isinstance(ds.features[col], datasets.ClassLabel):  # (add_column copies a filtered view's rows)
+            sub = sub.remove_columns([col]).add_column(UNICL_TEXT, pa.chunked_array(texts).combine_chunks())
+        else:  # the input's own column, memory-mapped
+            sub = sub.rename_column(col, UNICL_TEXT)
+            if ds.features[col] != datasets.Value("string"):
+                sub = sub.cast_column(UNICL_TEXT, datasets.Value("string"))
+        if prefixed:
+            ids = pc.binary_join_element_wise(pa.scalar(f"{k}:"), ids, "")
+            sub = sub.remove_columns([C.ID]).add_column(C.ID, ids.combine_chunks())
+        all_ids.append(ids)
+        keep.append(has_text)
+        is_label.append(np.full(len(ds), role == "label"))
+        parts.append(sub.select_columns([C.ID, C.IMAGE, UNICL_TEXT]))
+    if len(specs) > 1 and not prefixed:
+        clashes, clash = duplicate(pa.chunked_array([c for ids in all_ids for c in ids.chunks], type=all_ids[0].type))
+        if clashes:
+            first, second = [specs[k][0] for k, ids in enumerate(all_ids) if pc.any(pc.equal(ids, clash)).as_py()][:2]
+            raise UsageError(
+                f"id {clash!r} is in both {first!r} and {second!r}; "
+                "pass --prefix-ids to make ids unique as '<input index>:<id>' (e.g. one dataset in both roles)"
+            )
     ds = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+    rows_in = len(ds)
+    keep, is_label = np.concatenate(keep), np.concatenate(is_label)  # (rows_in,) each
+    dropped = np.flatnonzero(~keep)
+    empty_ids = arrow_column(ds, C.ID).take(pa.array(dropped)).to_pylist() if len(dropped) else []
+    if len(dropped):
+        ds = ds.select(np.flatnonzero(keep))
+        is_label = is_label[keep]
     if len(ds) == 0:
         raise UsageError("the unicl inputs have no rows with a label or text")
-    is_label = np.array(ds["_role_label"], dtype=bool)
-    txt = ds[UNICL_TEXT]
-    labels = np.where(is_label, [classes.get(t, -1) for t in txt], len(classes) + np.arange(len(ds)))
+    names = pa.array(list(classes), pa.string())
+    class_of = pc.fill_null(pc.index_in(arrow_column(ds, UNICL_TEXT), value_set=names), -1).to_numpy()  # (rows,)
+    labels = np.where(is_label, class_of, len(classes) + np.arange(len(ds)))
     _, templates = load_templates(config.templates)
-    key = rows_key(loaded, [r for _, r in specs], config.prefix_ids, dropped)
+    key = rows_key(loaded, [r for _, r in specs], config.prefix_ids, dropped.tolist())
     data = TrainData(ds, UNICL_TEXT, loaded, rows_in, empty_ids, rows_key=key,
                      text_source=f"label:{config.label_column}|text:{config.text_column}")
     data.labels = labels.astype(np.int64)
@@ -339,28 +367,27 @@ def load_unicl_data(config: PretrainConfig, where: Sequence[str] = (), split: st
     return data
 
 
-def _role_texts(ds, col: str, role: str, spec_: str, classes: dict[str, int]) -> list:
-    """Each row's text (None when missing): a label row's class name (new names join `classes`), or a caption."""
+def _role_texts(ds, col: str, role: str, spec_: str):
+    """(rows,) Arrow strings: a label row's class name (null for a missing class), or a row's caption."""
     import datasets
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from vltool.io import arrow_column
 
     feat = ds.features[col]
+    values = arrow_column(ds, col)
     if role == "label":
         if isinstance(feat, datasets.ClassLabel):
-            names = [None if v is None or v < 0 else feat.names[v] for v in ds[col]]
-        elif isinstance(feat, datasets.Value) and feat.dtype in ("string", "large_string"):
-            names = ds[col]
-        else:
-            raise UsageError(f"--label-column {col!r} of {spec_!r} must be a ClassLabel or string column (it is {feat})")
-        texts = [n if isinstance(n, str) and n.strip() else None for n in names]
-        for n in texts:
-            if n is not None and n not in classes:
-                classes[n] = len(classes)
-    else:
-        from vltool.checks import text_column
+            known = pc.if_else(pc.greater_equal(values, 0), values, pa.scalar(None, values.type))  # -1: no label
+            return pc.take(pa.array(feat.names, pa.string()), known)
+        if isinstance(feat, datasets.Value) and feat.dtype in ("string", "large_string"):
+            return values
+        raise UsageError(f"--label-column {col!r} of {spec_!r} must be a ClassLabel or string column (it is {feat})")
+    from vltool.checks import text_column
 
-        text_column(ds, col, spec_)
-        texts = [t if isinstance(t, str) and t.strip() else None for t in ds[col]]
-    return texts
+    text_column(ds, col, spec_)
+    return values
 
 
 class BalancedEpochBatches:

@@ -176,6 +176,27 @@ def test_same_output_for_num_proc_1_and_2(text_dataset, tmp_path, monkeypatch):
     assert a == b and len(a) > 100
 
 
+def test_one_pool_per_pass_whatever_the_chunks(text_dataset, tmp_path, monkeypatch):
+    """deform --num-proc 2 over many TEXT_CHUNKs starts two pools (the vocabulary's pass and the deforming
+    pass), not one per chunk, and gives the one-process output."""
+    import multiprocessing as mp
+
+    monkeypatch.setattr(D, "MIN_ROWS_PER_PROC", 10)
+    monkeypatch.setattr(D, "TEXT_CHUNK", 60)
+    ctx = mp.get_context("fork")
+    started = []
+    real_pool = ctx.Pool
+    monkeypatch.setattr(ctx, "Pool", lambda *a, **k: started.append(a) or real_pool(*a, **k))
+    src = text_dataset(_random_captions(1000, random.Random(4)))
+    cfg = dict(ops="shuffle,rmstop,basevocab,rmtopfreq3,keep4", seed=5, base_frac=0.5)
+    deform(src, tmp_path / "a", DeformConfig(**cfg, num_proc=1))
+    assert started == []
+    deform(src, tmp_path / "b", DeformConfig(**cfg, num_proc=2))
+    assert started == [(2,), (2,)]  # 1000 rows are 17 chunks
+    a = datasets.load_from_disk(str(tmp_path / "a")).to_list()
+    assert a == datasets.load_from_disk(str(tmp_path / "b")).to_list() and len(a) > 500
+
+
 def test_chunks_of_texts_give_the_same_output(text_dataset, tmp_path, monkeypatch):
     """deform holds TEXT_CHUNK rows' texts as Python strings at a time; any chunk size gives the same
     output and statistics, with a selection (--where) and rows that become empty."""

@@ -16,13 +16,14 @@ vocabulary and word frequencies are counted on.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 import shutil
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -284,16 +285,18 @@ _WORK: dict = {}
 MIN_ROWS_PER_PROC = 20_000  # below this, one process is faster than starting a pool
 
 
-def _fit_work(span: tuple[int, int]) -> tuple[set, Counter]:
+def _fit_work(texts: list[str]) -> tuple[set, Counter]:
     """Tokens and caption frequencies of a slice of the base captions."""
-    return _count_base(_WORK["texts"][span[0] : span[1]])
+    return _count_base(texts)
 
 
-def _deform_work(span: tuple[int, int]) -> tuple[list[str], Counter, int, int]:
-    lo, hi = span
-    w = _WORK
-    texts = w["texts"][lo:hi]
-    out, removed = deform_batch(texts, w["ids"][lo:hi], w["seed"], w["ops"], w["vocab"])
+def _deform_work(task: tuple[list[str], list[str]]) -> tuple[list[str], Counter, int, int]:
+    """Deform a slice of (texts, ids) with the pool's ops, vocabulary and seed (in _WORK)."""
+    return _deform_slice(*task, _WORK["seed"], _WORK["ops"], _WORK["vocab"])
+
+
+def _deform_slice(texts: list[str], ids: list[str], seed: int, ops: Ops, vocab: Vocabulary) -> tuple[list[str], Counter, int, int]:
+    out, removed = deform_batch(texts, ids, seed, ops, vocab)
     # words in and out (outputs are tokens joined by single spaces)
     return out, removed, sum(len(t.split()) for t in texts if t), sum(t.count(" ") + 1 for t in out if t)
 
@@ -306,45 +309,40 @@ def _spans(n: int, num_proc: int) -> list[tuple[int, int]]:
 PROGRESS_ROWS = 50_000  # a progress bar (rows, rate, time left) for loops over more rows than this
 
 
-def _pool_map(fn, n: int, num_proc: int, label: str | None = None, **work) -> list:
-    """fn over spans of n rows: in this process for small n, else in a fork pool sharing `work`. Large n
-    goes in spans of MIN_ROWS_PER_PROC rows with a progress bar `label` (the result does not depend on it)."""
-    from vltool.console import Bar
+@dataclass
+class Workers:
+    pool: Any  # a multiprocessing Pool
+    processes: int
 
-    _WORK.update(work)
+
+@contextlib.contextmanager
+def workers(num_proc: int, rows: int, **state) -> Iterator[Workers | None]:
+    """One fork pool of `num_proc` processes for a whole pass over `rows` rows (None: work in this process,
+    for one process or too few rows to pay a pool's start). `state` (the ops, vocabulary and seed) is set
+    before the fork, so each worker inherits it once; the rows go to the workers a slice per task."""
+    if num_proc <= 1 or rows < MIN_ROWS_PER_PROC * 2:
+        yield None
+        return
+    import multiprocessing as mp
+
+    _WORK.update(state)
     try:
-        with Bar(label or "", n, unit="rows", enabled=label is not None and n > PROGRESS_ROWS) as bar:
-            if num_proc <= 1 or n < MIN_ROWS_PER_PROC * 2:
-                if bar.prog is None:
-                    return [fn((0, n))]
-                parts = []
-                for span in [(lo, min(n, lo + MIN_ROWS_PER_PROC)) for lo in range(0, n, MIN_ROWS_PER_PROC)]:
-                    parts.append(fn(span))
-                    bar.advance(span[1] - span[0])
-                return parts
-            import multiprocessing as mp
-
-            spans = _spans(n, num_proc)
-            parts = []
-            with mp.get_context("fork").Pool(num_proc) as pool:
-                for span, part in zip(spans, pool.imap(fn, spans)):
-                    parts.append(part)
-                    bar.advance(span[1] - span[0])
-            return parts
+        with mp.get_context("fork").Pool(num_proc) as pool:
+            yield Workers(pool, num_proc)
     finally:
         _WORK.clear()
 
 
-def fit_vocabulary_chunks(chunks: Iterable[list[str]], ops: Ops, stopwords: frozenset[str], num_proc: int) -> Vocabulary:
-    """`fit_vocabulary` over the base captions given a chunk at a time, each chunk's counting spread over
-    processes (the same result for any chunking and any num_proc: the counts add up)."""
+def fit_vocabulary_chunks(chunks: Iterable[list[str]], ops: Ops, stopwords: frozenset[str], pool: Workers | None = None) -> Vocabulary:
+    """`fit_vocabulary` over the base captions given a chunk at a time, each chunk's counting spread over the
+    pool's processes (the same result for any chunking and any pool: the counts add up)."""
     vocab: set[str] = set()
     df: Counter = Counter()
     for texts in chunks:
-        if num_proc <= 1 or len(texts) < MIN_ROWS_PER_PROC * 2:
+        if pool is None or len(texts) < MIN_ROWS_PER_PROC * 2:
             parts = [_count_base(texts)]
         else:
-            parts = _pool_map(_fit_work, len(texts), num_proc, label=None, texts=texts)
+            parts = pool.pool.map(_fit_work, [texts[lo:hi] for lo, hi in _spans(len(texts), pool.processes)])
         for v, d in parts:
             vocab |= v
             df.update(d)
@@ -352,16 +350,27 @@ def fit_vocabulary_chunks(chunks: Iterable[list[str]], ops: Ops, stopwords: froz
 
 
 def deform_texts(
-    texts: list[str], ids: list[str], is_base: np.ndarray, ops: Ops, vocab: Vocabulary, seed: int, num_proc: int = 1,
+    texts: list[str], ids: list[str], is_base: np.ndarray, ops: Ops, vocab: Vocabulary, seed: int, pool: Workers | None = None,
     label: str | None = "deform",
 ) -> tuple[list[str], Counter, int, int]:
-    """Deform the non-base rows of `texts` (base rows unchanged); `label`: the progress bar's (None: none).
+    """Deform the non-base rows of `texts` (base rows unchanged), in the pool's processes when it is given
+    (`workers(...)` with this ops, vocab and seed); `label`: the progress bar's (None: none).
 
     Returns (texts, removed words, words of the input, words of the output)."""
+    from vltool.console import Bar
+
     idx = np.flatnonzero(~is_base).tolist()
     sub_texts = [texts[i] for i in idx]
     sub_ids = [ids[i] for i in idx]
-    parts = _pool_map(_deform_work, len(sub_texts), num_proc, label=label, texts=sub_texts, ids=sub_ids, ops=ops, vocab=vocab, seed=seed)
+    n = len(sub_texts)
+    in_pool = pool is not None and n >= MIN_ROWS_PER_PROC * 2
+    spans = _spans(n, pool.processes) if in_pool else [(lo, min(n, lo + MIN_ROWS_PER_PROC)) for lo in range(0, n, MIN_ROWS_PER_PROC)]
+    tasks = [(sub_texts[lo:hi], sub_ids[lo:hi]) for lo, hi in spans]
+    parts = []
+    with Bar(label or "", n, unit="rows", enabled=label is not None and n > PROGRESS_ROWS) as bar:
+        for (lo, hi), part in zip(spans, pool.pool.imap(_deform_work, tasks) if in_pool else (_deform_slice(*t, seed, ops, vocab) for t in tasks)):
+            parts.append(part)
+            bar.advance(hi - lo)
     removed: Counter = Counter()
     result = list(texts)
     base_words = sum(len(texts[i].split()) for i in np.flatnonzero(is_base).tolist() if texts[i])
@@ -440,10 +449,11 @@ def deform_dataset(ds, config: DeformConfig, spill: Path | None = None) -> tuple
     n = len(texts_col)
     stopwords, stop_source = english_stopwords()
     is_base = choose_base(n, config.base_frac, config.seed)  # (n,) bool
-    vocab = fit_vocabulary_chunks(  # the base texts of TEXT_CHUNK rows at a time (a take over the whole column would copy it)
-        (texts_col.slice(a, TEXT_CHUNK).filter(pa.array(is_base[a : a + TEXT_CHUNK])).to_pylist() for a in range(0, n, TEXT_CHUNK)),
-        ops, stopwords, config.num_proc,
-    )
+    with workers(config.num_proc, int(is_base.sum())) as pool:
+        vocab = fit_vocabulary_chunks(  # the base texts of TEXT_CHUNK rows at a time (a take over the whole column would copy it)
+            (texts_col.slice(a, TEXT_CHUNK).filter(pa.array(is_base[a : a + TEXT_CHUNK])).to_pylist() for a in range(0, n, TEXT_CHUNK)),
+            ops, stopwords, pool,
+        )
 
     # The texts are deformed TEXT_CHUNK rows at a time (a row's result depends on its own text, its id and
     # the seed only), so Python holds one chunk of strings, not the whole column; the new column is Arrow,
@@ -454,12 +464,13 @@ def deform_dataset(ds, config: DeformConfig, spill: Path | None = None) -> tuple
     new_cols = _Columns(spill and spill / "columns.arrow", pa.schema([(config.text_column, col_type), (C.IS_BASE, pa.bool_())]))
     removed, words_in, words_out = Counter(), 0, 0
     keep = np.zeros(n, dtype=bool)  # (n,) the rows written: a base row with text, a deformed row left non-empty
-    with Bar("deform", n, unit="rows", enabled=n > PROGRESS_ROWS) as bar:
+    with Bar("deform", n, unit="rows", enabled=n > PROGRESS_ROWS) as bar, \
+            workers(config.num_proc, n, ops=ops, vocab=vocab, seed=config.seed) as pool:  # one pool for every chunk
         for a in range(0, n, TEXT_CHUNK):
             b = min(n, a + TEXT_CHUNK)
             texts = texts_col.slice(a, b - a).to_pylist()
             ids = ids_col.slice(a, b - a).to_pylist()
-            new, r, w_in, w_out = deform_texts(texts, ids, is_base[a:b], ops, vocab, config.seed, config.num_proc, label=None)
+            new, r, w_in, w_out = deform_texts(texts, ids, is_base[a:b], ops, vocab, config.seed, pool, label=None)
             removed.update(r)
             words_in, words_out = words_in + w_in, words_out + w_out
             has_text = np.fromiter((clean_text(t) is not None for t in texts), dtype=bool, count=b - a)

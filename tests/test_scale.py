@@ -36,7 +36,8 @@ def rows_formatted(monkeypatch):
 
 
 def test_blank_text_test_equals_texts_of():
-    from vltool.pretrain.data import _has_text, texts_of
+    from vltool.checks import has_text as _has_text
+    from vltool.pretrain.data import texts_of
 
     strings = pa.chunked_array([["a", "", "  ", None, " b\t"], ["\u3000", "x", "\n"]])
     lists = pa.chunked_array([[["", "a"], [], None, ["  ", None]], [["z"], [" "]]])
@@ -45,12 +46,13 @@ def test_blank_text_test_equals_texts_of():
 
 
 def test_blank_text_test_over_slices_of_many_chunks(monkeypatch):
-    """_has_text works SLICE_ROWS rows at a time, across record batches: any slice size gives the
+    """has_text works TEXT_SLICE_ROWS rows at a time, across record batches: any slice size gives the
     row-by-row answer, for strings and lists, with slices that cut through batches."""
     import random
 
-    import vltool.pretrain.data as data
-    from vltool.pretrain.data import _has_text, texts_of
+    import vltool.checks as checks
+    from vltool.checks import has_text as _has_text
+    from vltool.pretrain.data import texts_of
 
     rng = random.Random(0)
     pool = ["a", "", "  ", None, " b\t", "\u3000", "x y", "\n"]
@@ -60,7 +62,7 @@ def test_blank_text_test_over_slices_of_many_chunks(monkeypatch):
     want_s = [bool(texts_of(v, None)) for v in strings.to_pylist()]
     want_l = [bool(texts_of(v, "first")) for v in lists.to_pylist()]
     for rows in (1, 5, 13, 1 << 20):
-        monkeypatch.setattr(data, "SLICE_ROWS", rows)
+        monkeypatch.setattr(checks, "TEXT_SLICE_ROWS", rows)
         assert _has_text(strings, False).tolist() == want_s and _has_text(lists, True).tolist() == want_l
 
 
@@ -101,9 +103,9 @@ def test_the_checked_rows_are_kept_under_the_inputs_fingerprints(tmp_path, monke
     made.add_column("split", ["train", "test"] * 20).save_to_disk(data)
     first = load_train_data([data], PretrainConfig())
     calls = []
-    real_duplicate, real_has_text = data_mod.duplicate, data_mod._has_text
+    real_duplicate, real_has_text = data_mod.duplicate, data_mod.has_text
     monkeypatch.setattr(data_mod, "duplicate", lambda *a, **k: calls.append("ids") or real_duplicate(*a, **k))
-    monkeypatch.setattr(data_mod, "_has_text", lambda *a, **k: calls.append("texts") or real_has_text(*a, **k))
+    monkeypatch.setattr(data_mod, "has_text", lambda *a, **k: calls.append("texts") or real_has_text(*a, **k))
 
     again = load_train_data([data], PretrainConfig())
     assert calls == [] and again.ids == first.ids and again.empty_text_ids == first.empty_text_ids == ["p3", "p17"]

@@ -28,7 +28,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 
 from vltool import columns as C
-from vltool.checks import clean_text
+from vltool.checks import has_text
 from vltool.errors import UsageError
 from vltool.io import arrow_column
 from vltool.text import english_stopwords, tokenize
@@ -473,8 +473,7 @@ def deform_dataset(ds, config: DeformConfig, spill: Path | None = None) -> tuple
             new, r, w_in, w_out = deform_texts(texts, ids, is_base[a:b], ops, vocab, config.seed, pool, label=None)
             removed.update(r)
             words_in, words_out = words_in + w_in, words_out + w_out
-            has_text = np.fromiter((clean_text(t) is not None for t in texts), dtype=bool, count=b - a)
-            keep[a:b] = np.where(is_base[a:b], has_text, np.fromiter(map(bool, new), dtype=bool, count=b - a))
+            keep[a:b] = np.where(is_base[a:b], has_text(texts_col.slice(a, b - a), lists=False), np.fromiter(map(bool, new), dtype=bool, count=b - a))
             new_cols.add([pa.array(new, type=col_type), pa.array(is_base[a:b])])
             bar.advance(b - a)
     new_cols = new_cols.table()
@@ -563,8 +562,7 @@ def deform(
     timer = provenance.Timer()
     config.validate()
     src = load_dataset(data, split=split, where=where, required=[C.ID], texts=[config.text_column])
-    col = arrow_column(src.dataset, config.text_column)  # counted TEXT_CHUNK rows at a time
-    with_text = sum(clean_text(t) is not None for a in range(0, len(col), TEXT_CHUNK) for t in col.slice(a, TEXT_CHUNK).to_pylist())
+    with_text = int(has_text(arrow_column(src.dataset, config.text_column), lists=False).sum())  # whole-column Arrow work
     require_texts(with_text, src.rows, config.text_column, data)
     with output_scope():  # out's lock until the end (a CLI command holds it already), so no write cleans the spill
         out = check_output(out, overwrite, inputs=[*src.reads])

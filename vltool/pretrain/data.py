@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from vltool import columns as C
+from vltool.checks import has_text
 from vltool.distinct import duplicate
 from vltool.errors import UsageError, VltoolError
 from vltool.io import decode_image
@@ -167,7 +168,7 @@ def check_rows(loaded, text_col: str, lists: bool, prefixed: bool) -> np.ndarray
             )
     dropped, offset = [], 0
     for src in loaded:
-        dropped.append(np.flatnonzero(~_has_text(arrow_column(src.dataset, text_col), lists)) + offset)
+        dropped.append(np.flatnonzero(~has_text(arrow_column(src.dataset, text_col), lists)) + offset)
         offset += len(src.dataset)
     pa.default_memory_pool().release_unused()  # the slices' transient arrays, which Arrow's pool would keep for the run
     return np.concatenate(dropped).astype(np.int64)
@@ -217,31 +218,7 @@ def _write_verdict(path, dropped: np.ndarray) -> None:
         pass
 
 
-SLICE_ROWS = 1 << 18  # rows per Arrow call of the whole-column checks (a saved image dataset has a record batch per 100 rows)
-
-
-def _has_text(column, lists: bool) -> np.ndarray:
-    """(rows,) bool: the row has a text that is not blank (texts_of's test, on the whole column): a string, or
-    a list with at least one string. One Arrow call per SLICE_ROWS rows, whatever their record batches
-    (a Python call per batch was 2 s of start-up at 10M rows), and memory for that many rows' texts."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    def nonblank(strings) -> np.ndarray:
-        return pc.fill_null(pc.not_equal(pc.utf8_trim_whitespace(strings), ""), False).to_numpy(zero_copy_only=False)
-
-    if not isinstance(column, pa.ChunkedArray):
-        column = pa.chunked_array([column])
-    out = []
-    for a in range(0, len(column), SLICE_ROWS):
-        part = column.slice(a, SLICE_ROWS)
-        if not lists:
-            out.append(nonblank(part))
-        else:
-            part = part.combine_chunks()  # list_parent_indices counts from the start of one array
-            parent = pc.list_parent_indices(part).to_numpy()
-            out.append(np.bincount(parent[nonblank(pc.list_flatten(part))], minlength=len(part)) > 0)
-    return np.concatenate(out) if out else np.zeros(0, dtype=bool)
+SLICE_ROWS = 1 << 18  # rows per Arrow call of the positives' lookup (a saved image dataset has a record batch per 100 rows)
 
 
 def _positive_rows(ds) -> dict[int, list[int]]:
@@ -313,9 +290,9 @@ def load_unicl_data(config: PretrainConfig, where: Sequence[str] = (), split: st
         loaded.append(src)
         ds = src.dataset
         texts = _role_texts(ds, col, role, spec_)  # (rows,) the caption or class name, as Arrow strings
-        has_text = _has_text(texts, lists=False)  # (rows,) bool
+        texted = has_text(texts, lists=False)  # (rows,) bool
         if role == "label":
-            named = pc.unique(pc.filter(texts, pa.array(has_text)))  # in order of first appearance
+            named = pc.unique(pc.filter(texts, pa.array(texted)))  # in order of first appearance
             for name in named.to_pylist():
                 classes.setdefault(name, len(classes))
         ids = arrow_column(ds, C.ID)
@@ -333,7 +310,7 @@ def load_unicl_data(config: PretrainConfig, where: Sequence[str] = (), split: st
             ids = pc.binary_join_element_wise(pa.scalar(f"{k}:"), ids, "")
             sub = sub.remove_columns([C.ID]).add_column(C.ID, ids.combine_chunks())
         all_ids.append(ids)
-        keep.append(has_text)
+        keep.append(texted)
         is_label.append(np.full(len(ds), role == "label"))
         parts.append(sub.select_columns([C.ID, C.IMAGE, UNICL_TEXT]))
     if len(specs) > 1 and not prefixed:

@@ -29,6 +29,7 @@ import numpy as np
 
 from vltool import columns as C
 from vltool.checks import has_text
+from vltool.derived import ColumnSpill, replace_text_column
 from vltool.errors import UsageError
 from vltool.io import arrow_column
 from vltool.text import english_stopwords, tokenize
@@ -393,39 +394,6 @@ def _fingerprint(parent: str, config: DeformConfig) -> str:
     return hashlib.blake2b(f"{parent}|deform|{config}".encode(), digest_size=8).hexdigest()
 
 
-class _Columns:
-    """Columns built a batch at a time: into an Arrow file at `path` and memory-mapped back by table() (their
-    pages are then the file's, which the kernel can drop, not the process's memory), or, with no path, in
-    memory."""
-
-    def __init__(self, path: Path | None, schema) -> None:
-        import pyarrow as pa
-
-        self.path, self.schema, self.batches = path, schema, []
-        self.sink = pa.OSFile(str(path), "wb") if path is not None else None
-        self.writer = pa.ipc.new_stream(self.sink, schema) if path is not None else None
-
-    def add(self, arrays: list) -> None:
-        import pyarrow as pa
-
-        batch = pa.record_batch(arrays, schema=self.schema)
-        if self.writer is not None:
-            self.writer.write_batch(batch)
-        else:
-            self.batches.append(batch)
-
-    def table(self):
-        """The columns as a `datasets` table (memory-mapped ones pickle as their file, not their data)."""
-        import pyarrow as pa
-        from datasets.table import InMemoryTable, MemoryMappedTable
-
-        if self.writer is None:
-            return InMemoryTable(pa.Table.from_batches(self.batches, schema=self.schema))
-        self.writer.close()
-        self.sink.close()
-        return MemoryMappedTable.from_file(str(self.path))
-
-
 def deform_dataset(ds, config: DeformConfig, spill: Path | None = None) -> tuple[object, dict]:
     """Deform `ds[config.text_column]`; return the new dataset (empty rows dropped) and its statistics.
 
@@ -434,7 +402,6 @@ def deform_dataset(ds, config: DeformConfig, spill: Path | None = None) -> tuple
     outlive the returned dataset's use. None: they are held in memory."""
     import datasets
     import pyarrow as pa
-    from datasets.table import ConcatenationTable, InMemoryTable
 
     from vltool.io import require_columns
 
@@ -443,8 +410,7 @@ def deform_dataset(ds, config: DeformConfig, spill: Path | None = None) -> tuple
     feature = ds.features[config.text_column]
     if not (isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")):
         raise UsageError(f"--text-column {config.text_column!r} is not a text column (its type is {feature})")
-    table = ds.data.table
-    col_type = table.schema.field(config.text_column).type
+    col_type = ds.data.schema.field(config.text_column).type
     texts_col, ids_col = arrow_column(ds, config.text_column), arrow_column(ds, C.ID)  # Arrow: no Python objects
     n = len(texts_col)
     stopwords, stop_source = english_stopwords()
@@ -461,7 +427,7 @@ def deform_dataset(ds, config: DeformConfig, spill: Path | None = None) -> tuple
     # (a base row stays intact, but a row without text, base or not, is dropped: None, "" and whitespace are no text)
     from vltool.console import Bar
 
-    new_cols = _Columns(spill and spill / "columns.arrow", pa.schema([(config.text_column, col_type), (C.IS_BASE, pa.bool_())]))
+    new_cols = ColumnSpill(spill and spill / "columns.arrow", pa.schema([(config.text_column, col_type), (C.IS_BASE, pa.bool_())]))
     removed, words_in, words_out = Counter(), 0, 0
     keep = np.zeros(n, dtype=bool)  # (n,) the rows written: a base row with text, a deformed row left non-empty
     with Bar("deform", n, unit="rows", enabled=n > PROGRESS_ROWS) as bar, \
@@ -479,41 +445,12 @@ def deform_dataset(ds, config: DeformConfig, spill: Path | None = None) -> tuple
     new_cols = new_cols.table()
     rows_out = int(keep.sum())
 
-    # Build the output without copying the table: the input's table (memory-mapped: `datasets` pickles it as
-    # its files and replayed operations, so save_to_disk's worker processes do not copy it) beside the new
-    # columns (memory-mapped from the spill file too), with the rows kept as an indices mapping that
-    # save_to_disk follows batch by batch, so the images are never held in memory (a filter would copy every
-    # column, images included).
-    if ds._indices is None:
-        scatter = None
-    else:  # the selected rows' values go to their places in the whole table (other places: null, never read)
-        rows = ds._indices.column(0).to_numpy()
-        inverse = np.full(len(table), -1, dtype=np.int64)
-        inverse[rows] = np.arange(n)
-        scatter = pa.array(inverse, mask=inverse < 0)
-        new_cols = InMemoryTable(pa.table({c: new_cols.column(c).take(scatter) for c in new_cols.column_names}))
-
+    # The output is the input's memory-mapped table beside the new columns, with the kept rows as an indices
+    # mapping (vltool.derived): neither the images nor the new texts are copied into memory.
     original_col = C.CAPTION_ORIGINAL if config.text_column == C.CAPTION else f"{config.text_column}_original"
-    names = [c for c in ds.data.column_names if c != C.IS_BASE]
-    order = names + ([original_col] if original_col not in names else []) + [C.IS_BASE]  # the new text in its place
-    base = ds.data.drop([C.IS_BASE]) if C.IS_BASE in ds.data.column_names else ds.data
-    if original_col in names:  # a second deform keeps the intact text of the first
-        base = base.drop([config.text_column])
-    else:
-        base = base.rename_columns([original_col if c == config.text_column else c for c in names])
-    whole = ConcatenationTable.from_tables([base, new_cols], axis=1).select(order)
-    kinds = {**{c: ds.features[c] for c in names}, original_col: ds.features.get(original_col, feature), C.IS_BASE: datasets.Value("bool")}
-    features = datasets.Features({c: kinds[c] for c in order})
-    indices = None
-    if scatter is not None or rows_out < n:  # the kept rows of the whole table, in order
-        kept = _Columns(spill and spill / "indices.arrow", pa.schema([("indices", pa.uint64())]))
-        for a in range(0, n, TEXT_CHUNK):
-            k = np.flatnonzero(keep[a : a + TEXT_CHUNK]) + a
-            kept.add([pa.array(k if scatter is None else rows[k], type=pa.uint64())])
-        indices = kept.table()
-    out = datasets.Dataset(
-        whole, info=datasets.DatasetInfo(features=features), indices_table=indices,
-        fingerprint=_fingerprint(ds._fingerprint, config),
+    out = replace_text_column(
+        ds, config.text_column, original_col, new_cols, {config.text_column: feature, C.IS_BASE: datasets.Value("bool")}, keep,
+        fingerprint=_fingerprint(ds._fingerprint, config), spill=spill, chunk=TEXT_CHUNK,
     )
 
     warnings = []

@@ -1,0 +1,101 @@
+"""A dataset derived from an input by a new text column and a row selection, without copying the input.
+
+`deform` and `pick-caption` rewrite one text column of every row and drop some rows. At millions of rows
+neither the images nor the new texts may be held in memory: the new columns are written a chunk at a
+time (ColumnSpill: to an Arrow file memory-mapped back, or in memory for small data), and the output is
+the input's own memory-mapped table beside them, with the kept rows as an indices mapping that
+`save_to_disk` follows batch by batch (a filter or `add_column` on a selection would copy every column,
+images included). `datasets` pickles such a table as its files, so `save_to_disk`'s worker processes do
+not receive the data either.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+
+class ColumnSpill:
+    """Columns built a batch at a time: into an Arrow file at `path` and memory-mapped back by table() (their
+    pages are then the file's, which the kernel can drop, not the process's memory), or, with no path, in
+    memory."""
+
+    def __init__(self, path: Path | None, schema) -> None:
+        import pyarrow as pa
+
+        self.path, self.schema, self.batches = path, schema, []
+        self.sink = pa.OSFile(str(path), "wb") if path is not None else None
+        self.writer = pa.ipc.new_stream(self.sink, schema) if path is not None else None
+
+    def add(self, arrays: list) -> None:
+        import pyarrow as pa
+
+        batch = pa.record_batch(arrays, schema=self.schema)
+        if self.writer is not None:
+            self.writer.write_batch(batch)
+        else:
+            self.batches.append(batch)
+
+    def table(self):
+        """The columns as a `datasets` table (memory-mapped ones pickle as their file, not their data)."""
+        import pyarrow as pa
+        from datasets.table import InMemoryTable, MemoryMappedTable
+
+        if self.writer is None:
+            return InMemoryTable(pa.Table.from_batches(self.batches, schema=self.schema))
+        self.writer.close()
+        self.sink.close()
+        return MemoryMappedTable.from_file(str(self.path))
+
+
+def replace_text_column(
+    ds, column: str, original: str, new, new_features: dict, keep: np.ndarray, *, fingerprint: str,
+    spill: Path | None, chunk: int,
+):
+    """`ds` with its `column` replaced by `new[column]`, and only the rows where `keep`.
+
+    new: a `datasets` table of len(ds) rows (ds's rows, after any selection), holding `column` and any
+    other new columns (`new_features`: name -> datasets feature of each). The input's `column` is kept as
+    `original`, unless `original` exists already (a second pass keeps the first's intact text) or `column`
+    does not (nothing to keep); an input column named like another new column is replaced. The new
+    `column` takes the input's column's place; `original` and the other new columns come last.
+    spill: the directory for the kept rows' indices (ColumnSpill), None: in memory; chunk: rows of
+    indices written at a time."""
+    import datasets
+    import pyarrow as pa
+    from datasets.table import ConcatenationTable, InMemoryTable
+
+    n = len(ds)
+    table = ds.data
+    if ds._indices is None:
+        rows = None
+    else:  # the selected rows' values go to their places in the whole table (other places: null, never read)
+        rows = ds._indices.column(0).to_numpy()  # (n,) rows of the table
+        inverse = np.full(len(table), -1, dtype=np.int64)
+        inverse[rows] = np.arange(n)
+        scatter = pa.array(inverse, mask=inverse < 0)
+        new = InMemoryTable(pa.table({c: new.column(c).take(scatter) for c in new.column_names}))
+    extra = [c for c in new.column_names if c != column]
+    names = [c for c in table.column_names if c not in extra]
+    base = table.drop([c for c in extra if c in table.column_names]) if any(c in table.column_names for c in extra) else table
+    keeps_original = column in names and original not in names
+    if column in names and not keeps_original:  # a second pass keeps the first's intact text
+        base = base.drop([column])
+    elif keeps_original:
+        base = base.rename_columns([original if c == column else c for c in names])
+    order = (names if column in names else [*names, column]) + ([original] if keeps_original else []) + extra
+    whole = ConcatenationTable.from_tables([base, new], axis=1).select(order)
+    kinds = {**{c: ds.features[c] for c in names if c != column}, **new_features}
+    if keeps_original:
+        kinds[original] = ds.features[column]
+    features = datasets.Features({c: kinds[c] for c in order})
+    indices = None
+    if rows is not None or not keep.all():  # the kept rows of the whole table, in order
+        kept = ColumnSpill(spill and spill / "indices.arrow", pa.schema([("indices", pa.uint64())]))
+        for a in range(0, n, chunk):
+            k = np.flatnonzero(keep[a : a + chunk]) + a
+            kept.add([pa.array(k if rows is None else rows[k], type=pa.uint64())])
+        indices = kept.table()
+    return datasets.Dataset(whole, info=datasets.DatasetInfo(features=features), indices_table=indices, fingerprint=fingerprint)
+

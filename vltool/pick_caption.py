@@ -46,46 +46,97 @@ def pick(candidates: list[str], strategy: str, rng: random.Random) -> str:
     return min(candidates, key=lambda t: len(t.split()))
 
 
+CHUNK = 50_000  # rows whose captions are Python strings at a time
+
+
 def pick_caption(data: str, out, config: PickConfig, *, where=(), split_name=None, overwrite: bool = False) -> dict:
-    import datasets
+    """Load `data`, pick one caption per row, write it atomically to `out` with its `vltool.json`.
+
+    CHUNK rows at a time from the Arrow columns (memory does not grow with the rows): the picked captions go
+    to a spill file beside `out` and the output is built on the input's table (vltool.derived), so the
+    images are never copied into memory."""
+    import shutil
+
 
     from vltool import columns as C
     from vltool import provenance
-    from vltool.io import check_output, load_dataset, save_dataset
+    from vltool.checks import text_column
+    from vltool.io import check_output, load_dataset, output_scope, save_dataset, work_dir
 
     if config.strategy not in STRATEGIES:
         raise UsageError(f"--strategy {config.strategy!r}: choose one of {', '.join(STRATEGIES)}")
     timer = provenance.Timer()
     src = load_dataset(data, split=split_name, where=where, required=[C.ID, config.source_column])
-    out = check_output(out, overwrite, inputs=[*src.reads])
-    ds = src.dataset
-    from vltool.checks import text_column
-
-    text_column(ds, config.source_column, data, option="--from", list_only=True)
-    current = ds[C.CAPTION] if C.CAPTION in ds.column_names else [None] * len(ds)
-    picked, keep, dropped = [], [], []
-    for i, (rid, texts, cap) in enumerate(zip(ds[C.ID], ds[config.source_column], current)):
-        cands = [t for t in (texts or []) if isinstance(t, str) and t.strip()]
-        if config.exclude_caption and cap is not None:
-            cands = [t for t in cands if t != cap]
-        if not cands:
-            dropped.append(rid)
-            continue
-        keep.append(i)
-        picked.append(pick(cands, config.strategy, row_rng(config.seed, rid)))
-    ds = ds.select(keep)
-    if C.CAPTION in ds.column_names:
-        if C.CAPTION_ORIGINAL not in ds.column_names:
-            ds = ds.rename_column(C.CAPTION, C.CAPTION_ORIGINAL)
-        else:
-            ds = ds.remove_columns([C.CAPTION])
-    ds = ds.add_column(C.CAPTION, picked, feature=datasets.Value("string"))
-    changed = sum(p != c for p, c in zip(picked, [current[i] for i in keep]))
-    stats = {
-        "rows_in": src.rows, "rows_out": len(ds), "dropped_no_candidate": len(dropped), "dropped_ids": dropped[:100],
-        "caption_changed": changed,
-        "avg_caption_words": round(sum(len(p.split()) for p in picked) / len(picked), 3) if picked else None,
-    }
-    prov = provenance.make("pick-caption", config, [src], rows_in=src.rows, rows_out=len(ds), stats=stats, timer=timer)
-    save_dataset(ds, out, prov, overwrite=overwrite)
+    text_column(src.dataset, config.source_column, data, option="--from", list_only=True)
+    with output_scope():  # out's lock until the end, so no write cleans the spill
+        out = check_output(out, overwrite, inputs=[*src.reads])
+        spill = work_dir(out)
+        spill.mkdir(parents=True)
+        try:
+            ds, stats = pick_dataset(src.dataset, config, spill)
+            if len(ds) == 0:
+                raise UsageError(f"no row of {data!r} has a caption in {config.source_column!r} to pick"
+                                 + (" other than its 'caption' (--exclude-caption)" if config.exclude_caption else ""))
+            prov = provenance.make("pick-caption", config, [src], rows_in=src.rows, rows_out=len(ds), stats=stats, timer=timer)
+            save_dataset(ds, out, prov, overwrite=overwrite)
+        finally:
+            shutil.rmtree(spill, ignore_errors=True)
     return prov
+
+
+def pick_dataset(ds, config: PickConfig, spill=None):
+    """(the dataset with `caption` picked from config.source_column, rows without a candidate dropped; stats).
+    The previous `caption` is kept as `caption_original` (unless that exists already)."""
+    import datasets
+    import numpy as np
+    import pyarrow as pa
+
+    from vltool import columns as C
+    from vltool.derived import ColumnSpill, replace_text_column
+    from vltool.io import arrow_column
+
+    n = len(ds)
+    ids_col, lists_col = arrow_column(ds, C.ID), arrow_column(ds, config.source_column)
+    current_col = arrow_column(ds, C.CAPTION) if C.CAPTION in ds.column_names else None
+    picked_cols = ColumnSpill(spill and spill / "caption.arrow", pa.schema([(C.CAPTION, pa.string())]))
+    keep = np.zeros(n, dtype=bool)  # (n,) rows with a candidate
+    dropped, n_dropped, changed, words = [], 0, 0, 0
+    for a in range(0, n, CHUNK):
+        ids = ids_col.slice(a, CHUNK).to_pylist()
+        lists = lists_col.slice(a, CHUNK).to_pylist()
+        current = current_col.slice(a, CHUNK).to_pylist() if current_col is not None else [None] * len(ids)
+        picked = []
+        for k, (rid, texts, cap) in enumerate(zip(ids, lists, current)):
+            cands = [t for t in (texts or []) if isinstance(t, str) and t.strip()]
+            if config.exclude_caption and cap is not None:
+                cands = [t for t in cands if t != cap]
+            if not cands:
+                picked.append(None)
+                n_dropped += 1
+                if len(dropped) < 100:
+                    dropped.append(rid)
+                continue
+            p = pick(cands, config.strategy, row_rng(config.seed, rid))
+            picked.append(p)
+            keep[a + k] = True
+            changed += p != cap
+            words += len(p.split())
+        picked_cols.add([pa.array(picked, type=pa.string())])
+    rows_out = int(keep.sum())
+    out = replace_text_column(
+        ds, C.CAPTION, C.CAPTION_ORIGINAL, picked_cols.table(), {C.CAPTION: datasets.Value("string")}, keep,
+        fingerprint=_fingerprint(ds._fingerprint, config), spill=spill, chunk=CHUNK,
+    )
+    stats = {
+        "rows_in": n, "rows_out": rows_out, "dropped_no_candidate": n_dropped, "dropped_ids": dropped,
+        "caption_changed": changed,
+        "avg_caption_words": round(words / rows_out, 3) if rows_out else None,
+    }
+    return out, stats
+
+
+def _fingerprint(parent: str, config: PickConfig) -> str:
+    from dataclasses import asdict
+
+    payload = f"pick-caption\x00{parent}\x00{sorted(asdict(config).items())}"
+    return hashlib.blake2b(payload.encode(), digest_size=16).hexdigest()

@@ -168,6 +168,36 @@ def test_training_rows_are_the_selected_rows(two_styles, tmp_path):
     assert set(datasets.load_from_disk(str(tmp_path / "o"))["split"]) == {"train"}
 
 
+def test_output_is_built_on_the_input_table(two_styles, tmp_path):
+    """Under --where, the written rows are the selected rows kept, each with its own score (as scoring the
+    selection row by row gives), a second filter replaces the first one's scores, and the output pickles as
+    the input's files (a 3 MB column in a few kB: it used to flatten the selection and copy every column)."""
+    import pickle
+
+    import datasets
+
+    from vltool.io import load_dataset
+
+    src, ref = two_styles
+    big = tmp_path / "big"
+    d = datasets.load_from_disk(src)
+    d.add_column("blob", [bytes([i % 251]) * 10_000 for i in range(len(d))]).save_to_disk(str(big))
+    sel = load_dataset(str(big), where=["split=train"]).dataset
+    refs = datasets.load_from_disk(ref)["caption"]
+    out, stats = filter_dataset(sel, refs, FilterConfig(threshold=0.5, folds=2))
+    everything, _ = filter_dataset(sel, refs, FilterConfig(threshold=0.0, folds=2))
+    assert len(pickle.dumps(out.data)) < 50_000 and out.data.nbytes > 2_000_000
+    scores = dict(zip(everything["id"], everything["quality_score"]))
+    assert len(everything) == 240 and set(everything["split"]) == {"train"}
+    assert out["id"] == [i for i in everything["id"] if scores[i] >= 0.5] and 0 < len(out) < 240
+    assert out["quality_score"] == [scores[i] for i in out["id"]] and out["blob"][0] == sel[sel["id"].index(out["id"][0])]["blob"]
+    run_filter(src, ref, tmp_path / "once", FilterConfig(threshold=0.0, folds=2))
+    run_filter(str(tmp_path / "once"), ref, tmp_path / "twice", FilterConfig(threshold=0.0, folds=2, seed=7))
+    twice = datasets.load_from_disk(str(tmp_path / "twice"))
+    assert twice.column_names == ["id", "caption", "split", "quality_score"]
+    assert twice["quality_score"] != datasets.load_from_disk(str(tmp_path / "once"))["quality_score"]
+
+
 def test_reference_list_column_is_flattened(two_styles, tmp_path):
     src, ref = two_styles
     prov = run_filter(src, ref, tmp_path / "o", FilterConfig(reference_column="captions", folds=2))

@@ -59,13 +59,30 @@ def replace_text_column(
     other new columns (`new_features`: name -> datasets feature of each). The input's `column` is kept as
     `original`, unless `original` exists already (a second pass keeps the first's intact text) or `column`
     does not (nothing to keep); an input column named like another new column is replaced. The new
-    `column` takes the input's column's place; `original` and the other new columns come last.
-    spill: the directory for the kept rows' indices (ColumnSpill), None: in memory; chunk: rows of
-    indices written at a time."""
+    `column` takes the input's column's place; `original` and the other new columns come last."""
+    names = ds.data.column_names
+    extra = [c for c in new.column_names if c != column]
+    kept_names = [c for c in names if c not in extra]
+    keeps_original = column in kept_names and original not in kept_names
+    order = (kept_names if column in kept_names else [*kept_names, column]) + ([original] if keeps_original else []) + extra
+    renamed = {column: original} if keeps_original else {}
+    features = {**new_features, **({original: ds.features[column]} if keeps_original else {})}
+    return with_columns(ds, new, features, keep, order=order, renamed=renamed, fingerprint=fingerprint, spill=spill, chunk=chunk)
+
+
+def with_columns(
+    ds, new, new_features: dict, keep: np.ndarray, *, order: list[str], renamed: dict | None = None, fingerprint: str,
+    spill: Path | None, chunk: int,
+):
+    """`ds` with the columns of `new` (a `datasets` table of len(ds) rows, ds's rows after any selection;
+    `new_features`: name -> datasets feature, also for renamed columns' new names), the input's columns
+    `renamed` (old -> new name), an input column named like a new one replaced, the columns in `order`,
+    and only the rows where `keep` (an indices mapping over the input's table: nothing is copied)."""
     import datasets
     import pyarrow as pa
     from datasets.table import ConcatenationTable, InMemoryTable
 
+    renamed = renamed or {}
     n = len(ds)
     table = ds.data
     if ds._indices is None:
@@ -76,19 +93,12 @@ def replace_text_column(
         inverse[rows] = np.arange(n)
         scatter = pa.array(inverse, mask=inverse < 0)
         new = InMemoryTable(pa.table({c: new.column(c).take(scatter) for c in new.column_names}))
-    extra = [c for c in new.column_names if c != column]
-    names = [c for c in table.column_names if c not in extra]
-    base = table.drop([c for c in extra if c in table.column_names]) if any(c in table.column_names for c in extra) else table
-    keeps_original = column in names and original not in names
-    if column in names and not keeps_original:  # a second pass keeps the first's intact text
-        base = base.drop([column])
-    elif keeps_original:
-        base = base.rename_columns([original if c == column else c for c in names])
-    order = (names if column in names else [*names, column]) + ([original] if keeps_original else []) + extra
+    replaced = [c for c in table.column_names if c in new.column_names and c not in renamed]
+    base = table.drop(replaced) if replaced else table
+    if renamed:
+        base = base.rename_columns([renamed.get(c, c) for c in base.column_names])
     whole = ConcatenationTable.from_tables([base, new], axis=1).select(order)
-    kinds = {**{c: ds.features[c] for c in names if c != column}, **new_features}
-    if keeps_original:
-        kinds[original] = ds.features[column]
+    kinds = {**{renamed.get(c, c): ds.features[c] for c in table.column_names if c not in replaced}, **new_features}
     features = datasets.Features({c: kinds[c] for c in order})
     indices = None
     if rows is not None or not keep.all():  # the kept rows of the whole table, in order
@@ -98,4 +108,3 @@ def replace_text_column(
             kept.add([pa.array(k if rows is None else rows[k], type=pa.uint64())])
         indices = kept.table()
     return datasets.Dataset(whole, info=datasets.DatasetInfo(features=features), indices_table=indices, fingerprint=fingerprint)
-

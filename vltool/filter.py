@@ -528,11 +528,16 @@ def _text_column(ds, name: str, what: str, allow_list: bool):
     raise UsageError(f"{what}: column {name!r} is not {kinds} (its type is {feature})")
 
 
-def _examples(ids: list, texts: list, scores: np.ndarray, rows: np.ndarray, k: int, seed: int) -> list[dict]:
+def _examples(ids, texts, scores: np.ndarray, rows: np.ndarray, k: int, seed: int) -> list[dict]:
+    """k of `rows` drawn at random (seeded), in row order; ids and texts: Arrow columns (only the drawn
+    rows become Python objects)."""
+    import pyarrow as pa
+
     if k == 0 or len(rows) == 0:
         return []
-    pick = np.sort(np.random.default_rng(seed).choice(rows, size=min(k, len(rows)), replace=False))
-    return [{"id": ids[i], "caption": texts[i], "quality_score": round(float(scores[i]), 4)} for i in pick.tolist()]
+    pick = pa.array(np.sort(np.random.default_rng(seed).choice(rows, size=min(k, len(rows)), replace=False)))
+    return [{"id": i, "caption": t, "quality_score": round(float(scores[r]), 4)}
+            for i, t, r in zip(ids.take(pick).to_pylist(), texts.take(pick).to_pylist(), pick.to_pylist())]
 
 
 def filter_dataset(ds, ref_texts, config: FilterConfig, *, log=None) -> tuple[object, dict]:
@@ -615,10 +620,9 @@ def filter_dataset(ds, ref_texts, config: FilterConfig, *, log=None) -> tuple[ob
         keep = scores >= cutoff
     kept_rows, dropped_rows = np.flatnonzero(keep), np.flatnonzero(~keep)
 
-    ids = ds.data.column(C.ID)
-    if ds._indices is not None:
-        ids = ids.take(ds._indices.column(0))
-    ids, texts = ids.to_pylist(), src_arr.to_pylist()
+    from vltool.io import arrow_column
+
+    ids = arrow_column(ds, C.ID)
     stats = {
         "rows_in": n_src,
         "rows_out": int(keep.sum()),
@@ -647,19 +651,25 @@ def filter_dataset(ds, ref_texts, config: FilterConfig, *, log=None) -> tuple[ob
         },
         "score_seconds": round(score_s, 4),
         "captions_scored_per_second": round(n_src / score_s) if score_s > 0 else None,
-        "examples_kept": _examples(ids, texts, scores, kept_rows, config.num_examples, config.seed),
-        "examples_dropped": _examples(ids, texts, scores, dropped_rows, config.num_examples, config.seed + 1),
-        "top_ngrams": top_ngrams(mean_scorer, [texts[i] for i in train_rows[:20000].tolist()]
+        "examples_kept": _examples(ids, src_arr, scores, kept_rows, config.num_examples, config.seed),
+        "examples_dropped": _examples(ids, src_arr, scores, dropped_rows, config.num_examples, config.seed + 1),
+        "top_ngrams": top_ngrams(mean_scorer, take(src_arr, train_rows[:20000]).to_pylist()
                                  + ref_arr.slice(0, 20000).to_pylist()),
     }
 
-    if ds._indices is not None:
-        ds = ds.flatten_indices()
-    if C.QUALITY_SCORE in ds.column_names:  # a second filter replaces the first one's scores
-        ds = ds.remove_columns([C.QUALITY_SCORE])
-    ds = ds.add_column(C.QUALITY_SCORE, scores.astype(np.float32).tolist(), feature=datasets.Value("float32"))
-    if not keep.all():
-        ds = ds.select(kept_rows)
+    # The output is the input's table with the scores beside it and the kept rows as an indices mapping
+    # (vltool.derived): flattening a selection and add_column copied every column, images included.
+    from datasets.table import InMemoryTable
+
+    from vltool.derived import with_columns
+
+    scored = InMemoryTable(pa.table({C.QUALITY_SCORE: pa.array(scores.astype(np.float32))}))
+    order = [c for c in ds.column_names if c != C.QUALITY_SCORE] + [C.QUALITY_SCORE]  # a second filter replaces the first one's scores
+    import hashlib
+
+    fingerprint = hashlib.blake2b(b"filter\x00" + ds._fingerprint.encode() + scores.tobytes() + keep.tobytes(), digest_size=16).hexdigest()
+    ds = with_columns(ds, scored, {C.QUALITY_SCORE: datasets.Value("float32")}, keep, order=order,
+                      fingerprint=fingerprint, spill=None, chunk=1 << 20)
     return ds, stats
 
 
@@ -677,9 +687,9 @@ def filter(  # noqa: A001 - the command's name (docs/conventions.md: one name ev
 ) -> dict:
     """Load `data` and `reference`, filter `data`, write it atomically to `out`; return its `vltool.json`."""
     from vltool import provenance
-    from vltool.checks import clean_text, require_texts
+    from vltool.checks import has_text, require_texts
     from vltool.console import log
-    from vltool.io import check_output, column_values, load_dataset, save_dataset
+    from vltool.io import arrow_column, check_output, load_dataset, save_dataset
 
     timer = provenance.Timer()
     config.validate()
@@ -687,10 +697,10 @@ def filter(  # noqa: A001 - the command's name (docs/conventions.md: one name ev
     ref_column = config.reference_column or config.text_column
     ref = load_dataset(reference, split=reference_split, where=reference_where, texts=[ref_column], text_lists=True,
                        text_option="--reference-column")
-    require_texts(sum(clean_text(t) is not None for t in column_values(src.dataset, config.text_column)), src.rows, config.text_column, data)
+    require_texts(int(has_text(arrow_column(src.dataset, config.text_column), lists=False).sum()), src.rows, config.text_column, data)
     out = check_output(out, overwrite, inputs=[*src.reads, *ref.reads])
     ref_texts = _text_column(ref.dataset, ref_column, "the reference set", allow_list=True)
-    require_texts(sum(clean_text(t) is not None for t in ref_texts.to_pylist()), ref.rows, ref_column, reference)
+    require_texts(int(has_text(ref_texts, lists=False).sum()), ref.rows, ref_column, reference)
     log(f"filter: {src.rows:,} source rows, {len(ref_texts):,} reference captions; training the classifier")
     ds, stats = filter_dataset(src.dataset, ref_texts, config, log=log)
     options = {**provenance.jsonable(config), "resolved_threshold": config.resolved_threshold,

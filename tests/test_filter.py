@@ -266,3 +266,26 @@ def test_cli_on_the_emoji_data(tmp_path):
     assert r.exit_code == 0, r.stderr
     stats = json.loads(r.stdout)
     assert stats["rows_in"] == 2986 and 0 < stats["rows_out"] < 2986
+
+
+def bootstrap_ci_reference(correct: np.ndarray, seed: int, n_boot: int) -> tuple[float, float]:
+    """The percentile bootstrap by resampling indices (n_boot x n of them)."""
+    idx = np.random.default_rng(seed).integers(0, len(correct), size=(n_boot, len(correct)))
+    means = correct[idx].mean(axis=1)
+    return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+
+
+@pytest.mark.parametrize("n,k", [(40, 3), (200, 150), (500, 250)])
+def test_bootstrap_ci_equals_resampling_indices(n, k):
+    """Binomial(n, k/n) replicates are the resampled means' distribution: with many replicates both give the
+    same interval (to the bootstrap's own noise); all-correct and empty vectors give the degenerate answers."""
+    from vltool.filter import bootstrap_ci
+
+    correct = np.zeros(n)
+    correct[np.random.default_rng(1).permutation(n)[:k]] = 1
+    lo, hi = bootstrap_ci(correct, seed=0, n_boot=40_000)
+    ref_lo, ref_hi = bootstrap_ci_reference(correct, seed=0, n_boot=40_000)
+    assert lo == pytest.approx(ref_lo, abs=1.01 / n) and hi == pytest.approx(ref_hi, abs=1.01 / n)
+    assert lo < k / n < hi
+    assert bootstrap_ci(np.ones(n), seed=0) == (1.0, 1.0)
+    assert all(np.isnan(bootstrap_ci(np.zeros(0), seed=0)))

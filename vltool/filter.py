@@ -446,12 +446,15 @@ def _train(ids: np.ndarray, offsets: np.ndarray, y: np.ndarray, w: np.ndarray, r
 
 
 def bootstrap_ci(correct: np.ndarray, seed: int, n_boot: int = 1000) -> tuple[float, float]:
-    """95% percentile bootstrap interval of the mean of a 0/1 vector."""
-    if len(correct) == 0:
+    """95% percentile bootstrap interval of the mean of a 0/1 vector.
+
+    Resampling n values with replacement from a 0/1 vector with k ones draws Binomial(n, k/n) ones, so each
+    replicate's mean is drawn as that: the same bootstrap distribution in O(n_boot) time and memory
+    (resampling n_boot x n indices took 17 GB at 1.1M held-out captions)."""
+    n = len(correct)
+    if n == 0:
         return (float("nan"), float("nan"))
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(correct), size=(n_boot, len(correct)))
-    means = correct[idx].mean(axis=1)
+    means = np.random.default_rng(seed).binomial(n, float(np.mean(correct)), size=n_boot) / n  # (n_boot,)
     return (float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5)))
 
 

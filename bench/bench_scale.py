@@ -8,7 +8,7 @@ the model is made once (below). Each command runs in its own process (`python -m
 PYTHONPATH picks the checkout), with an empty cache directory, and the benchmark prints:
 - start-up: for pretrain its whole run (two optimizer steps of batch 64: start-up to the first steps); for
   zeroshot, retrieve and mine-positives the command's own `seconds_to_first_batch` (its provenance: from
-  its start to its first encoded batch); deform and pick-caption have none (they stream rows from their start). retrieve-wds
+  its start to its first encoded batch); deform, pick-caption and filter have none. retrieve-wds
   builds the shard index on the way (once per set of shards: the first command on them pays it);
   retrieve-wds-indexed finds it built (by `vltool info SHARDS` before the measured run);
 - its wall time and throughput (rows per second);
@@ -53,7 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 WORDS = ("red blue green small large happy face hand heart cat dog bird tree house car sun moon star flag "
          "person man woman child old young sitting standing running smiling food cake cup water fire").split()
-COMMANDS = ("pretrain", "pretrain-wds", "deform", "pick-caption", "zeroshot", "retrieve", "retrieve-wds", "retrieve-wds-indexed", "mine-positives")
+COMMANDS = ("pretrain", "pretrain-wds", "deform", "pick-caption", "filter", "zeroshot", "retrieve", "retrieve-wds", "retrieve-wds-indexed", "mine-positives")
 ON_SHARDS = ("pretrain-wds", "retrieve-wds", "retrieve-wds-indexed")  # read the WebDataset copy
 ENCODING = ("zeroshot", "retrieve", "retrieve-wds", "retrieve-wds-indexed", "mine-positives")  # start-up: seconds_to_first_batch
 INDEXED = ("retrieve-wds-indexed",)  # the shard index is built (by `vltool info`) before the measured run
@@ -247,6 +247,9 @@ def command_line(command: str, data: Path, model: Path, out: Path) -> list[str]:
         return [*VLTOOL, "deform", str(data), "--out", str(out)]
     if command == "pick-caption":
         return [*VLTOOL, "pick-caption", str(data), "--out", str(out)]
+    if command == "filter":  # the reference: the rows of one of the 100 labels (1%), so it grows with the data
+        return [*VLTOOL, "filter", str(data), "--reference", str(data), "--reference-where", "label=0", "--keep-frac", "0.5",
+                "--out", str(out), *common]
     if command in ("zeroshot", "retrieve", "retrieve-wds", "retrieve-wds-indexed"):
         return [*VLTOOL, command.split("-")[0], str(data), "--model", str(model), "--bootstrap", "100", "--out", str(out) + ".json", *common]
     if command == "mine-positives":
@@ -323,7 +326,7 @@ def plot(results: list[dict], path: Path) -> None:
         if pts:
             line = axes[1].plot([p["rows"] for p in pts], [p["peak_rss_gb"] for p in pts], "o-", label=command)[0]
             starts = [(p["rows"], startup(p)) for p in pts if startup(p) is not None]
-            if starts:  # deform and pick-caption have no start-up (they stream rows from their start)
+            if starts:  # deform, pick-caption and filter have no start-up
                 axes[0].plot(*zip(*starts), "o-", color=line.get_color(), label=command)
             if all("peak_anon_gb" in p for p in pts):
                 axes[1].plot([p["rows"] for p in pts], [p["peak_anon_gb"] for p in pts], "x--", color=line.get_color(), alpha=0.6)
@@ -451,8 +454,8 @@ def label(command: str, args, again: bool = False) -> str:
 
 
 def startup(r: dict) -> float | None:
-    """Start-up: pretrain's whole run (two steps), an encoding command's seconds to its first batch; deform
-    and pick-caption have none (they stream rows from their start)."""
+    """Start-up: pretrain's whole run (two steps), an encoding command's seconds to its first batch; deform,
+    pick-caption and filter have none."""
     if base(r["command"]) in ("pretrain", "pretrain-wds"):
         return r["seconds"]
     return r.get("first_batch_s")

@@ -4,8 +4,9 @@ a whole dataset.
 A synthetic image-text set is built on the fly (a distinct 32x32 PNG per row, five-to-ten-word captions,
 a list of two captions, a 100-class label) at each size, saved with save_to_disk, and for `pretrain-wds`
 and `retrieve-wds` the same kind of rows as WebDataset shards of 10,000 samples in img2dataset's layout;
-the model is made once (below). Each command runs in its own process (`python -m vltool`, so
-PYTHONPATH picks the checkout), with an empty cache directory, and the benchmark prints:
+the model is made once (below). Each command runs in its own process (`python -m vltool`: the vltool of
+the current directory when it is a checkout, before PYTHONPATH's; to measure another checkout, run from
+outside any), with an empty cache directory, and the benchmark prints:
 - start-up: for pretrain its whole run (two optimizer steps of batch 64: start-up to the first steps); for
   zeroshot, retrieve and mine-positives the command's own `seconds_to_first_batch` (its provenance: from
   its start to its first encoded batch); deform, pick-caption and filter have none. retrieve-wds

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import re
-import shutil
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +28,7 @@ import numpy as np
 
 from vltool import columns as C
 from vltool.checks import has_text
-from vltool.derived import ColumnSpill, replace_text_column
+from vltool.derived import ColumnSpill, replace_text_column, spill_beside
 from vltool.errors import UsageError
 from vltool.io import arrow_column
 from vltool.text import english_stopwords, tokenize
@@ -367,9 +366,10 @@ def deform_texts(
     in_pool = pool is not None and n >= MIN_ROWS_PER_PROC * 2
     spans = _spans(n, pool.processes) if in_pool else [(lo, min(n, lo + MIN_ROWS_PER_PROC)) for lo in range(0, n, MIN_ROWS_PER_PROC)]
     tasks = [(sub_texts[lo:hi], sub_ids[lo:hi]) for lo, hi in spans]
+    done = pool.pool.imap(_deform_work, tasks) if in_pool else (_deform_slice(*t, seed, ops, vocab) for t in tasks)
     parts = []
     with Bar(label or "", n, unit="rows", enabled=label is not None and n > PROGRESS_ROWS) as bar:
-        for (lo, hi), part in zip(spans, pool.pool.imap(_deform_work, tasks) if in_pool else (_deform_slice(*t, seed, ops, vocab) for t in tasks)):
+        for (lo, hi), part in zip(spans, done):
             parts.append(part)
             bar.advance(hi - lo)
     removed: Counter = Counter()
@@ -494,7 +494,7 @@ def deform(
     """Load `data`, deform it, write it atomically to `out` with its `vltool.json`; return that record."""
     from vltool import provenance
     from vltool.checks import require_texts
-    from vltool.io import check_output, load_dataset, output_scope, save_dataset, work_dir
+    from vltool.io import check_output, load_dataset, output_scope, save_dataset
 
     timer = provenance.Timer()
     config.validate()
@@ -503,15 +503,11 @@ def deform(
     require_texts(with_text, src.rows, config.text_column, data)
     with output_scope():  # out's lock until the end (a CLI command holds it already), so no write cleans the spill
         out = check_output(out, overwrite, inputs=[*src.reads])
-        spill = work_dir(out)  # the new columns while they are written out (one left by a killed run is cleaned as stale)
-        spill.mkdir(parents=True)
-        try:
+        with spill_beside(out) as spill:
             ds, stats = deform_dataset(src.dataset, config, spill=spill)
             prov = provenance.make(
                 "deform", config, [src], rows_in=stats["rows_in"], rows_out=stats["rows_out"], stats=stats, timer=timer
             )
             save_dataset(ds, out, prov, overwrite=overwrite, num_proc=config.num_proc)
-        finally:
-            shutil.rmtree(spill, ignore_errors=True)
     prov["wall_time_s"] = round(timer.seconds, 3)
     return prov

@@ -11,9 +11,28 @@ not receive the data either.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
+
+
+@contextlib.contextmanager
+def spill_beside(out: Path) -> Iterator[Path]:
+    """A hidden directory beside `out` (io.work_dir) for the new columns while `out` is written, removed at
+    the end. Call it inside io.output_scope() after check_output, so that `out`'s lock is held (no other
+    write cleans it) and it never touches an input; one a killed run left is cleaned as stale."""
+    import shutil
+
+    from vltool.io import work_dir
+
+    spill = work_dir(out)
+    spill.mkdir(parents=True)
+    try:
+        yield spill
+    finally:
+        shutil.rmtree(spill, ignore_errors=True)
 
 
 class ColumnSpill:

@@ -55,13 +55,11 @@ def pick_caption(data: str, out, config: PickConfig, *, where=(), split_name=Non
     CHUNK rows at a time from the Arrow columns (memory does not grow with the rows): the picked captions go
     to a spill file beside `out` and the output is built on the input's table (vltool.derived), so the
     images are never copied into memory."""
-    import shutil
-
-
     from vltool import columns as C
     from vltool import provenance
     from vltool.checks import text_column
-    from vltool.io import check_output, load_dataset, output_scope, save_dataset, work_dir
+    from vltool.derived import spill_beside
+    from vltool.io import check_output, load_dataset, output_scope, save_dataset
 
     if config.strategy not in STRATEGIES:
         raise UsageError(f"--strategy {config.strategy!r}: choose one of {', '.join(STRATEGIES)}")
@@ -70,17 +68,13 @@ def pick_caption(data: str, out, config: PickConfig, *, where=(), split_name=Non
     text_column(src.dataset, config.source_column, data, option="--from", list_only=True)
     with output_scope():  # out's lock until the end, so no write cleans the spill
         out = check_output(out, overwrite, inputs=[*src.reads])
-        spill = work_dir(out)
-        spill.mkdir(parents=True)
-        try:
+        with spill_beside(out) as spill:
             ds, stats = pick_dataset(src.dataset, config, spill)
             if len(ds) == 0:
                 raise UsageError(f"no row of {data!r} has a caption in {config.source_column!r} to pick"
                                  + (" other than its 'caption' (--exclude-caption)" if config.exclude_caption else ""))
             prov = provenance.make("pick-caption", config, [src], rows_in=src.rows, rows_out=len(ds), stats=stats, timer=timer)
             save_dataset(ds, out, prov, overwrite=overwrite)
-        finally:
-            shutil.rmtree(spill, ignore_errors=True)
     return prov
 
 

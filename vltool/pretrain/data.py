@@ -139,33 +139,39 @@ def load_train_data(
     return TrainData(ds, text_col, loaded, rows_in, empty_ids, positives, rows_key=key, text_source=text_col)
 
 
+def check_ids(named_ids: list, prefixed: bool, hint: str = "") -> None:
+    """Raise on duplicate ids within an input, and on an id in two inputs unless `prefixed` (--prefix-ids:
+    '<input index>:<id>' cannot clash). named_ids: (spec, its Arrow id column) of each input. By their
+    sorted 64-bit hashes (vltool.distinct: 8 bytes a row, where Arrow's count_distinct kept 0.7 GB at 10M
+    ids); only the offending ids become Python objects."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    for spec_, ids in named_ids:
+        repeated, an_id = duplicate(ids)
+        if repeated:
+            raise UsageError(f"{spec_!r} has duplicate ids (e.g. {an_id!r}); ids must be unique")
+    if len(named_ids) > 1 and not prefixed:
+        columns = [ids for _, ids in named_ids]
+        clashes, clash = duplicate(pa.chunked_array([c for ids in columns for c in ids.chunks], type=columns[0].type))
+        if clashes:
+            first, second = [spec_ for spec_, ids in named_ids if pc.any(pc.equal(ids, clash)).as_py()][:2]
+            raise UsageError(
+                f"id {clash!r} is in both {first!r} and {second!r}; "
+                f"pass --prefix-ids to make ids unique as '<input index>:<id>'{hint}"
+            )
+
+
 def check_rows(loaded, text_col: str, lists: bool, prefixed: bool) -> np.ndarray:
     """(dropped,) int64: the rows of the concatenated inputs without text; raises on duplicate ids within an
     input, and on an id in two inputs unless `prefixed` (--prefix-ids: '<input index>:<id>' cannot clash).
 
-    Whole-column work in Arrow and numpy, no per-row Python: ids by their sorted 64-bit hashes
-    (vltool.distinct: 8 bytes a row, where Arrow's count_distinct kept 0.7 GB at 10M ids), texts by a
-    vectorised test; only the offending ids ever become Python objects."""
+    Whole-column work in Arrow and numpy, no per-row Python: ids by check_ids, texts by a vectorised test."""
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     from vltool.io import arrow_column
 
-    all_ids = []
-    for src in loaded:
-        ids = arrow_column(src.dataset, C.ID)
-        repeated, an_id = duplicate(ids)
-        if repeated:
-            raise UsageError(f"{src.spec!r} has duplicate ids (e.g. {an_id!r}); ids must be unique")
-        all_ids.append(ids)
-    if len(loaded) > 1 and not prefixed:
-        clashes, clash = duplicate(pa.chunked_array([c for ids in all_ids for c in ids.chunks], type=all_ids[0].type))
-        if clashes:
-            first, second = [loaded[k].spec for k, ids in enumerate(all_ids) if pc.any(pc.equal(ids, clash)).as_py()][:2]
-            raise UsageError(
-                f"id {clash!r} is in both {first!r} and {second!r}; "
-                "pass --prefix-ids to make ids unique as '<input index>:<id>'"
-            )
+    check_ids([(src.spec, arrow_column(src.dataset, C.ID)) for src in loaded], prefixed)
     dropped, offset = [], 0
     for src in loaded:
         dropped.append(np.flatnonzero(~has_text(arrow_column(src.dataset, text_col), lists)) + offset)
@@ -283,7 +289,7 @@ def load_unicl_data(config: PretrainConfig, where: Sequence[str] = (), split: st
         raise UsageError("--loss unicl needs --label-data and/or --text-data (or DATA, taken as --text-data)")
     prefixed = config.prefix_ids and len(specs) > 1
     classes: dict[str, int] = {}  # class name -> class index; equal names in several label inputs are one class
-    parts, loaded, all_ids, keep, is_label = [], [], [], [], []
+    parts, loaded, named_ids, keep, is_label = [], [], [], [], []
     for k, (spec_, role) in enumerate(specs):
         col = config.label_column if role == "label" else config.text_column
         src = load_dataset(spec_, split=split, where=where, required=[C.ID, C.IMAGE, col])
@@ -296,9 +302,7 @@ def load_unicl_data(config: PretrainConfig, where: Sequence[str] = (), split: st
             for name in named.to_pylist():
                 classes.setdefault(name, len(classes))
         ids = arrow_column(ds, C.ID)
-        repeated, an_id = duplicate(ids)
-        if repeated:
-            raise UsageError(f"{spec_!r} has duplicate ids (e.g. {an_id!r}); ids must be unique")
+        named_ids.append((spec_, ids))
         sub = ds.select_columns([C.ID, C.IMAGE, col]).cast_column(C.IMAGE, datasets.Image(decode=False))
         if isinstance(ds.features[col], datasets.ClassLabel):  # (add_column copies a filtered view's rows)
             sub = sub.remove_columns([col]).add_column(UNICL_TEXT, pa.chunked_array(texts).combine_chunks())
@@ -307,20 +311,11 @@ def load_unicl_data(config: PretrainConfig, where: Sequence[str] = (), split: st
             if ds.features[col] != datasets.Value("string"):
                 sub = sub.cast_column(UNICL_TEXT, datasets.Value("string"))
         if prefixed:
-            ids = pc.binary_join_element_wise(pa.scalar(f"{k}:"), ids, "")
-            sub = sub.remove_columns([C.ID]).add_column(C.ID, ids.combine_chunks())
-        all_ids.append(ids)
+            sub = sub.remove_columns([C.ID]).add_column(C.ID, pc.binary_join_element_wise(pa.scalar(f"{k}:"), ids, "").combine_chunks())
         keep.append(texted)
         is_label.append(np.full(len(ds), role == "label"))
         parts.append(sub.select_columns([C.ID, C.IMAGE, UNICL_TEXT]))
-    if len(specs) > 1 and not prefixed:
-        clashes, clash = duplicate(pa.chunked_array([c for ids in all_ids for c in ids.chunks], type=all_ids[0].type))
-        if clashes:
-            first, second = [specs[k][0] for k, ids in enumerate(all_ids) if pc.any(pc.equal(ids, clash)).as_py()][:2]
-            raise UsageError(
-                f"id {clash!r} is in both {first!r} and {second!r}; "
-                "pass --prefix-ids to make ids unique as '<input index>:<id>' (e.g. one dataset in both roles)"
-            )
+    check_ids(named_ids, prefixed, hint=" (e.g. one dataset in both roles)")
     ds = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
     rows_in = len(ds)
     keep, is_label = np.concatenate(keep), np.concatenate(is_label)  # (rows_in,) each

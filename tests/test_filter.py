@@ -95,6 +95,68 @@ def test_fast_scorer_equals_the_model():
     assert scorer.logits(["", "zzz qqq"]) == pytest.approx([0.3, 0.3])  # no known n-gram: the bias alone
 
 
+def test_features_in_slices_and_threads_equal_one_pass(monkeypatch):
+    """Features.of cuts the texts into chunks featurized on two threads: the same CSR as one chunk."""
+    import vltool.filter as F
+
+    texts = (TEXTS + UNICODE) * 7
+    whole = F.Features.of(texts, 1000, 2)
+    monkeypatch.setattr(F, "_CHUNK", 5)
+    cut = F.Features.of(texts, 1000, 2)
+    assert whole.ids.dtype == np.int32 and cut.ids.tolist() == whole.ids.tolist()
+    assert cut.offsets.tolist() == whole.offsets.tolist()
+    ids, starts = cut.bags(np.array([7, 0, 7]))
+    expect = [featurize_one(texts[i], 1000, 2) for i in (7, 0, 7)]
+    assert ids.tolist() == sum(expect, []) and starts.tolist() == [0, len(expect[0]), len(expect[0]) + len(expect[1])]
+    assert np.flatnonzero(cut.seen(np.array([0, 4]), 1000)).tolist() == sorted(
+        set(featurize_one(texts[0], 1000, 2) + featurize_one(texts[4], 1000, 2)))
+
+
+def test_one_featurizing_pass_trains_and_scores_as_the_plain_path(two_styles, monkeypatch):
+    """filter_dataset featurizes every caption once and trains each classifier on rows of those features
+    (train_on_rows, Scorer.row_scores). Reference: the plain path, which takes each classifier's training
+    texts, featurizes them (train_classifier) and scores the held-out texts (Scorer.scores). The scores
+    and the held-out metrics are equal bit for bit, in slices of 7 rows too."""
+    import datasets
+    import pyarrow as pa
+
+    import vltool.filter as F
+
+    ds = datasets.load_from_disk(two_styles[0])
+    ref = list(datasets.load_from_disk(two_styles[1])["caption"])
+    config = F.FilterConfig(folds=3, min_steps=30, epochs=2, batch_size=32)
+
+    def assign(n, salt):  # filter_dataset's parts
+        part = np.empty(n, dtype=np.int64)
+        part[np.random.default_rng([config.seed, salt]).permutation(n)] = np.arange(n) % config.folds
+        return part
+
+    src = list(ds["caption"])
+    part_s, part_r = assign(len(src), 0), assign(len(ref), 1)
+    expect = np.empty(len(src))
+    held_ref, held_src = [], []
+    for f in range(config.folds):
+        pick = lambda texts, part, keep: [t for t, p in zip(texts, part) if keep(p)]  # noqa: E731
+        clf, _ = F.train_classifier(pick(ref, part_r, lambda p: p != f), pick(src, part_s, lambda p: p != f), config)
+        scorer = F.Scorer.from_classifier(clf)
+        expect[part_s == f] = scorer.scores(pick(src, part_s, lambda p: p == f))
+        held_src.append(expect[part_s == f])
+        held_ref.append(scorer.scores(pick(ref, part_r, lambda p: p == f)))
+    heldout = F.heldout_metrics(np.concatenate(held_ref), np.concatenate(held_src), config.seed)
+    feats = F.Features.of(ref + src, config.buckets, config.ngrams)
+    rows = np.arange(len(ref), len(ref) + len(src))[::-1].copy()
+    assert np.array_equal(scorer.row_scores(feats, rows), scorer.scores(src[::-1]))  # float64, bit for bit
+
+    for chunk in (F._CHUNK, 7):
+        monkeypatch.setattr(F, "_CHUNK", chunk)
+        out, stats = filter_dataset(ds, pa.chunked_array([pa.array(ref)]), config)
+        everything = dict(zip(out["id"], out["quality_score"]))
+        kept = [i for i, s in zip(ds["id"], expect) if s >= 0.5]
+        assert out["id"] == kept and 0 < len(kept) < len(src)
+        assert [everything[i] for i in kept] == [float(np.float32(s)) for s, i in zip(expect, ds["id"]) if s >= 0.5]
+        assert stats["heldout"] == heldout and stats["score_quantiles"]["0.5"] == round(float(np.quantile(expect, 0.5)), 4)
+
+
 # ---------------------------------------------------------------------------------------------- filter
 
 

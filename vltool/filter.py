@@ -212,35 +212,75 @@ def _featurize_chunk(arr, buckets: int, ngrams: int) -> tuple[np.ndarray, np.nda
 
 def _map_chunks(fn, texts) -> list:
     """fn(arrow string array) over chunks of `texts`, in order, on up to two threads (Arrow and numpy
-    release the GIL, so chunks featurize in parallel)."""
+    release the GIL, so chunks featurize in parallel). At most one chunk per thread waits or runs at a
+    time, so the memory in flight is a few chunks', whatever the number of rows."""
+    from collections import deque
     from concurrent.futures import ThreadPoolExecutor
 
     ca = _as_arrow(texts)
-    pieces = [ca.slice(lo, _CHUNK).combine_chunks() for lo in range(0, len(ca), _CHUNK)]
-    if len(pieces) <= 1:
-        return [fn(p) for p in pieces]
-    with ThreadPoolExecutor(max_workers=min(2, os.cpu_count() or 1)) as pool:
-        return list(pool.map(fn, pieces))
+    starts = range(0, len(ca), _CHUNK)
+    piece = lambda lo: fn(ca.slice(lo, _CHUNK).combine_chunks())  # noqa: E731
+    threads = min(2, os.cpu_count() or 1)
+    if len(starts) <= 1 or threads == 1:
+        return [piece(lo) for lo in starts]
+    done, pending = [], deque()
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        for lo in starts:
+            pending.append(pool.submit(piece, lo))
+            if len(pending) > threads:
+                done.append(pending.popleft().result())
+        done.extend(f.result() for f in pending)
+    return done
 
 
 def featurize(texts, buckets: int, ngrams: int) -> tuple[np.ndarray, np.ndarray]:
     """Hashed n-gram features of many captions: (ids (F,) int64, offsets (n+1,) int64), caption i owning
     ids[offsets[i]:offsets[i+1]] in the order of `featurize_one` (unigrams, then bigrams, ...).
     `texts` is a list of strings (None is empty) or an Arrow string array."""
+    f = Features.of(texts, buckets, ngrams)
+    return f.ids.astype(np.int64), f.offsets
 
-    def one(piece):
-        ids, owner, _ = _featurize_chunk(piece, buckets, ngrams)
-        order = np.argsort(owner, kind="stable")  # group by caption, keeping unigram-then-bigram order
-        return ids[order], np.bincount(owner, minlength=len(piece))
 
-    done = _map_chunks(one, texts)
-    all_ids, all_counts = [d[0] for d in done], [d[1] for d in done]
-    if not all_ids:
-        return np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64)
-    counts = np.concatenate(all_counts)
-    offsets = np.zeros(len(counts) + 1, dtype=np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    return np.concatenate(all_ids), offsets
+@dataclass
+class Features:
+    """Hashed n-gram bucket ids of many captions in CSR form: caption i owns ids[offsets[i]:offsets[i+1]],
+    in the order of `featurize_one`. 4 bytes per n-gram (buckets < 2^31), 8 per caption."""
+
+    ids: np.ndarray  # (F,) int32 bucket ids
+    offsets: np.ndarray  # (n+1,) int64
+
+    @classmethod
+    def of(cls, texts, buckets: int, ngrams: int) -> "Features":
+        def one(piece):
+            ids, owner, _ = _featurize_chunk(piece, buckets, ngrams)
+            order = np.argsort(owner, kind="stable")  # group by caption, keeping unigram-then-bigram order
+            return ids[order].astype(np.int32), np.bincount(owner, minlength=len(piece))
+
+        done = _map_chunks(one, texts)
+        offsets = np.zeros(sum(len(d[1]) for d in done) + 1, dtype=np.int64)
+        if done:
+            np.cumsum(np.concatenate([d[1] for d in done]), out=offsets[1:])
+        ids = np.concatenate([d[0] for d in done]) if done else np.zeros(0, dtype=np.int32)
+        return cls(ids, offsets)
+
+    @property
+    def rows(self) -> int:
+        return len(self.offsets) - 1
+
+    def bags(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The features of `rows`, one bag after the other: (ids (sum of lengths,), bag starts (B,))."""
+        starts, lens = self.offsets[rows], self.offsets[rows + 1] - self.offsets[rows]  # (B,), (B,)
+        bag_starts = np.cumsum(lens) - lens  # (B,) where each row's bag starts in the batch
+        # feature j of the batch is ids[starts[row] + (j - bag_starts[row])]
+        gather = np.repeat(starts - bag_starts, lens) + np.arange(lens.sum())
+        return self.ids[gather], bag_starts
+
+    def seen(self, rows: np.ndarray, buckets: int) -> np.ndarray:
+        """(buckets,) bool: the buckets that any of `rows` holds (a pass over the rows in slices)."""
+        out = np.zeros(buckets, dtype=bool)
+        for lo in range(0, len(rows), _CHUNK):
+            out[self.bags(rows[lo : lo + _CHUNK])[0]] = True
+        return out
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -344,31 +384,67 @@ class Scorer:
         """(n,) probability of "reference-like"."""
         return 1.0 / (1.0 + np.exp(-self.logits(texts)))
 
+    def row_scores(self, feats: Features, rows: np.ndarray) -> np.ndarray:
+        """`scores` of the captions at `rows` of `feats` (the same numbers, bit for bit: each caption's
+        n-grams are summed in the same order), in slices of rows."""
+        out = np.empty(len(rows), dtype=np.float64)
+        for lo in range(0, len(rows), _CHUNK):
+            ids, starts = feats.bags(rows[lo : lo + _CHUNK])
+            n = len(starts)
+            owner = np.repeat(np.arange(n), np.diff(np.append(starts, len(ids))))  # (F,) caption of each n-gram
+            total = np.bincount(owner, weights=self.table[ids], minlength=n)
+            count = np.bincount(owner, weights=self.seen[ids], minlength=n)
+            out[lo : lo + n] = total / np.maximum(count, 1.0) + self.bias
+        return 1.0 / (1.0 + np.exp(-out))
+
 
 def train_classifier(
     ref_texts: Sequence[str], src_texts: Sequence[str], config: FilterConfig, log=None, bar=None
 ) -> tuple[Classifier, dict]:
     """Fit the classifier on reference (label 1) and source (label 0) texts; classes weigh equally.
-    `bar` (a vltool.console.Bar) advances by one per training step."""
-    import torch
-
+    `bar` (a vltool.console.Bar) advances by one per training step. The plain path: `train_on_rows`
+    trains the same model on features made once for every classifier (`filter_dataset`)."""
     ids_r, off_r = featurize(ref_texts, config.buckets, config.ngrams)
     ids_s, off_s = featurize(src_texts, config.buckets, config.ngrams)
     # one CSR over both sets, reference rows first, over the buckets seen here (compact embedding rows)
     vocab, ids = np.unique(np.concatenate([ids_r, ids_s]), return_inverse=True)
-    offsets = np.concatenate([off_r[:-1], off_s + off_r[-1]])  # (n+1,)
-    n_r, n_s = len(off_r) - 1, len(off_s) - 1
+    compact = Features(ids.astype(np.int64), np.concatenate([off_r[:-1], off_s + off_r[-1]]))
+    model, stats = _fit(compact.bags, len(off_r) - 1, len(off_s) - 1, len(vocab), config, log, bar)
+    return Classifier(model, vocab, config.buckets, config.ngrams), {"known_buckets": int(len(vocab)), **stats}
+
+
+def train_on_rows(feats: Features, ref_rows: np.ndarray, src_rows: np.ndarray, config: FilterConfig, log=None,
+                  bar=None) -> tuple[Classifier, dict]:
+    """`train_classifier(texts of ref_rows, texts of src_rows)` on rows of `feats`: the same model, bit for
+    bit, without featurizing again or copying the training rows' features (O(buckets) memory besides `feats`)."""
+    rows = np.concatenate([ref_rows, src_rows])  # (n,) training row i -> row of feats, reference rows first
+    seen = feats.seen(rows, config.buckets)  # (buckets,)
+    vocab = np.flatnonzero(seen)  # (U,) sorted, as np.unique numbers them
+    lookup = np.cumsum(seen, dtype=np.int32) - 1  # (buckets,) bucket -> embedding row (for seen buckets)
+    del seen
+
+    def bags(batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        ids, starts = feats.bags(rows[batch])
+        return lookup[ids].astype(np.int64), starts
+
+    model, stats = _fit(bags, len(ref_rows), len(src_rows), len(vocab), config, log, bar)
+    return Classifier(model, vocab, config.buckets, config.ngrams), {"known_buckets": int(len(vocab)), **stats}
+
+
+def _fit(bags, n_r: int, n_s: int, rows: int, config: FilterConfig, log, bar):
+    """Class-balanced training on n_r reference rows then n_s source rows; bags(batch rows) gives the
+    batch's embedding rows and bag starts."""
+    import torch
+
     n = n_r + n_s
     y = np.concatenate([np.ones(n_r, np.float32), np.zeros(n_s, np.float32)])
     w = np.concatenate([np.full(n_r, n / (2 * n_r), np.float32), np.full(n_s, n / (2 * n_s), np.float32)])
-
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # steps are tiny sparse updates: more threads only add synchronisation
     try:
-        model, stats = _train(ids.astype(np.int64), offsets, y, w, len(vocab), config, log, bar)
+        return _train(bags, y, w, rows, config, log, bar)
     finally:
         torch.set_num_threads(threads)
-    return Classifier(model, vocab, config.buckets, config.ngrams), {"known_buckets": int(len(vocab)), **stats}
 
 
 def training_steps(n: int, config: FilterConfig) -> int:
@@ -377,8 +453,7 @@ def training_steps(n: int, config: FilterConfig) -> int:
     return steps_per_epoch * max(config.epochs, -(-config.min_steps // steps_per_epoch))
 
 
-def _train(ids: np.ndarray, offsets: np.ndarray, y: np.ndarray, w: np.ndarray, rows: int, config: FilterConfig,
-           log, bar=None):
+def _train(bags, y: np.ndarray, w: np.ndarray, rows: int, config: FilterConfig, log, bar=None):
     import torch
 
     n = len(y)
@@ -394,7 +469,6 @@ def _train(ids: np.ndarray, offsets: np.ndarray, y: np.ndarray, w: np.ndarray, r
     epochs = max(config.epochs, -(-config.min_steps // steps_per_epoch))
     total_steps = steps_per_epoch * epochs
     rng = np.random.default_rng(config.seed)
-    ids_t = torch.from_numpy(ids)
     y_t, w_t = torch.from_numpy(y), torch.from_numpy(w)
     step = 0
     losses = []
@@ -403,12 +477,8 @@ def _train(ids: np.ndarray, offsets: np.ndarray, y: np.ndarray, w: np.ndarray, r
         epoch_loss = 0.0
         for lo in range(0, n, config.batch_size):
             rows = perm[lo : lo + config.batch_size]
-            starts, lens = offsets[rows], offsets[rows + 1] - offsets[rows]
-            bag_starts = np.cumsum(lens) - lens  # (B,) where each row's bag starts in the batch
-            # feature j of the batch is ids[starts[row] + (j - bag_starts[row])]
-            gather = np.repeat(starts - bag_starts, lens) + np.arange(lens.sum())
-            batch_ids = ids_t[torch.from_numpy(gather)]  # (sum lens,)
-            batch_off = torch.from_numpy(bag_starts)  # (B,)
+            ids, starts = bags(rows)
+            batch_ids, batch_off = torch.from_numpy(ids), torch.from_numpy(starts)  # (sum of lengths,), (B,)
             rows_t = torch.from_numpy(rows)
             for opt in opts:
                 for group in opt.param_groups:
@@ -579,6 +649,10 @@ def filter_dataset(ds, ref_texts, config: FilterConfig, *, log=None) -> tuple[ob
 
     part_s, part_r = assign(n_src, 0), assign(n_ref, 1)
     take = lambda arr, idx: arr.take(pa.array(idx, type=pa.int64()))  # noqa: E731
+    # every caption featurized once, reference rows first, for every classifier's training and scoring
+    both = pa.chunked_array([*ref_arr.cast(src_arr.type).chunks, *src_arr.chunks], type=src_arr.type)
+    feats = Features.of(both, config.buckets, config.ngrams)
+    del both
     scores = np.empty(n_src, dtype=np.float64)
     held_ref, held_src, scorers, fold_stats = [], [], [], []
     train_s = score_s = 0.0
@@ -590,20 +664,21 @@ def filter_dataset(ds, ref_texts, config: FilterConfig, *, log=None) -> tuple[ob
         tr_s, ho_s = np.flatnonzero(part_s != f), np.flatnonzero(part_s == f)
         tr_r, ho_r = np.flatnonzero(part_r != f), np.flatnonzero(part_r == f)
         t0 = time.perf_counter()
-        clf, st = train_classifier(take(ref_arr, tr_r), take(src_arr, tr_s), config, bar=bar)
+        clf, st = train_on_rows(feats, tr_r, tr_s + n_ref, config, bar=bar)
         train_s += time.perf_counter() - t0
         if log:
             log(f"filter: classifier {f + 1}/{config.folds}: trained on {len(tr_s):,} source and {len(tr_r):,} "
                 f"reference captions ({st['train_steps']} steps, final loss {list(st['train_loss'].values())[-1]:.4f})")
         scorer = Scorer.from_classifier(clf)
+        del clf
         t0 = time.perf_counter()
         if config.folds > 1:
-            scores[ho_s] = scorer.scores(take(src_arr, ho_s))
+            scores[ho_s] = scorer.row_scores(feats, ho_s + n_ref)
         else:
-            scores[:] = scorer.scores(src_arr)
+            scores[:] = scorer.row_scores(feats, np.arange(n_ref, n_ref + n_src))
         score_s += time.perf_counter() - t0
         held_src.append(scores[ho_s])
-        held_ref.append(scorer.scores(take(ref_arr, ho_r)))
+        held_ref.append(scorer.row_scores(feats, ho_r))
         scorers.append(scorer)
         fold_stats.append({"train_source_rows": int(len(tr_s)), "train_reference_captions": int(len(tr_r)), **st})
     bar.close()

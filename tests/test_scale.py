@@ -81,8 +81,52 @@ def test_load_train_data_formats_no_row(tmp_path, rows_formatted):
     td = load_train_data([data, other], PretrainConfig(caption_sampling="random"))
     assert rows_formatted == [] and len(td.dataset) == 48  # the lists of captions are not empty in any row
     td = load_train_data([data, data], PretrainConfig(prefix_ids=True))
-    assert all(n >= 40 for n in rows_formatted)  # prefixing the ids rewrites whole tables (datasets' add_column), no row alone
+    assert rows_formatted == []  # the prefixed ids are an Arrow column beside the input's table
     assert td.ids[:2] == ["0:p0", "0:p1"] and td.ids[-1] == "1:p39" and len(td.ids) == 76
+
+
+@pytest.fixture
+def no_copied_rows(monkeypatch):
+    """Fails a test that copies a selection's rows (datasets' flatten_indices, which add_column on a
+    selection calls: it writes every selected row anew, images included)."""
+    import datasets
+
+    def refuse(self, *a, **k):
+        raise AssertionError("flatten_indices copied the selected rows")
+
+    monkeypatch.setattr(datasets.Dataset, "flatten_indices", refuse)
+
+
+def test_prefixed_ids_and_positives_under_where_copy_no_row(tmp_path, no_copied_rows):
+    """--prefix-ids on two inputs under --where: the ids and each row's mined positives are prefixed by whole-
+    column Arrow work and the images stay the inputs' own (no selected row is copied); a missing list of
+    positives is an empty one. Reference: the plain per-row prefixing."""
+    import datasets
+
+    from vltool.pretrain import PretrainConfig
+    from vltool.pretrain.data import _positive_rows, _positive_rows_reference, load_train_data
+
+    paths = []
+    for k, n in enumerate((12, 9)):
+        ds = datasets.load_from_disk(make_pairs(tmp_path / f"raw{k}", n=n, empty=(3,)))
+        pos = [None if i == 5 else [f"p{j}" for j in range(n) if j != i and j % 3 == i % 3] for i in range(n)]
+        ds = ds.add_column("positives", pos).add_column("split", ["train" if i % 4 else "test" for i in range(n)])
+        ds.save_to_disk(str(tmp_path / f"in{k}"))
+        paths.append(str(tmp_path / f"in{k}"))
+    cfg = PretrainConfig(loss="sigmoid", mined_positives=True, prefix_ids=True)
+    td = load_train_data(paths, cfg, where=["split=train"])
+    want_ids, want_pos, want_img = [], [], []
+    for k, path in enumerate(paths):
+        ds = datasets.load_from_disk(path).cast_column("image", datasets.Image(decode=False))
+        for row in ds:
+            if row["split"] == "train" and row["caption"]:
+                want_ids.append(f"{k}:{row['id']}")
+                want_pos.append([f"{k}:{p}" for p in (row["positives"] or [])])
+                want_img.append(row["image"]["bytes"])
+    got = td.dataset.cast_column("image", datasets.Image(decode=False))
+    assert td.ids == want_ids and got["positives"] == want_pos and [i["bytes"] for i in got["image"]] == want_img
+    assert td.empty_text_ids == ["0:p3", "1:p3"]  # the train rows without a caption, named with their prefix
+    assert td.positives == _positive_rows_reference(td.dataset) == _positive_rows(td.dataset) and td.positives
 
 
 def test_the_checked_rows_are_kept_under_the_inputs_fingerprints(tmp_path, monkeypatch):
@@ -362,11 +406,11 @@ def _unicl_reference(config, where=()):
 
 
 @pytest.mark.parametrize("prefix", [False, True])
-def test_unicl_data_equal_the_row_by_row_reference(tmp_path, rows_formatted, prefix):
+def test_unicl_data_equal_the_row_by_row_reference(tmp_path, rows_formatted, prefix, no_copied_rows):
     """UniCL's rows by whole-column work equal the row-by-row loader's: ids (prefixed or not), texts, labels
     (classes numbered in order of first appearance over two label inputs, a ClassLabel one with a missing
     label and a string one with a blank name, a name shared by both), which rows are templated, the rows
-    without text dropped and named; under --where too; and no row is formatted."""
+    without text dropped and named; under --where too, copying no selected row; and no row is formatted."""
     import datasets
 
     from vltool.pretrain import PretrainConfig

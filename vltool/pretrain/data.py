@@ -117,11 +117,13 @@ def load_train_data(
     for k, src in enumerate(loaded):
         ds = src.dataset.select_columns(needed).cast_column(C.IMAGE, datasets.Image(decode=False))
         if config.prefix_ids and len(loaded) > 1:
-            ids = pc.binary_join_element_wise(pa.scalar(f"{k}:"), arrow_column(ds, C.ID), "")
-            ds = ds.flatten_indices().remove_columns([C.ID]).add_column(C.ID, ids.combine_chunks())
-            if C.POSITIVES in needed:
-                pos = [[f"{k}:{p}" for p in (ps or [])] for ps in arrow_column(ds, C.POSITIVES).to_pylist()]
-                ds = ds.remove_columns([C.POSITIVES]).add_column(C.POSITIVES, pos)
+            prefix = pa.scalar(f"{k}:")
+            new = {C.ID: pc.binary_join_element_wise(prefix, arrow_column(ds, C.ID), "")}
+            if C.POSITIVES in needed:  # each list's ids prefixed; a missing list is an empty one
+                new[C.POSITIVES] = pa.chunked_array([
+                    type(c).from_arrays(c.offsets, pc.binary_join_element_wise(prefix, c.values, ""))
+                    for c in arrow_column(ds, C.POSITIVES).chunks])
+            ds = with_arrow_columns(ds, new, tag=f"prefix-ids:{k}")
         parts.append(ds.select_columns(needed) if ds.column_names != needed else ds)  # (each select costs a Python step per record batch)
     ds = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
     rows_in = len(ds)
@@ -137,6 +139,26 @@ def load_train_data(
     positives = _positive_rows(ds) if C.POSITIVES in needed else None
     key = rows_key(loaded, ["pairs"] * len(loaded), config.prefix_ids, dropped)
     return TrainData(ds, text_col, loaded, rows_in, empty_ids, positives, rows_key=key, text_source=text_col)
+
+
+def with_arrow_columns(ds, columns: dict, *, tag: str):
+    """`ds` with `columns` (name -> Arrow array of len(ds) rows: ds's rows, after any selection) in place of
+    its columns of those names, or last. A selection (--where) stays an indices mapping over the input's
+    table: datasets' add_column on one writes every selected row anew, images included (vltool.derived)."""
+    import hashlib
+
+    import datasets
+    import pyarrow as pa
+    from datasets.table import InMemoryTable
+
+    from vltool.derived import with_columns
+
+    new = InMemoryTable(pa.table(columns))
+    features = datasets.Features.from_arrow_schema(new.schema)
+    order = ds.column_names + [c for c in new.column_names if c not in ds.column_names]
+    fingerprint = hashlib.blake2b(f"{ds._fingerprint}\x00{tag}".encode(), digest_size=16).hexdigest()
+    return with_columns(ds, new, dict(features), np.ones(len(ds), dtype=bool), order=order, fingerprint=fingerprint,
+                        spill=None, chunk=1 << 20)
 
 
 def check_ids(named_ids: list, prefixed: bool, hint: str = "") -> None:
@@ -304,14 +326,17 @@ def load_unicl_data(config: PretrainConfig, where: Sequence[str] = (), split: st
         ids = arrow_column(ds, C.ID)
         named_ids.append((spec_, ids))
         sub = ds.select_columns([C.ID, C.IMAGE, col]).cast_column(C.IMAGE, datasets.Image(decode=False))
-        if isinstance(ds.features[col], datasets.ClassLabel):  # (add_column copies a filtered view's rows)
-            sub = sub.remove_columns([col]).add_column(UNICL_TEXT, pa.chunked_array(texts).combine_chunks())
+        new = {}
+        if isinstance(ds.features[col], datasets.ClassLabel):  # the class names, one per row
+            new[UNICL_TEXT] = pa.chunked_array(texts).cast(pa.string())
         else:  # the input's own column, memory-mapped
             sub = sub.rename_column(col, UNICL_TEXT)
             if ds.features[col] != datasets.Value("string"):
                 sub = sub.cast_column(UNICL_TEXT, datasets.Value("string"))
         if prefixed:
-            sub = sub.remove_columns([C.ID]).add_column(C.ID, pc.binary_join_element_wise(pa.scalar(f"{k}:"), ids, "").combine_chunks())
+            new[C.ID] = pc.binary_join_element_wise(pa.scalar(f"{k}:"), ids, "")
+        if new:
+            sub = with_arrow_columns(sub, new, tag=f"unicl:{k}")
         keep.append(texted)
         is_label.append(np.full(len(ds), role == "label"))
         parts.append(sub.select_columns([C.ID, C.IMAGE, UNICL_TEXT]))

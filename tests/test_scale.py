@@ -460,3 +460,27 @@ def test_unicl_duplicate_and_clashing_ids_are_named(tmp_path):
         load_unicl_data(PretrainConfig(**cfg, label_data=[str(tmp_path / "ok")], text_data=[str(tmp_path / "clash")]))
     ok = load_unicl_data(PretrainConfig(**cfg, label_data=[str(tmp_path / "ok")], text_data=[str(tmp_path / "clash")], prefix_ids=True))
     assert ok.ids == ["0:e", "0:f", "0:g", "0:h", "1:a", "1:e"]
+
+
+@pytest.mark.parametrize("slice_rows", [1, 3, 1 << 18])
+def test_arrow_texts_equal_text_owner(monkeypatch, slice_rows):
+    """The encoding commands' texts come from the Arrow column (arrow_texts, arrow_texts_digest): the same
+    texts, owners and cache digest as the row-by-row text_owner and texts_digest, for strings and lists
+    with None, blank and Unicode-whitespace texts, in slices of any size."""
+    import random
+
+    from vltool import checks
+    from vltool.cache import texts_digest
+    from vltool.encode import arrow_texts, arrow_texts_digest, text_owner
+
+    monkeypatch.setattr(checks, "TEXT_SLICE_ROWS", slice_rows)
+    rng = random.Random(1)
+    pool = ["a dog", "", "  ", "\u3000\u2003", None, "café\n", "x", " two  words "]
+    strings = [rng.choice(pool) for _ in range(23)]
+    lists = [rng.choice([None, [], [rng.choice(pool) for _ in range(rng.randint(1, 3))]]) for _ in range(19)]
+    for values, typ in ((strings, pa.string()), (lists, pa.list_(pa.string())), ([None, ""], pa.string())):
+        column = pa.chunked_array([values[:7], values[7:]], type=typ)
+        texts, owner = arrow_texts(column)
+        want, want_owner = text_owner(values)
+        assert texts.to_pylist() == want and owner.tolist() == want_owner.tolist()
+        assert arrow_texts_digest(texts) == texts_digest(want)

@@ -110,6 +110,13 @@ def clean_text(value: Any) -> str | None:
     return None
 
 
+def nonblank(strings):
+    """(n,) bool numpy: clean_text's test on an Arrow string array (None and whitespace-only are blank)."""
+    import pyarrow.compute as pc
+
+    return pc.fill_null(pc.not_equal(pc.utf8_trim_whitespace(strings), ""), False).to_numpy(zero_copy_only=False)
+
+
 TEXT_SLICE_ROWS = 1 << 18  # rows per Arrow call of has_text (a saved image dataset has a record batch per 100 rows)
 
 
@@ -121,9 +128,6 @@ def has_text(column, lists: bool) -> np.ndarray:
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
-
-    def nonblank(strings) -> np.ndarray:
-        return pc.fill_null(pc.not_equal(pc.utf8_trim_whitespace(strings), ""), False).to_numpy(zero_copy_only=False)
 
     if not isinstance(column, pa.ChunkedArray):
         column = pa.chunked_array([column])

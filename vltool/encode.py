@@ -450,11 +450,55 @@ def text_owner(values: Sequence) -> tuple[list[str], np.ndarray]:
     return texts, np.asarray(owner, dtype=np.int64)
 
 
-def _encode_text_list(m, texts: list[str], batch_size: int, label: str, progress: bool) -> np.ndarray:
+def arrow_texts(column) -> tuple[Any, np.ndarray]:
+    """`text_owner` on an Arrow column (strings, or lists of strings), by whole-column work: the texts that
+    are not blank as one Arrow array (the column's own buffers where none is left out) and the row of each
+    (T,). No Python object per row: a list of 10M captions is ~1.5 GB of str objects."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from vltool.checks import TEXT_SLICE_ROWS, nonblank
+
+    if not isinstance(column, pa.ChunkedArray):
+        column = pa.chunked_array([column])
+    lists = pa.types.is_list(column.type) or pa.types.is_large_list(column.type)
+    texts, owners = [], []
+    for a in range(0, len(column), TEXT_SLICE_ROWS):
+        part = column.slice(a, TEXT_SLICE_ROWS).combine_chunks()
+        if lists:  # (list_parent_indices counts from the start of one array)
+            parent, flat = pc.list_parent_indices(part).to_numpy().astype(np.int64), pc.list_flatten(part)
+        else:
+            parent, flat = np.arange(len(part), dtype=np.int64), part
+        keep = nonblank(flat)  # (texts of the slice,)
+        texts.append(flat if keep.all() else flat.filter(pa.array(keep)))
+        owners.append(parent[keep] + a)
+    kind = column.type.value_type if lists else column.type
+    owner = np.concatenate(owners) if owners else np.zeros(0, dtype=np.int64)
+    return pa.chunked_array(texts, type=kind), owner
+
+
+def arrow_texts_digest(texts) -> str:
+    """texts_digest of an Arrow string array (each text followed by a NUL, SHA-256), hashed a slice at a time."""
+    import hashlib
+
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    h = hashlib.sha256()
+    for a in range(0, len(texts), 1 << 16):
+        part = texts.slice(a, 1 << 16).combine_chunks().cast(pa.large_string())
+        one = pa.LargeListArray.from_arrays(pa.array([0, len(part)], pa.int64()), part)
+        h.update(pc.binary_join(one, pa.scalar("\0", pa.large_string()))[0].as_buffer())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def _encode_text_list(m, texts, batch_size: int, label: str, progress: bool) -> np.ndarray:
+    """Embeddings of `texts` (a list of strings, or an Arrow string array: each batch becomes strings alone)."""
     import torch
 
     def prepare(a: int, b: int):
-        return m.tokenize(texts[a:b])
+        return m.tokenize(texts[a:b] if isinstance(texts, list) else texts.slice(a, b - a).to_pylist())
 
     def forward(tokens):
         return m.encode_text(tokens).float().cpu()
@@ -477,10 +521,12 @@ def encode_texts(
 
     ds = data.dataset
     text_column(ds, column, data.spec, allow_list=True)
-    texts, owner = text_owner(column_values(ds, column))
+    from vltool.io import arrow_column
+
+    texts, owner = arrow_texts(arrow_column(ds, column))
     require_texts(len(texts), len(ds), column, data.spec)
     key = dataset_key(m, data, column, text_preprocessing(m))
-    ids = texts_digest(texts)
+    ids = arrow_texts_digest(texts)
     emb, hit, secs = _through_cache(
         cache, key, ids, len(texts),
         lambda: _encode_text_list(m, texts, batch_size, f"encoding {len(texts):,} texts", progress),

@@ -58,13 +58,46 @@ class Thresholds:
 
 @dataclass
 class Mined:
-    """For each row i, the rows j whose text is a positive for image i, and the three scores of each pair."""
+    """For each row i, the rows j whose text is a positive for image i, and the three scores of each pair, as
+    flat arrays: row i's pairs are offsets[i]:offsets[i+1], ordered by S_it descending. (An array per row
+    and field was three Python objects a row: ~0.5 GB at 1M rows, whatever the pairs.)"""
 
-    positives: list[np.ndarray]  # per row: (P_i,) int64 row indices, ordered by S_it descending
-    scores: list[np.ndarray]  # per row: (P_i, 3) float32: S_it, S_ii, S_tt
-    terms: list[np.ndarray]  # per row: (P_i, 3) bool: which terms of M fired
+    offsets: np.ndarray  # (N+1,) int64
+    rows: np.ndarray  # (P,) int64: the row j of each pair
+    pair_scores: np.ndarray  # (P, 3) float32: S_it, S_ii, S_tt
+    pair_terms: np.ndarray  # (P, 3) bool: which terms of M fired
     capped_rows: int = 0  # rows that had more than max_positives and were cut
     stats: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_lists(cls, positives: list, scores: list, terms: list, capped_rows: int = 0) -> "Mined":
+        """From per-row arrays (P_i,), (P_i, 3), (P_i, 3)."""
+        offsets = np.concatenate([[0], np.cumsum([len(p) for p in positives])]).astype(np.int64)
+        flat = lambda parts, shape, dtype: np.concatenate(parts).astype(dtype) if parts else np.zeros(shape, dtype)  # noqa: E731
+        return cls(offsets, flat(positives, (0,), np.int64), flat(scores, (0, 3), np.float32),
+                   flat(terms, (0, 3), bool), capped_rows)
+
+    @property
+    def counts(self) -> np.ndarray:
+        """(N,) positives of each row."""
+        return np.diff(self.offsets)
+
+    def row(self, i: int) -> np.ndarray:
+        """(P_i,) the positives of row i."""
+        return self.rows[self.offsets[i] : self.offsets[i + 1]]
+
+    @property
+    def positives(self) -> list[np.ndarray]:
+        """Per row: (P_i,) its positives (views; for small data and tests)."""
+        return np.split(self.rows, self.offsets[1:-1])
+
+    @property
+    def scores(self) -> list[np.ndarray]:
+        return np.split(self.pair_scores, self.offsets[1:-1])
+
+    @property
+    def terms(self) -> list[np.ndarray]:
+        return np.split(self.pair_terms, self.offsets[1:-1])
 
 
 def _normalise(x: np.ndarray) -> np.ndarray:
@@ -169,6 +202,7 @@ def mine(
     query_rows: np.ndarray | None = None,
     pair_budget: int = 2_000_000,
     progress: bool = False,
+    normalised: bool = False,
 ) -> Mined:
     """All positives of M over the whole set.
 
@@ -179,18 +213,20 @@ def mine(
     Memory is bounded by `pair_budget`, not by the data: queries go in blocks of at most `chunk`, made
     smaller when the search hits are many (a weak model puts most pairs near the thresholds), so that a
     block holds about `pair_budget` candidate pairs; their scores are computed in slices of that size.
-    `progress`: a progress bar over the query images on stderr.
+    `progress`: a progress bar over the query images on stderr. `normalised`: img and txt are L2-normalised
+    float32 already (as `_normalise` makes them), and are used as they are, not copied.
     """
     th = thresholds or Thresholds()
     th.validate()
     collector = _Collector(th, max_positives, rescore=False)
     stats = _search(img, txt, owner, th, [collector], index=index, nprobe=nprobe, chunk=chunk, query_rows=query_rows,
-                    pair_budget=pair_budget, progress=progress)
+                    pair_budget=pair_budget, progress=progress, normalised=normalised)
     return collector.result(stats)
 
 
 def mine_grid(img: np.ndarray, txt: np.ndarray, owner: np.ndarray | None, grid: list[Thresholds], *, max_positives: int = 256,
-              index: str = "flat", nprobe: int = 32, chunk: int = 2048, pair_budget: int = 2_000_000) -> list[Mined]:
+              index: str = "flat", nprobe: int = 32, chunk: int = 2048, pair_budget: int = 2_000_000,
+              normalised: bool = False) -> list[Mined]:
     """`mine` at every thresholds of `grid` (--dry-run) in one search: the candidates at the loosest
     thresholds of the grid are scored once, and each grid point keeps its own pairs (its terms recomputed
     from the exact scores) and caps them, block by block. Equal to [mine(..., th) for th in grid]."""
@@ -199,19 +235,18 @@ def mine_grid(img: np.ndarray, txt: np.ndarray, owner: np.ndarray | None, grid: 
     loose = Thresholds(min(t.p_it for t in grid), min(t.p_ii for t in grid), min(t.p_tt for t in grid),
                        min(t.p_it_tt for t in grid), ",".join(t for t in TERMS if any(t in g.enabled for g in grid)))
     collectors = [_Collector(th, max_positives, rescore=True) for th in grid]
-    stats = _search(img, txt, owner, loose, collectors, index=index, nprobe=nprobe, chunk=chunk, pair_budget=pair_budget)
+    stats = _search(img, txt, owner, loose, collectors, index=index, nprobe=nprobe, chunk=chunk, pair_budget=pair_budget,
+                    normalised=normalised)
     return [c.result(stats) for c in collectors]
 
 
 class _Collector:
     """Each query's positives under thresholds `th` (rescore: the terms recomputed from the exact scores of
-    a looser search), capped at `max_positives` by S_it."""
+    a looser search), capped at `max_positives` by S_it; kept as flat arrays, a few per block."""
 
     def __init__(self, th: Thresholds, max_positives: int, rescore: bool):
         self.th, self.max_positives, self.rescore = th, max_positives, rescore
-        self.positives: list = []
-        self.scores: list = []
-        self.terms: list = []
+        self.parts: list = []  # per block: (counts (B,), rows (P,), scores (P, 3), terms (P, 3))
         self.capped = 0
 
     def add(self, n_queries: int, pq, pj, sc, tm) -> None:
@@ -222,35 +257,34 @@ class _Collector:
                            (sc[:, 2] > th.p_tt) & (sc[:, 0] > th.p_it_tt) & use_tt], axis=1)  # (P, 3)
             m = tm.any(axis=1)
             pq, pj, sc, tm = pq[m], pj[m], sc[m], tm[m]  # (the order, by query then S_it, is kept)
-        bounds = np.searchsorted(pq, np.arange(n_queries + 1))
-        for a, b in zip(bounds[:-1], bounds[1:]):
-            if b - a > self.max_positives:
-                self.capped += 1
-                b = a + self.max_positives
-            # copies: a slice would keep the whole block's arrays alive (pair_budget pairs per block, for ever)
-            self.positives.append(pj[a:b].copy())
-            self.scores.append(sc[a:b].copy())
-            self.terms.append(tm[a:b].copy())
+        bounds = np.searchsorted(pq, np.arange(n_queries + 1))  # (B+1,) each query's pairs, by S_it descending
+        counts = np.diff(bounds)
+        self.capped += int((counts > self.max_positives).sum())
+        keep = np.arange(len(pq)) - bounds[pq] < self.max_positives  # (P,) a query's first max_positives pairs
+        # copies (boolean indexing): a slice would keep the whole block's arrays alive
+        self.parts.append((np.minimum(counts, self.max_positives), pj[keep], sc[keep], tm[keep]))
 
     def state(self) -> tuple:
-        return self.positives, self.scores, self.terms, self.capped
+        return self.parts, self.capped
 
-    def merge(self, parts: list) -> None:
-        self.positives = [x for p in parts for x in p[0]]
-        self.scores = [x for p in parts for x in p[1]]
-        self.terms = [x for p in parts for x in p[2]]
-        self.capped = sum(p[3] for p in parts)
+    def merge(self, states: list) -> None:
+        self.parts = [part for st in states for part in st[0]]
+        self.capped = sum(st[1] for st in states)
 
     def result(self, stats: dict) -> Mined:
-        return Mined(self.positives, self.scores, self.terms, self.capped, stats=dict(stats))
+        counts = np.concatenate([p[0] for p in self.parts]) if self.parts else np.zeros(0, np.int64)
+        flat = lambda k, shape, dtype: np.concatenate([p[k] for p in self.parts]).astype(dtype, copy=False) if self.parts else np.zeros(shape, dtype)  # noqa: E731
+        return Mined(np.concatenate([[0], np.cumsum(counts)]).astype(np.int64), flat(1, (0,), np.int64),
+                     flat(2, (0, 3), np.float32), flat(3, (0, 3), bool), self.capped, stats=dict(stats))
 
 
 def _search(img, txt, owner, th: Thresholds, collectors: list, *, index: str, nprobe: int, chunk: int,
-            query_rows=None, pair_budget: int, progress: bool = False) -> dict:
+            query_rows=None, pair_budget: int, progress: bool = False, normalised: bool = False) -> dict:
     """The candidate search and exact scoring at thresholds `th`, block by block, each block's pairs handed
     to every collector. Returns the blocks' statistics."""
-    img = _normalise(img)
-    txt = _normalise(txt)
+    if not normalised:
+        img = _normalise(img)
+        txt = _normalise(txt)
     n = len(img)
     if owner is None and len(txt) != n:
         raise UsageError(f"{n} images but {len(txt)} texts; give each caption's row")
@@ -384,9 +418,9 @@ def dense_reference(img: np.ndarray, txt: np.ndarray, owner: np.ndarray | None =
 
 def summarise(mined: Mined, n_rows: int) -> dict:
     """Rows that gained positives, a histogram of positives per row, the share of pairs found by each term."""
-    counts = np.array([len(p) for p in mined.positives], dtype=np.int64)
+    counts = mined.counts
     total = int(counts.sum())
-    terms = np.concatenate(mined.terms) if total else np.zeros((0, 3), dtype=bool)
+    terms = mined.pair_terms
     edges = [0, 1, 2, 4, 8, 16, 32, 64, 128, 256, np.inf]
     hist = {}
     for a, b in zip(edges[:-1], edges[1:]):
@@ -492,8 +526,9 @@ def group_agreement(mined: Mined, groups: list, seed: int = 0) -> dict:
     _, inv, counts = np.unique(g, return_inverse=True, return_counts=True)
     n = len(g)
     same_total = int((counts * (counts - 1)).sum())
-    mined_pairs = sum(len(p) for p in mined.positives)
-    same_mined = sum(int((inv[p] == inv[i]).sum()) for i, p in enumerate(mined.positives))
+    mined_pairs = len(mined.rows)
+    query = np.repeat(np.arange(len(mined.counts)), mined.counts)  # (P,) the row of each pair
+    same_mined = int((inv[mined.rows] == inv[query]).sum())
     return {
         "mined_pairs": mined_pairs,
         "same_group_mined": same_mined,
@@ -560,17 +595,22 @@ def mine_positives(data: str, out, config: MinePositivesConfig, *, where=(), spl
     remap = -np.ones(n, dtype=np.int64)
     remap[rows] = np.arange(len(rows))
     keep_txt = good[txt.owner]
-    t_emb, t_owner = txt.embeddings[keep_txt], remap[txt.owner[keep_txt]]
-    i_emb = img.embeddings[rows]
+    t_owner = remap[txt.owner[keep_txt]]
+    # copies of the mined rows' embeddings, L2-normalised in place once (the same numbers _normalise gives)
+    t_emb = np.ascontiguousarray(txt.embeddings[keep_txt], dtype=np.float32)  # (T, D)
+    i_emb = np.ascontiguousarray(img.embeddings[rows], dtype=np.float32)  # (G, D)
+    for x in (t_emb, i_emb):
+        x /= np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
     owner_arg = t_owner if multi else None
 
     stats: dict = {"rows": n, "rows_mined": int(len(rows)), "rows_skipped": int(n - len(rows)),
                    "text_column": config.text_column, "several_captions": multi,
                    "encoding": {"images": img.summary(), "texts": txt.summary()}}
     # true pairs: each row's image with its own text(s) (the best one, as S_it is defined)
-    tn = _normalise(t_emb)
     s_true = np.full(len(rows), -np.inf, dtype=np.float32)
-    np.maximum.at(s_true, t_owner, np.einsum("nd,nd->n", _normalise(i_emb)[t_owner], tn))
+    for a in range(0, len(t_emb), 1 << 16):  # (slices: no copy of every text's image)
+        own = t_owner[a : a + (1 << 16)]
+        np.maximum.at(s_true, own, np.einsum("nd,nd->n", i_emb[own], t_emb[a : a + (1 << 16)]))
     calib = calibrate(s_true)
     stats["calibration"] = calib
     groups = None
@@ -581,7 +621,8 @@ def mine_positives(data: str, out, config: MinePositivesConfig, *, where=(), spl
     if config.dry_run:
         grid = []
         points = threshold_grid(config.thresholds)
-        each = mine_grid(i_emb, t_emb, owner_arg, points, max_positives=config.max_positives, index=config.index, nprobe=config.nprobe)
+        each = mine_grid(i_emb, t_emb, owner_arg, points, max_positives=config.max_positives, index=config.index, nprobe=config.nprobe,
+                         normalised=True)
         for th, mined in zip(points, each):  # one search for the 9 points
             row = {"thresholds": vars(th), **{k: v for k, v in summarise(mined, len(rows)).items() if k != "histogram"}}
             if groups is not None:
@@ -595,7 +636,7 @@ def mine_positives(data: str, out, config: MinePositivesConfig, *, where=(), spl
         config = dataclasses.replace(config, p_it=calib["suggested"]["p_it"], p_it_tt=calib["suggested"]["p_it_tt"])
     stats["thresholds"] = vars(config.thresholds)
     mined = mine(i_emb, t_emb, owner_arg, config.thresholds, max_positives=config.max_positives,
-                 index=config.index, nprobe=config.nprobe, progress=True)
+                 index=config.index, nprobe=config.nprobe, progress=True, normalised=True)
     stats.update(summarise(mined, len(rows)))
     if groups is not None:
         stats["groups"] = {"column": config.group_column, **group_agreement(mined, groups)}
@@ -605,11 +646,24 @@ def mine_positives(data: str, out, config: MinePositivesConfig, *, where=(), spl
     from vltool.io import arrow_column
 
     positives, scores = positive_columns(mined, rows, n, arrow_column(ds, C.ID))
-    drop = [c for c in (C.POSITIVES, POSITIVE_SCORES) if c in ds.column_names]
-    if drop:
-        ds = ds.remove_columns(drop)
-    ds = ds.add_column(C.POSITIVES, positives, feature=datasets.Sequence(datasets.Value("string")))
-    ds = ds.add_column(POSITIVE_SCORES, scores, feature=datasets.Sequence(datasets.Sequence(datasets.Value("float32"), length=3)))
+    # the input's table with the new columns beside it (a second mining replaces the first's): add_column on
+    # a --where selection would write every selected row anew, images included (vltool.derived)
+    import hashlib
+
+    import pyarrow as pa
+    from datasets.table import InMemoryTable
+
+    from vltool.derived import with_columns
+
+    new = InMemoryTable(pa.table({C.POSITIVES: positives, POSITIVE_SCORES: scores}))
+    features = {C.POSITIVES: datasets.Sequence(datasets.Value("string")),
+                POSITIVE_SCORES: datasets.Sequence(datasets.Sequence(datasets.Value("float32"), length=3))}
+    order = [c for c in ds.column_names if c not in features] + list(features)
+    digest = hashlib.blake2b(ds._fingerprint.encode(), digest_size=16)
+    for array in (rows, mined.offsets, mined.rows, mined.pair_scores):
+        digest.update(np.ascontiguousarray(array).tobytes())
+    ds = with_columns(ds, new, features, np.ones(n, dtype=bool), order=order, fingerprint=digest.hexdigest(),
+                      spill=None, chunk=1 << 20)
     prov = provenance.make("mine-positives", config, [src], rows_in=n, rows_out=n, stats=stats, timer=timer)
     prov["model"] = model_record(m, config.model, config.pretrained)
     save_dataset(ds, out, prov, overwrite=overwrite)
@@ -625,10 +679,11 @@ def positive_columns(mined: Mined, rows: np.ndarray, n: int, ids):
 
     rows = np.asarray(rows, dtype=np.int64)
     counts = np.zeros(n, dtype=np.int64)
-    counts[rows] = [len(p) for p in mined.positives]
+    counts[rows] = mined.counts
     order = np.argsort(rows, kind="stable")  # mined rows in dataset order
-    flat_j = np.concatenate([mined.positives[k] for k in order]) if len(rows) else np.zeros(0, np.int64)
-    flat_s = np.concatenate([mined.scores[k] for k in order]) if len(rows) else np.zeros((0, 3), np.float32)
+    starts, lens = mined.offsets[order], mined.counts[order]  # (G,) each one's pairs, in that order
+    gather = np.repeat(starts - (np.cumsum(lens) - lens), lens) + np.arange(lens.sum())  # (P,) pair at each output place
+    flat_j, flat_s = mined.rows[gather], mined.pair_scores[gather]
     offsets = pa.array(np.concatenate([[0], np.cumsum(counts)]), type=pa.int64())
     ids = pa.chunked_array(ids).combine_chunks() if isinstance(ids, pa.ChunkedArray) else pa.array(ids)
     names = ids.take(pa.array(rows[flat_j.astype(np.int64)], type=pa.int64())).cast(pa.large_string()).cast(pa.string())
@@ -642,7 +697,8 @@ def _ivf_recall(i_emb, t_emb, owner, config: MinePositivesConfig, approx: Mined)
     """Recall of the IVF result against exact search, on a seeded sample of rows."""
     rng = np.random.default_rng(config.seed)
     sample = np.sort(rng.choice(len(i_emb), size=min(config.recall_sample, len(i_emb)), replace=False))
-    exact = mine(i_emb, t_emb, owner, config.thresholds, max_positives=config.max_positives, index="flat", query_rows=sample)
-    e = sum(len(p) for p in exact.positives)
-    hit = sum(len(np.intersect1d(p, approx.positives[i])) for p, i in zip(exact.positives, sample.tolist()))
+    exact = mine(i_emb, t_emb, owner, config.thresholds, max_positives=config.max_positives, index="flat", query_rows=sample,
+                 normalised=True)
+    e = len(exact.rows)
+    hit = sum(len(np.intersect1d(exact.row(k), approx.row(i))) for k, i in enumerate(sample.tolist()))
     return {"sample_rows": int(len(sample)), "exact_pairs": int(e), "recall": round(hit / e, 4) if e else None}

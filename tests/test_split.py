@@ -36,10 +36,41 @@ def test_bad_parts(parts):
         SplitConfig(parts=parts).parsed()
 
 
-def test_separate_parts_are_datasets_of_their_own(tmp_path):
+def test_separate_parts_are_datasets_of_their_own(tmp_path, monkeypatch):
+    """... and the --where selection's rows are not written anew before that (flatten_indices refused)."""
     from vltool.io import load_dataset
+
+    def refuse(self, *a, **k):
+        raise AssertionError("flatten_indices copied the selected rows")
+
+    monkeypatch.setattr(datasets.Dataset, "flatten_indices", refuse)
 
     split("emoji", tmp_path / "h", SplitConfig(parts="x=0.25,y=0.75", by="base_id", separate=True), where=["split=test"])
     x = load_dataset(str(tmp_path / "h" / "x")).dataset
     y = load_dataset(str(tmp_path / "h" / "y")).dataset
     assert len(x) + len(y) == 669 and set(x["part"]) == {"x"} and not set(x["base_id"]) & set(y["base_id"])
+
+
+@pytest.mark.parametrize("kind", ["text", "int", "float", "bool"])
+def test_assign_column_equals_assign_parts(kind):
+    """The command assigns parts by whole-column Arrow work (assign_column); the plain per-row assign_parts is
+    its reference: equal parts for text groups (with a missing value, a literal "None", non-ASCII text that
+    sorts by code point) and for numbers and booleans, grouped by their text as assign_parts does."""
+    import random
+
+    import numpy as np
+    import pyarrow as pa
+
+    from vltool.split import assign_column
+
+    rng = random.Random(kind)
+    pools = {"text": ["b", "a", "None", None, "é", "z", "Z", "ab", "日本", "10", "9"], "int": [3, 10, 2, -1, 100, 7],
+             "float": [1.0, 0.5, 2.25, 10.0], "bool": [True, False]}
+    values = [rng.choice(pools[kind]) for _ in range(200)]
+    parts = [("x", 0.3), ("y", 0.5), ("z", 0.2)]
+    for seed in (0, 1, 2):
+        got, n_groups = assign_column(pa.chunked_array([values[:50], values[50:]]), parts, seed)
+        want = assign_parts(values, parts, seed)
+        assert [parts[k][0] for k in got] == want and n_groups == len(set(map(str, values)))
+        assert len(set(want)) == min(3, n_groups)
+    assert isinstance(got, np.ndarray)

@@ -55,6 +55,41 @@ def assign_parts(groups: list, parts: list[tuple[str, float]], seed: int) -> lis
     return [part_of[str(g)] for g in groups]
 
 
+def assign_column(column, parts: list[tuple[str, float]], seed: int) -> tuple[np.ndarray, int]:
+    """`assign_parts` on an Arrow column, by whole-column work: (rows,) int64, the index in `parts` of each
+    row's part, and the number of groups. Python objects are made for the distinct groups of a column that is not text only (a text
+    column's groups sort in Arrow: UTF-8 byte order is Python's code point order), never one per row."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    text = pa.types.is_string(column.type) or pa.types.is_large_string(column.type)
+    if text:  # str(None) == "None": a missing value is the group "None", as assign_parts has it
+        column = pc.fill_null(column, "None")
+    values = pc.unique(column)  # (G,) distinct values, in order of first appearance
+    if text:
+        order = pc.sort_indices(values).to_numpy()  # values[order[k]] is uniq[k]
+        uniq_values = values.take(pa.array(order))
+    else:  # grouped by str(value), as assign_parts does (values of equal text are one group)
+        names = [str(v) for v in values.to_pylist()]
+        uniq = sorted(set(names))
+        rank = {name: k for k, name in enumerate(uniq)}
+        uniq_values = values
+        order = None
+    perm = np.random.default_rng(seed).permutation(len(uniq_values) if text else len(uniq))
+    cuts = np.round(np.cumsum([f for _, f in parts]) * len(perm)).astype(int)
+    part_of_rank = np.empty(len(perm), dtype=np.int64)  # part of the k-th group in sorted order
+    start = 0
+    for p, end in enumerate(cuts):
+        part_of_rank[perm[start:end]] = p
+        start = end
+    if text:
+        value_part = part_of_rank  # (G,) by position in uniq_values
+    else:
+        value_part = part_of_rank[[rank[name] for name in names]]  # (G,) by position in values
+    where = pc.index_in(column, value_set=uniq_values).to_numpy(zero_copy_only=False)  # (rows,) position of each row's value
+    return value_part[where], len(perm)
+
+
 def split(data: str, out, config: SplitConfig, *, where=(), split_name=None, overwrite: bool = False) -> dict:
     import datasets
 
@@ -67,18 +102,35 @@ def split(data: str, out, config: SplitConfig, *, where=(), split_name=None, ove
     src = load_dataset(data, split=split_name, where=where, required=[C.ID] + ([config.by] if config.by else []))
     out = check_output(out, overwrite, inputs=[*src.reads])
     ds = src.dataset
-    groups = ds[config.by] if config.by else ds[C.ID]
-    assigned = assign_parts(list(groups), parts, config.seed)
+    from vltool.io import arrow_column
+
+    groups = arrow_column(ds, config.by or C.ID)
+    part, n_groups = assign_column(groups, parts, config.seed)  # (rows,) index into parts
     if config.part_column in ds.column_names:
         if config.part_column in (C.ID, config.by) or not config.replace_column:
             why = ("it is the rows' id" if config.part_column == C.ID else "it is the --by column" if config.part_column == config.by
                    else "pass --replace-column to replace it")
             raise UsageError(f"--part-column {config.part_column!r}: {data!r} already has a column {config.part_column!r} ({why}); "
                              "name a new column, e.g. --part-column part")
-        ds = ds.remove_columns([config.part_column])
-    ds = ds.add_column(config.part_column, assigned, feature=datasets.Value("string"))
-    counts = {n: assigned.count(n) for n, _ in parts}
-    stats = {"rows": counts, "groups": len(set(map(str, groups))), "by": config.by, "column": config.part_column}
+    # the input's table with the part column beside it (replacing one of that name): add_column on a --where
+    # selection would write every selected row anew, images included (vltool.derived)
+    import hashlib
+
+    import pyarrow as pa
+    from datasets.table import InMemoryTable
+
+    from vltool.derived import with_columns
+
+    names = pa.array([n for n, _ in parts], pa.string())
+    new = InMemoryTable(pa.table({config.part_column: names.take(pa.array(part))}))
+    order = [c for c in ds.column_names if c != config.part_column] + [config.part_column]
+    fingerprint = hashlib.blake2b(ds._fingerprint.encode() + b"\0split\0" + repr((parts, config.seed, config.part_column)).encode()
+                                  + (config.by or "").encode(), digest_size=16).hexdigest()
+    ds = with_columns(ds, new, {config.part_column: datasets.Value("string")}, np.ones(len(ds), dtype=bool), order=order,
+                      fingerprint=fingerprint, spill=None, chunk=1 << 20)
+    sizes = np.bincount(part, minlength=len(parts))
+    counts = {n: int(sizes[k]) for k, (n, _) in enumerate(parts)}
+    stats = {"rows": counts, "groups": n_groups, "by": config.by, "column": config.part_column}
     prov = provenance.make("split", config, [src], rows_in=src.rows, rows_out=len(ds), stats=stats, timer=timer)
     if not config.separate:
         save_dataset(ds, out, prov, overwrite=overwrite)
@@ -86,8 +138,8 @@ def split(data: str, out, config: SplitConfig, *, where=(), split_name=None, ove
     from vltool.io import atomic_output, write_json_atomic
 
     with atomic_output(out, overwrite) as tmp:  # OUT/<name>: one dataset per part
-        for name, _ in parts:
-            idx = [i for i, p in enumerate(assigned) if p == name]
+        for k, (name, _) in enumerate(parts):
+            idx = np.flatnonzero(part == k)
             ds.select(idx).save_to_disk(str(tmp / name))
             write_json_atomic(tmp / name / C.PROVENANCE_FILE, prov | {"part": name, "rows_out": len(idx)})
         write_json_atomic(tmp / C.PROVENANCE_FILE, prov)

@@ -274,6 +274,8 @@ def test_retrieval_chance_equals_enumeration():
         assert retrieval_chance(n, np.array([p]), k)[0] == pytest.approx(np.mean(hits))
     assert retrieval_chance(100, np.array([1]), 10)[0] == pytest.approx(0.1)
     assert retrieval_chance(5, np.array([1]), 10)[0] == 1.0
+    many = np.array([5, 1, 2, 5, 4, 1, 7, 2])  # per query, computed once per distinct count: the same numbers
+    assert retrieval_chance(9, many, 3).tolist() == [retrieval_chance(9, np.array([p]), 3)[0] for p in many]
 
 
 # ----------------------------------------------------------------------------------------------------

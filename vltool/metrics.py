@@ -349,12 +349,13 @@ def retrieval_chance(n_candidates: int, n_positives: np.ndarray, k: int) -> np.n
     p = np.asarray(n_positives, dtype=np.float64)
     if k >= n:
         return np.ones_like(p)
-    out = np.ones_like(p)
-    some = n - p >= k  # fewer wrong items than k: a correct one is always in
-    q = p[some]
+    values, where = np.unique(p, return_inverse=True)  # per distinct count (a few), not per query (millions)
+    out = np.ones_like(values)
+    some = n - values >= k  # fewer wrong items than k: a correct one is always in
+    q = values[some]
     log_miss = gammaln(n - q + 1) - gammaln(n - q - k + 1) - gammaln(n + 1) + gammaln(n - k + 1)
     out[some] = 1.0 - np.exp(log_miss)
-    return out
+    return out[where.reshape(p.shape)]
 
 
 def weighted_median(values: np.ndarray, w: np.ndarray | None = None, order: np.ndarray | None = None) -> float:

@@ -606,6 +606,7 @@ def mine_positives(data: str, out, config: MinePositivesConfig, *, where=(), spl
     stats: dict = {"rows": n, "rows_mined": int(len(rows)), "rows_skipped": int(n - len(rows)),
                    "text_column": config.text_column, "several_captions": multi,
                    "encoding": {"images": img.summary(), "texts": txt.summary()}}
+    del img, txt  # the encoded arrays (the copies above are what is mined)
     # true pairs: each row's image with its own text(s) (the best one, as S_it is defined)
     s_true = np.full(len(rows), -np.inf, dtype=np.float32)
     for a in range(0, len(t_emb), 1 << 16):  # (slices: no copy of every text's image)

@@ -135,8 +135,8 @@ def retrieve(
         warn(no_text)
     new_index = np.cumsum(keep) - 1
     t_keep = keep[txt.owner]
-    images = img.embeddings[keep]
-    texts = txt.embeddings[t_keep]
+    images = img.embeddings if keep.all() else img.embeddings[keep]  # (a copy only when rows are left out)
+    texts = txt.embeddings if t_keep.all() else txt.embeddings[t_keep]
     edit = debias_edit(m, config)
     if edit is not None:
         images, texts = edit.images(images), edit.texts(texts)

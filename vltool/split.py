@@ -57,37 +57,30 @@ def assign_parts(groups: list, parts: list[tuple[str, float]], seed: int) -> lis
 
 def assign_column(column, parts: list[tuple[str, float]], seed: int) -> tuple[np.ndarray, int]:
     """`assign_parts` on an Arrow column, by whole-column work: (rows,) int64, the index in `parts` of each
-    row's part, and the number of groups. Python objects are made for the distinct groups of a column that is not text only (a text
-    column's groups sort in Arrow: UTF-8 byte order is Python's code point order), never one per row."""
+    row's part, and the number of groups. Python objects are made only for the distinct values of a column
+    that is not text (a text column's values sort in Arrow: UTF-8 byte order is Python's code point order)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     text = pa.types.is_string(column.type) or pa.types.is_large_string(column.type)
     if text:  # str(None) == "None": a missing value is the group "None", as assign_parts has it
         column = pc.fill_null(column, "None")
-    values = pc.unique(column)  # (G,) distinct values, in order of first appearance
+    values = pc.unique(column)  # (V,) distinct values
     if text:
-        order = pc.sort_indices(values).to_numpy()  # values[order[k]] is uniq[k]
-        uniq_values = values.take(pa.array(order))
-    else:  # grouped by str(value), as assign_parts does (values of equal text are one group)
+        n_groups = len(values)
+        rank = np.empty(n_groups, dtype=np.int64)  # (V,) each value's place among the sorted groups
+        rank[pc.sort_indices(values).to_numpy()] = np.arange(n_groups)
+    else:  # grouped by str(value), as assign_parts does
         names = [str(v) for v in values.to_pylist()]
-        uniq = sorted(set(names))
-        rank = {name: k for k, name in enumerate(uniq)}
-        uniq_values = values
-        order = None
-    perm = np.random.default_rng(seed).permutation(len(uniq_values) if text else len(uniq))
-    cuts = np.round(np.cumsum([f for _, f in parts]) * len(perm)).astype(int)
-    part_of_rank = np.empty(len(perm), dtype=np.int64)  # part of the k-th group in sorted order
-    start = 0
-    for p, end in enumerate(cuts):
-        part_of_rank[perm[start:end]] = p
-        start = end
-    if text:
-        value_part = part_of_rank  # (G,) by position in uniq_values
-    else:
-        value_part = part_of_rank[[rank[name] for name in names]]  # (G,) by position in values
-    where = pc.index_in(column, value_set=uniq_values).to_numpy(zero_copy_only=False)  # (rows,) position of each row's value
-    return value_part[where], len(perm)
+        uniq = {name: k for k, name in enumerate(sorted(set(names)))}
+        n_groups, rank = len(uniq), np.array([uniq[name] for name in names], dtype=np.int64)
+    order = np.random.default_rng(seed).permutation(n_groups)  # assign_parts' shuffle of the sorted groups
+    cuts = np.round(np.cumsum([f for _, f in parts]) * n_groups).astype(int)
+    part_of_rank = np.empty(n_groups, dtype=np.int64)  # (G,) the part of each group, in sorted order
+    for p, (start, end) in enumerate(zip([0, *cuts[:-1]], cuts)):
+        part_of_rank[order[start:end]] = p
+    where = pc.index_in(column, value_set=values).to_numpy(zero_copy_only=False)  # (rows,) each row's value
+    return part_of_rank[rank][where], n_groups
 
 
 def split(data: str, out, config: SplitConfig, *, where=(), split_name=None, overwrite: bool = False) -> dict:

@@ -263,10 +263,6 @@ class Features:
         ids = np.concatenate([d[0] for d in done]) if done else np.zeros(0, dtype=np.int32)
         return cls(ids, offsets)
 
-    @property
-    def rows(self) -> int:
-        return len(self.offsets) - 1
-
     def bags(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The features of `rows`, one bag after the other: (ids (sum of lengths,), bag starts (B,))."""
         starts, lens = self.offsets[rows], self.offsets[rows + 1] - self.offsets[rows]  # (B,), (B,)

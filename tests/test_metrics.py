@@ -244,6 +244,36 @@ def test_retrieval_ranks_equal_full_sort_with_several_captions(block_bytes):
     assert (i2t.tied == 0).all() and (t2i.tied == 0).all()
 
 
+@pytest.mark.parametrize("case", ["spread", "ties", "crowded"])
+def test_retrieval_ranks_in_torch_equal_numpy(case):
+    """device=...: the blocks run in torch (on a GPU in retrieve; here on the CPU), the near-threshold scores
+    redone in float64 as in numpy's path: the same counts, exactly, with many exact ties (duplicated
+    embeddings) and with blocks so crowded near the thresholds that they fall back to float64."""
+    import torch
+
+    rng = np.random.default_rng(7)
+    n_i = 53
+    images = unit(rng.normal(size=(n_i, 16)))
+    owner = np.concatenate([np.arange(n_i), rng.integers(0, n_i, 40)])
+    texts = unit(images[owner] + rng.normal(scale=0.8, size=(len(owner), 16)))
+    if case == "ties":  # copies of images and texts: scores equal to the thresholds
+        images[10:20] = images[0]
+        texts[30:60] = texts[owner == 0][0]
+    if case == "crowded":  # nearly one direction: most scores within rounding of each other
+        images = unit(np.ones((n_i, 16)) + 1e-7 * rng.normal(size=(n_i, 16)))
+        texts = unit(np.ones((len(owner), 16)) + 1e-7 * rng.normal(size=(len(owner), 16)))
+    before = torch.backends.cuda.matmul.allow_tf32
+    for block_bytes in (8 * 16 * 16, 2**26):
+        ref = retrieval_ranks(images, texts, owner, block_bytes=block_bytes)
+        got = retrieval_ranks(images, texts, owner, block_bytes=block_bytes, device="cpu")
+        for a, b in zip(ref, got):
+            for field in ("greater", "tied", "tied_pos"):
+                assert np.array_equal(getattr(a, field), getattr(b, field)), field
+    if case != "spread":
+        assert (ref[0].tied > 0).any() or (ref[1].tied > 0).any()
+    assert torch.backends.cuda.matmul.allow_tf32 == before
+
+
 def test_retrieval_hand_case_any_caption_counts():
     # 3 images on the axes; image 0 has two captions, one of which is closer to image 1
     images = np.eye(3, dtype=np.float32)

@@ -106,3 +106,28 @@ def test_seconds_to_first_batch_is_recorded_when_something_is_encoded(model_dir,
     assert 0 < first["seconds_to_first_batch"] <= first["wall_time_s"]
     again = retrieve(colors, cfg(model_dir, cache_dir=str(tmp_path / "c")), where=["split=test"], out=tmp_path / "b.json")
     assert "seconds_to_first_batch" not in again and json.loads((tmp_path / "b.json").read_text())["metrics"] == first["metrics"]
+
+
+def test_ranks_on_the_gpu_the_model_encodes_on(model_dir, colors, tmp_path, monkeypatch):
+    """retrieve hands retrieval_ranks the process's device when it is a GPU (a CPU process keeps numpy); the
+    torch blocks give the numpy path's metrics (here the 'GPU' is the CPU, through torch)."""
+
+    import vltool.encode as enc
+    import vltool.metrics as metrics
+
+    seen = []
+    real = metrics.retrieval_ranks
+
+    def spy(*a, device=None, **k):
+        seen.append(device)
+        return real(*a, device=None if device is None else "cpu", **k)
+
+    class FakeGpu:
+        type = "cuda"
+
+    monkeypatch.setattr(metrics, "retrieval_ranks", spy)
+    plain = retrieve(colors, cfg(model_dir, cache_dir=str(tmp_path)), where=["split=test"])
+    monkeypatch.setattr(enc, "encode_device", lambda: FakeGpu())
+    on_gpu = retrieve(colors, cfg(model_dir, cache_dir=str(tmp_path)), where=["split=test"])
+    assert seen[0] is None and isinstance(seen[1], FakeGpu)
+    assert on_gpu["metrics"] == plain["metrics"]

@@ -236,6 +236,7 @@ def retrieval_ranks(
     block_bytes: int = DEFAULT_BLOCK_BYTES,
     progress: Callable[[int], None] | None = None,
     exact: bool = False,
+    device=None,
 ) -> tuple[QueryRanks, QueryRanks]:
     """Counting ranks for image->text and text->image retrieval in one pass over blocks of scores.
 
@@ -249,6 +250,11 @@ def retrieval_ranks(
     score within `delta` of the threshold it is compared with, where `delta` bounds the float32 rounding
     error of a D-term dot product (2 D 2^-24 |a| |b|), is recomputed exactly in float64. `exact=True` (and
     any block where more than 2% of the scores need it) computes the whole block in float64 instead.
+
+    `device` (a torch device, e.g. the GPU the model encoded on): the float32 blocks and their counting run
+    there in torch (full float32 matmuls: TF32 is turned off for them, so the same error bound holds), and
+    the few near-threshold scores are redone in float64 on the CPU as above: the same counts as on the
+    CPU. None: numpy on the CPU (on a CPU, torch's comparisons are no faster).
     """
     images = np.ascontiguousarray(images, dtype=np.float32)
     texts = np.ascontiguousarray(texts, dtype=np.float32)
@@ -275,14 +281,16 @@ def retrieval_ranks(
     d = images.shape[1]
     norm = float(np.linalg.norm(images, axis=1).max(initial=0) * np.linalg.norm(texts, axis=1).max(initial=0))
     delta = 2 * d * 2.0**-24 * norm + 1e-6
-    for a in range(0, n_t, bt):
-        b = min(n_t, a + bt)
-        for c in range(0, n_i, bi):
-            e = min(n_i, c + bi)
-            if exact or not _block_float32(images, texts, c, e, a, b, best, pos, delta, counts):
-                _block_float64(images, texts, c, e, a, b, best, pos, counts)
-        if progress is not None:
-            progress(b - a)
+    block32 = _block_float32 if device is None else _TorchBlocks(images, texts, best, pos, delta, device)
+    with _full_float32(device):
+        for a in range(0, n_t, bt):
+            b = min(n_t, a + bt)
+            for c in range(0, n_i, bi):
+                e = min(n_i, c + bi)
+                if exact or not block32(images, texts, c, e, a, b, best, pos, delta, counts):
+                    _block_float64(images, texts, c, e, a, b, best, pos, counts)
+            if progress is not None:
+                progress(b - a)
     # an image's own captions score at most its best (none above, img_tied_pos tied);
     # a text's own image scores pos (tied with itself).
     i2t = QueryRanks(counts.i_gt, counts.i_eq - img_tied_pos, img_tied_pos, n_t, n_pos)
@@ -329,18 +337,76 @@ def _block_float32(images, texts, c, e, a, b, best, pos, delta, counts: _BlockCo
     near_i = ge_i & ~above_i if n_near_i else None
     near_t = ge_t & ~above_t if n_near_t else None
     for near, n_near, side in ((near_i, n_near_i, "i"), (near_t, n_near_t, "t")):
-        if not n_near:
-            continue
-        r, t = np.nonzero(near)
-        r, t = r + c, t + a
-        exact = np.einsum("kd,kd->k", images[r].astype(np.float64), texts[t].astype(np.float64))
-        if side == "i":
-            thr, idx, gt, eq = best[r], r, counts.i_gt, counts.i_eq
-        else:
-            thr, idx, gt, eq = pos[t], t, counts.t_gt, counts.t_eq
-        gt += np.bincount(idx[exact > thr + TIE_TOL], minlength=len(gt))
-        eq += np.bincount(idx[np.abs(exact - thr) <= TIE_TOL], minlength=len(eq))
+        if n_near:
+            r, t = np.nonzero(near)
+            _near_exact(images, texts, r + c, t + a, side, best, pos, counts)
     return True
+
+
+def _near_exact(images, texts, r, t, side: str, best, pos, counts: _BlockCounts) -> None:
+    """Count the pairs (image r[k], text t[k]) whose float32 score was too near its threshold, on float64
+    scores: for image r's side (side "i", threshold best[r]) or text t's (side "t", threshold pos[t])."""
+    exact = np.einsum("kd,kd->k", images[r].astype(np.float64), texts[t].astype(np.float64))
+    if side == "i":
+        thr, idx, gt, eq = best[r], r, counts.i_gt, counts.i_eq
+    else:
+        thr, idx, gt, eq = pos[t], t, counts.t_gt, counts.t_eq
+    gt += np.bincount(idx[exact > thr + TIE_TOL], minlength=len(gt))
+    eq += np.bincount(idx[np.abs(exact - thr) <= TIE_TOL], minlength=len(eq))
+
+
+class _TorchBlocks:
+    """`_block_float32` in torch on `device`: the embeddings and thresholds are moved there once."""
+
+    def __init__(self, images, texts, best, pos, delta, device):
+        import torch
+
+        self.device = torch.device(device)
+        put = lambda x: torch.from_numpy(np.ascontiguousarray(x)).to(self.device)  # noqa: E731
+        self.images, self.texts = put(images), put(texts)  # (N_i, D), (N_t, D) float32
+        # the same float32 thresholds as _block_float32's (float64 -> float32, rounded to nearest)
+        self.lo_i, self.hi_i = put((best - delta).astype(np.float32)), put((best + delta).astype(np.float32))
+        self.lo_t, self.hi_t = put((pos - delta).astype(np.float32)), put((pos + delta).astype(np.float32))
+
+    def __call__(self, images, texts, c, e, a, b, best, pos, delta, counts: _BlockCounts) -> bool:
+        import torch
+
+        s = self.images[c:e] @ self.texts[a:b].T  # (bi, bt) float32 scores, image x text
+        above_i, ge_i = s > self.hi_i[c:e, None], s >= self.lo_i[c:e, None]
+        above_t, ge_t = s > self.hi_t[None, a:b], s >= self.lo_t[None, a:b]
+        n_above_i, n_above_t = above_i.sum(dim=1), above_t.sum(dim=0)
+        near_i, near_t = ge_i & ~above_i, ge_t & ~above_t
+        n_near = torch.stack([near_i.sum(), near_t.sum()]).cpu().numpy()
+        if n_near.sum() > 0.02 * s.numel() + 2 * (b - a):
+            return False
+        counts.i_gt[c:e] += n_above_i.cpu().numpy()
+        counts.t_gt[a:b] += n_above_t.cpu().numpy()
+        for near, n, side in ((near_i, n_near[0], "i"), (near_t, n_near[1], "t")):
+            if n:
+                r, t = (x.cpu().numpy() for x in torch.nonzero(near, as_tuple=True))
+                _near_exact(images, texts, r + c, t + a, side, best, pos, counts)
+        return True
+
+
+def _full_float32(device):
+    """A context where CUDA float32 matmuls are full float32, not TF32 (whose 10-bit mantissa the
+    rounding bound `delta` does not cover); nothing to do elsewhere."""
+    import contextlib
+
+    if device is None:
+        return contextlib.nullcontext()
+    import torch
+
+    @contextlib.contextmanager
+    def scope():
+        before = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = False
+        try:
+            yield
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = before
+
+    return scope()
 
 
 def retrieval_chance(n_candidates: int, n_positives: np.ndarray, k: int) -> np.ndarray:

@@ -99,7 +99,7 @@ def retrieve(
     from vltool import provenance
     from vltool.cache import EmbeddingCache
     from vltool.checks import missing_text_warning, require_decoded
-    from vltool.encode import encode_images, encode_texts, load_eval_model, model_record
+    from vltool.encode import encode_device, encode_images, encode_texts, load_eval_model, model_record
     from vltool.evaluation import bootstrap_record, check_out, debias_edit, entry, finish
     from vltool.topology import process_state, warn
     from vltool.io import load_dataset
@@ -146,8 +146,10 @@ def retrieve(
         raise UsageError(f"retrieval needs at least 2 images with text; {n_i} are left")
 
     bar = _bar(n_t, config.progress)
+    device = encode_device()  # the blocks of scores on the GPU the model encoded on; numpy on a CPU
     try:
-        i2t, t2i = retrieval_ranks(images, texts, owner, block_bytes=config.block_mb * 2**20, progress=(lambda k: bar[0].advance(bar[1], k)) if bar else None)
+        i2t, t2i = retrieval_ranks(images, texts, owner, block_bytes=config.block_mb * 2**20, progress=(lambda k: bar[0].advance(bar[1], k)) if bar else None,
+                                   device=device if device.type == "cuda" else None)
     finally:
         if bar:
             bar[0].stop()

@@ -24,7 +24,8 @@ The model is `vltool-micro` trained 500 steps on 20,000 synthetic rows first (--
 quadrants are coloured by its caption's first four words), so that its embeddings spread out as a trained
 model's do. mine-positives runs with thresholds set once from that model's similarities on a sample
 (mining_thresholds), the same at every size, so that a row's candidates are few and grow with the rows
-as near-duplicates do.
+as near-duplicates do. On a machine with a GPU, mine-positives runs with `--index blocked` (the index a GPU
+user mines with) and retrieve ranks on the GPU; the synthetic images are made on every CPU core.
 
     python bench/bench_scale.py                                  # 10k, 100k, 1M rows; every command
     python bench/bench_scale.py --rows 10000,100000 --commands pretrain,pretrain-wds,deform
@@ -93,6 +94,21 @@ def png(i: int, words) -> bytes:
     return buf.getvalue()
 
 
+def pngs(first: int, words, lengths) -> list[bytes]:
+    """png(first + i, words[i, :lengths[i]]) for each i, on every CPU core (fork processes): the images are
+    most of the 12 minutes the 1M-row set and its shards took to build on the 2-core development machine.
+    The same bytes as one process makes."""
+    import multiprocessing
+
+    n = len(lengths)
+    jobs = [(first + i, words[i, : lengths[i]]) for i in range(n)]
+    procs = min(os.cpu_count() or 1, max(1, n // 20_000))
+    if procs <= 1:
+        return [png(*job) for job in jobs]
+    with multiprocessing.get_context("fork").Pool(procs) as pool:
+        return pool.starmap(png, jobs, chunksize=2_000)
+
+
 def build_dataset(path: Path, rows: int, chunk: int = 200_000) -> None:
     """`rows` synthetic rows saved with save_to_disk: id, image (PNG bytes), caption, captions, label."""
     import datasets
@@ -112,7 +128,7 @@ def build_dataset(path: Path, rows: int, chunk: int = 200_000) -> None:
         caps = [" ".join(WORDS[w] for w in words[i, : lengths[i]]) for i in range(n)]
         parts.append(datasets.Dataset.from_dict({
             "id": [f"r{lo + i:09d}" for i in range(n)],
-            "image": [{"bytes": png(lo + i, words[i, : lengths[i]]), "path": None} for i in range(n)],
+            "image": [{"bytes": b, "path": None} for b in pngs(lo, words, lengths)],
             "caption": caps,
             "captions": [[c, c[::-1]] for c in caps],
             "label": [(lo + i) % 100 for i in range(n)],
@@ -174,11 +190,12 @@ def build_shards(path: Path, rows: int, distinct: int | None = None) -> str:
             (path / f"{s:05d}_stats.json").write_text(json_.dumps({"count": hi - lo, "successes": hi - lo}))
             continue
         lengths, words = rng.integers(5, 11, hi - lo), rng.integers(0, len(WORDS), (hi - lo, 10))
+        images = pngs(lo, words, lengths)
         with tarfile.open(path / f"{s:05d}.tar", "w") as tar:
             for i in range(lo, hi):
                 key = f"{i:09d}"
                 cap = " ".join(WORDS[w] for w in words[i - lo, : lengths[i - lo]])
-                for ext, data in (("png", png(i, words[i - lo, : lengths[i - lo]])), ("txt", cap.encode()),
+                for ext, data in (("png", images[i - lo]), ("txt", cap.encode()),
                                   ("json", json_.dumps({"key": key, "caption": cap, "status": "success"}).encode())):
                     info = tarfile.TarInfo(f"{key}.{ext}")
                     info.size = len(data)
@@ -409,7 +426,9 @@ def main() -> None:
                 continue
             if "mine-positives" in commands and not MINE_ARGS:
                 MINE_ARGS.extend(mining_thresholds(model, data))
-                print("mine-positives thresholds:", " ".join(MINE_ARGS), flush=True)
+                if gpu():  # the index a GPU user mines with: torch matmuls on the device, not faiss-cpu
+                    MINE_ARGS.extend(["--index", "blocked"])
+                print("mine-positives options:", " ".join(MINE_ARGS), flush=True)
             for command in commands:
                 if not accepted(command, rows, args.big):
                     continue
@@ -437,6 +456,12 @@ def main() -> None:
         report(results, list(dict.fromkeys(r["command"] for r in results)), sizes, out)
 
 
+def gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def base(command: str) -> str:
     """The command of a result's (possibly labelled) name: 'pretrain (1x1 images)' -> 'pretrain'."""
     return command.split(" (")[0]
@@ -451,6 +476,8 @@ def label(command: str, args, again: bool = False) -> str:
         marks.append("1x1 images")
     if again:
         marks.append("second run")
+    if command == "mine-positives" and gpu():
+        marks.append("--index blocked, GPU")
     return f" ({', '.join(marks)})" if marks else ""
 
 

@@ -464,14 +464,15 @@ def test_unicl_duplicate_and_clashing_ids_are_named(tmp_path):
 
 @pytest.mark.parametrize("slice_rows", [1, 3, 1 << 18])
 def test_arrow_texts_equal_text_owner(monkeypatch, slice_rows):
-    """The encoding commands' texts come from the Arrow column (arrow_texts, arrow_texts_digest): the same
+    """The encoding commands' texts come from the Arrow column (arrow_texts, io.strings_digest): the same
     texts, owners and cache digest as the row-by-row text_owner and texts_digest, for strings and lists
     with None, blank and Unicode-whitespace texts, in slices of any size."""
     import random
 
     from vltool import checks
     from vltool.cache import texts_digest
-    from vltool.encode import arrow_texts, arrow_texts_digest, text_owner
+    from vltool.encode import arrow_texts, text_owner
+    from vltool.io import strings_digest
 
     monkeypatch.setattr(checks, "TEXT_SLICE_ROWS", slice_rows)
     rng = random.Random(1)
@@ -483,4 +484,4 @@ def test_arrow_texts_equal_text_owner(monkeypatch, slice_rows):
         texts, owner = arrow_texts(column)
         want, want_owner = text_owner(values)
         assert texts.to_pylist() == want and owner.tolist() == want_owner.tolist()
-        assert arrow_texts_digest(texts) == texts_digest(want)
+        assert strings_digest(texts) == texts_digest(want)

@@ -29,7 +29,7 @@ import numpy as np
 from vltool import columns as C
 from vltool.cache import CacheKey, EmbeddingCache, row_filter, texts_digest
 from vltool.errors import UsageError, VltoolError
-from vltool.io import column_digest, column_values, decode_image  # noqa: F401  (decode_image re-exported: callers import it from here)
+from vltool.io import column_digest, column_values, decode_image, strings_digest  # noqa: F401  (decode_image re-exported: callers import it from here)
 from vltool.provenance import mark_first_batch
 from vltool.topology import is_main, process_state, warn
 
@@ -477,22 +477,6 @@ def arrow_texts(column) -> tuple[Any, np.ndarray]:
     return pa.chunked_array(texts, type=kind), owner
 
 
-def arrow_texts_digest(texts) -> str:
-    """texts_digest of an Arrow string array (each text followed by a NUL, SHA-256), hashed a slice at a time."""
-    import hashlib
-
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    h = hashlib.sha256()
-    for a in range(0, len(texts), 1 << 16):
-        part = texts.slice(a, 1 << 16).combine_chunks().cast(pa.large_string())
-        one = pa.LargeListArray.from_arrays(pa.array([0, len(part)], pa.int64()), part)
-        h.update(pc.binary_join(one, pa.scalar("\0", pa.large_string()))[0].as_buffer())
-        h.update(b"\0")
-    return h.hexdigest()
-
-
 def _encode_text_list(m, texts, batch_size: int, label: str, progress: bool) -> np.ndarray:
     """Embeddings of `texts` (a list of strings, or an Arrow string array: each batch becomes strings alone)."""
     import torch
@@ -526,7 +510,7 @@ def encode_texts(
     texts, owner = arrow_texts(arrow_column(ds, column))
     require_texts(len(texts), len(ds), column, data.spec)
     key = dataset_key(m, data, column, text_preprocessing(m))
-    ids = arrow_texts_digest(texts)
+    ids = strings_digest(texts)  # texts_digest, on the Arrow array
     emb, hit, secs = _through_cache(
         cache, key, ids, len(texts),
         lambda: _encode_text_list(m, texts, batch_size, f"encoding {len(texts):,} texts", progress),

@@ -308,22 +308,28 @@ def values_digest(values) -> str:
 
 def column_digest(ds, name: str) -> str:
     """values_digest (vltool.cache.ids_digest) of a column's values (SHA-256 of each value as text, each followed by a NUL),
-    computed on the Arrow column: one join in Arrow and one hash, no Python object per row."""
+    computed on the Arrow column (strings_digest): no Python object per row."""
+    import pyarrow as pa
+
+    arr = arrow_column(ds, name)
+    if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)) or arr.null_count:
+        return values_digest(column_values(ds, name))
+    return strings_digest(arr)
+
+
+def strings_digest(strings) -> str:
+    """values_digest of an Arrow string array without nulls (each string followed by a NUL, SHA-256),
+    joined and hashed 2^16 strings at a time."""
     import hashlib
 
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    arr = arrow_column(ds, name)
-    if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
-        return values_digest(column_values(ds, name))
-    flat = pc.cast(arr, pa.large_string()).combine_chunks()
-    if flat.null_count:
-        return values_digest(column_values(ds, name))
-    joined = pc.binary_join(pa.LargeListArray.from_arrays(pa.array([0, len(flat)], pa.int64()), flat),
-                            pa.scalar("\0", pa.large_string()))
-    h = hashlib.sha256(joined[0].as_buffer() if len(flat) else b"")
-    if len(flat):
+    h = hashlib.sha256()
+    for a in range(0, len(strings), 1 << 16):
+        part = strings.slice(a, 1 << 16).combine_chunks().cast(pa.large_string())
+        one = pa.LargeListArray.from_arrays(pa.array([0, len(part)], pa.int64()), part)
+        h.update(pc.binary_join(one, pa.scalar("\0", pa.large_string()))[0].as_buffer())
         h.update(b"\0")
     return h.hexdigest()
 

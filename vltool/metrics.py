@@ -28,6 +28,7 @@ number of times its group was drawn, and every metric works unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -281,7 +282,7 @@ def retrieval_ranks(
     d = images.shape[1]
     norm = float(np.linalg.norm(images, axis=1).max(initial=0) * np.linalg.norm(texts, axis=1).max(initial=0))
     delta = 2 * d * 2.0**-24 * norm + 1e-6
-    block32 = _block_float32 if device is None else _TorchBlocks(images, texts, best, pos, delta, device)
+    block32 = _block_float32 if device is None or exact else _TorchBlocks(images, texts, best, pos, delta, device)
     with _full_float32(device):
         for a in range(0, n_t, bt):
             b = min(n_t, a + bt)
@@ -388,25 +389,21 @@ class _TorchBlocks:
         return True
 
 
+@contextlib.contextmanager
 def _full_float32(device):
-    """A context where CUDA float32 matmuls are full float32, not TF32 (whose 10-bit mantissa the
-    rounding bound `delta` does not cover); nothing to do elsewhere."""
-    import contextlib
-
+    """CUDA float32 matmuls in full float32 inside, not TF32 (whose 10-bit mantissa the rounding bound
+    `delta` does not cover); nothing to do without a device."""
     if device is None:
-        return contextlib.nullcontext()
+        yield
+        return
     import torch
 
-    @contextlib.contextmanager
-    def scope():
-        before = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = False
-        try:
-            yield
-        finally:
-            torch.backends.cuda.matmul.allow_tf32 = before
-
-    return scope()
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
 
 
 def retrieval_chance(n_candidates: int, n_positives: np.ndarray, k: int) -> np.ndarray:

@@ -649,22 +649,12 @@ def mine_positives(data: str, out, config: MinePositivesConfig, *, where=(), spl
     positives, scores = positive_columns(mined, rows, n, arrow_column(ds, C.ID))
     # the input's table with the new columns beside it (a second mining replaces the first's): add_column on
     # a --where selection would write every selected row anew, images included (vltool.derived)
-    import hashlib
+    from vltool.derived import add_columns
 
-    import pyarrow as pa
-    from datasets.table import InMemoryTable
-
-    from vltool.derived import with_columns
-
-    new = InMemoryTable(pa.table({C.POSITIVES: positives, POSITIVE_SCORES: scores}))
     features = {C.POSITIVES: datasets.Sequence(datasets.Value("string")),
                 POSITIVE_SCORES: datasets.Sequence(datasets.Sequence(datasets.Value("float32"), length=3))}
-    order = [c for c in ds.column_names if c not in features] + list(features)
-    digest = hashlib.blake2b(ds._fingerprint.encode(), digest_size=16)
-    for array in (rows, mined.offsets, mined.rows, mined.pair_scores):
-        digest.update(np.ascontiguousarray(array).tobytes())
-    ds = with_columns(ds, new, features, np.ones(n, dtype=bool), order=order, fingerprint=digest.hexdigest(),
-                      spill=None, chunk=1 << 20)
+    key = b"".join(np.ascontiguousarray(a).tobytes() for a in (rows, mined.offsets, mined.rows, mined.pair_scores))
+    ds = add_columns(ds, {C.POSITIVES: positives, POSITIVE_SCORES: scores}, key=key, features=features)
     prov = provenance.make("mine-positives", config, [src], rows_in=n, rows_out=n, stats=stats, timer=timer)
     prov["model"] = model_record(m, config.model, config.pretrained)
     save_dataset(ds, out, prov, overwrite=overwrite)

@@ -107,20 +107,13 @@ def split(data: str, out, config: SplitConfig, *, where=(), split_name=None, ove
                              "name a new column, e.g. --part-column part")
     # the input's table with the part column beside it (replacing one of that name): add_column on a --where
     # selection would write every selected row anew, images included (vltool.derived)
-    import hashlib
-
     import pyarrow as pa
-    from datasets.table import InMemoryTable
 
-    from vltool.derived import with_columns
+    from vltool.derived import add_columns
 
     names = pa.array([n for n, _ in parts], pa.string())
-    new = InMemoryTable(pa.table({config.part_column: names.take(pa.array(part))}))
-    order = [c for c in ds.column_names if c != config.part_column] + [config.part_column]
-    fingerprint = hashlib.blake2b(ds._fingerprint.encode() + b"\0split\0" + repr((parts, config.seed, config.part_column)).encode()
-                                  + (config.by or "").encode(), digest_size=16).hexdigest()
-    ds = with_columns(ds, new, {config.part_column: datasets.Value("string")}, np.ones(len(ds), dtype=bool), order=order,
-                      fingerprint=fingerprint, spill=None, chunk=1 << 20)
+    ds = add_columns(ds, {config.part_column: names.take(pa.array(part))}, features={config.part_column: datasets.Value("string")},
+                     key=repr(("split", parts, config.seed, config.by)).encode())
     sizes = np.bincount(part, minlength=len(parts))
     counts = {n: int(sizes[k]) for k, (n, _) in enumerate(parts)}
     stats = {"rows": counts, "groups": n_groups, "by": config.by, "column": config.part_column}

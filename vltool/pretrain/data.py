@@ -20,6 +20,7 @@ import torch
 
 from vltool import columns as C
 from vltool.checks import has_text
+from vltool.derived import add_columns
 from vltool.distinct import duplicate
 from vltool.errors import UsageError, VltoolError
 from vltool.io import decode_image
@@ -123,7 +124,7 @@ def load_train_data(
                 new[C.POSITIVES] = pa.chunked_array([
                     type(c).from_arrays(c.offsets, pc.binary_join_element_wise(prefix, c.values, ""))
                     for c in arrow_column(ds, C.POSITIVES).chunks])
-            ds = with_arrow_columns(ds, new, tag=f"prefix-ids:{k}")
+            ds = add_columns(ds, new, key=f"prefix-ids:{k}".encode(), in_place=True)
         parts.append(ds.select_columns(needed) if ds.column_names != needed else ds)  # (each select costs a Python step per record batch)
     ds = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
     rows_in = len(ds)
@@ -139,26 +140,6 @@ def load_train_data(
     positives = _positive_rows(ds) if C.POSITIVES in needed else None
     key = rows_key(loaded, ["pairs"] * len(loaded), config.prefix_ids, dropped)
     return TrainData(ds, text_col, loaded, rows_in, empty_ids, positives, rows_key=key, text_source=text_col)
-
-
-def with_arrow_columns(ds, columns: dict, *, tag: str):
-    """`ds` with `columns` (name -> Arrow array of len(ds) rows: ds's rows, after any selection) in place of
-    its columns of those names, or last. A selection (--where) stays an indices mapping over the input's
-    table: datasets' add_column on one writes every selected row anew, images included (vltool.derived)."""
-    import hashlib
-
-    import datasets
-    import pyarrow as pa
-    from datasets.table import InMemoryTable
-
-    from vltool.derived import with_columns
-
-    new = InMemoryTable(pa.table(columns))
-    features = datasets.Features.from_arrow_schema(new.schema)
-    order = ds.column_names + [c for c in new.column_names if c not in ds.column_names]
-    fingerprint = hashlib.blake2b(f"{ds._fingerprint}\x00{tag}".encode(), digest_size=16).hexdigest()
-    return with_columns(ds, new, dict(features), np.ones(len(ds), dtype=bool), order=order, fingerprint=fingerprint,
-                        spill=None, chunk=1 << 20)
 
 
 def check_ids(named_ids: list, prefixed: bool, hint: str = "") -> None:
@@ -336,7 +317,7 @@ def load_unicl_data(config: PretrainConfig, where: Sequence[str] = (), split: st
         if prefixed:
             new[C.ID] = pc.binary_join_element_wise(pa.scalar(f"{k}:"), ids, "")
         if new:
-            sub = with_arrow_columns(sub, new, tag=f"unicl:{k}")
+            sub = add_columns(sub, new, key=f"unicl:{k}".encode(), in_place=True)
         keep.append(texted)
         is_label.append(np.full(len(ds), role == "label"))
         parts.append(sub.select_columns([C.ID, C.IMAGE, UNICL_TEXT]))

@@ -7,11 +7,14 @@
    `zeroshot` run that hits the embedding cache. Targets (issue 5): ratio >= 1, cached run >= 10x faster.
 2. retrieve: time and peak memory of the ranking pass, metrics and 1,000 bootstrap resamples on random
    512-d embeddings, 20,000 images against 100,000 captions (5 per image); the full similarity matrix
-   would take 8 GB in float32.
+   would take 8 GB in float32. The ranking pass runs in torch (what `retrieve` uses, on the CPU here or
+   `--device cuda`) and in plain numpy (its reference, `device=None`), alternately, `--rounds` times each;
+   both must give the same counts. Prints the ratio numpy / torch.
 
     python bench/bench_eval.py                        # both parts: emoji (3,655 images), vltool-tiny
     python bench/bench_eval.py --part zeroshot --arch vltool-micro
     python bench/bench_eval.py --part retrieve --images 5000 --texts 25000    # quicker
+    python bench/bench_eval.py --part retrieve --dim 32 --rounds 2    # bench_scale's vltool-micro width
 """
 
 from __future__ import annotations
@@ -108,7 +111,7 @@ def bench_retrieve(args) -> dict:
     from vltool.retrieve import RetrievalItems, retrieval_chance_levels
 
     rng = np.random.default_rng(0)
-    n_i, n_t, d = args.images, args.texts, 512
+    n_i, n_t, d = args.images, args.texts, args.dim
     per = n_t // n_i
     owner = np.repeat(np.arange(n_i), per)[:n_t]
     # images in 2,000 clusters (near-duplicates compete), captions noisy views of their image
@@ -120,9 +123,19 @@ def bench_retrieve(args) -> dict:
     inputs_mb = (images.nbytes + texts.nbytes) / 2**20
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
-    tracemalloc.start()
+    times: dict[str, list[float]] = {"numpy": [], "torch": []}
+    runs = {}
+    for _ in range(args.rounds):
+        for name, device in (("numpy", None), ("torch", args.device)):
+            t = time.perf_counter()
+            runs[name] = retrieval_ranks(images, texts, owner, block_bytes=args.block_mb * 2**20, device=device)
+            times[name].append(time.perf_counter() - t)
+    same = all(np.array_equal(getattr(a, f), getattr(b, f)) for a, b in zip(runs["numpy"], runs["torch"]) for f in ("greater", "tied"))
+    t_np, t_torch = min(times["numpy"]), min(times["torch"])
+
+    tracemalloc.start()  # (torch's own allocations, the blocks, are not traced: a few MiB on a CPU)
     t = time.perf_counter()
-    i2t, t2i = retrieval_ranks(images, texts, owner, block_bytes=args.block_mb * 2**20)
+    i2t, t2i = retrieval_ranks(images, texts, owner, block_bytes=args.block_mb * 2**20, device=args.device)
     t_rank = time.perf_counter() - t
     ks = [1, 5, 10]
     items = RetrievalItems(ks, {k: i2t.hits(k) for k in ks}, {k: t2i.hits(k) for k in ks}, i2t.rank(), t2i.rank(), owner)
@@ -134,14 +147,19 @@ def bench_retrieve(args) -> dict:
     tracemalloc.stop()
     rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     full_gb = n_i * len(owner) * 4 / 2**30
-    print(f"retrieve: {n_i:,} images x {len(owner):,} captions, 512-d, blocks of {args.block_mb} MiB")
-    print(f"  ranking pass        {t_rank:7.1f} s")
+    pairs = n_i * len(owner)
+    print(f"retrieve: {n_i:,} images x {len(owner):,} captions, {d}-d, blocks of {args.block_mb} MiB")
+    print(f"  ranking pass, numpy {t_np:7.1f} s  {t_np / pairs * 1e9:6.2f} ns a pair   (best of {args.rounds}: {[round(x, 2) for x in times['numpy']]})")
+    print(f"  ranking pass, torch {t_torch:7.1f} s  {t_torch / pairs * 1e9:6.2f} ns a pair   on {args.device} (best of {args.rounds}: {[round(x, 2) for x in times['torch']]})")
+    print(f"  ratio numpy/torch   {t_np / t_torch:7.2f}   same counts: {same}")
+    print(f"  ranking pass (torch, traced) {t_rank:7.1f} s")
     print(f"  + metrics, 1,000 bootstrap resamples: {t_total:7.1f} s total")
     print(f"  peak memory above the inputs ({inputs_mb:.0f} MiB): {peak / 2**20:7.0f} MiB (traced); process peak RSS {rss1:.0f} MiB (was {rss0:.0f} before)")
     print(f"  (the full similarity matrix would be {full_gb:.1f} GiB in float32)")
     print(f"  R@1 image->text {100 * point['image_to_text_R@1']:.2f}%, text->image {100 * point['text_to_image_R@1']:.2f}%")
     return {
-        "images": n_i, "texts": int(len(owner)), "rank_s": round(t_rank, 1), "total_s": round(t_total, 1),
+        "images": n_i, "texts": int(len(owner)), "dim": d, "rank_numpy_s": round(t_np, 2), "rank_torch_s": round(t_torch, 2),
+        "ratio_numpy_torch": round(t_np / t_torch, 2), "same_counts": same, "rank_s": round(t_rank, 1), "total_s": round(t_total, 1),
         "peak_traced_mib": round(peak / 2**20), "peak_rss_mib": round(rss1), "inputs_mib": round(inputs_mb),
         "full_matrix_gib": round(full_gb, 1),
     }
@@ -157,6 +175,9 @@ def main() -> None:
     p.add_argument("--images", type=int, default=20_000)
     p.add_argument("--texts", type=int, default=100_000)
     p.add_argument("--block-mb", type=int, default=64)
+    p.add_argument("--dim", type=int, default=512, help="embedding width of the random retrieval set")
+    p.add_argument("--rounds", type=int, default=1, help="ranking passes of each of numpy and torch, alternating")
+    p.add_argument("--device", default="cpu", help="torch device of the ranking pass (cpu, cuda)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     res = {}

@@ -245,11 +245,18 @@ def test_retrieval_ranks_equal_full_sort_with_several_captions(block_bytes):
 
 
 @pytest.mark.parametrize("case", ["spread", "ties", "crowded"])
-def test_retrieval_ranks_in_torch_equal_numpy(case):
-    """device=...: the blocks run in torch (on a GPU in retrieve; here on the CPU), the near-threshold scores
-    redone in float64 as in numpy's path: the same counts, exactly, with many exact ties (duplicated
-    embeddings) and with blocks so crowded near the thresholds that they fall back to float64."""
+def test_retrieval_ranks_in_torch_equal_numpy(case, monkeypatch):
+    """The blocks in torch (the default; on a GPU in retrieve, here on the CPU), the near-threshold scores
+    redone in float64, a few blocks' worth at a time: the same counts, exactly, as the plain numpy pass
+    (device=None), with many exact ties (duplicated embeddings) and with blocks so crowded near the
+    thresholds that they fall back to float64."""
     import torch
+
+    import vltool.metrics as metrics
+
+    near_calls = []
+    real_near = metrics._near_exact
+    monkeypatch.setattr(metrics, "_near_exact", lambda *a, **k: near_calls.append(len(a[2])) or real_near(*a, **k))
 
     rng = np.random.default_rng(7)
     n_i = 53
@@ -263,12 +270,18 @@ def test_retrieval_ranks_in_torch_equal_numpy(case):
         images = unit(np.ones((n_i, 16)) + 1e-7 * rng.normal(size=(n_i, 16)))
         texts = unit(np.ones((len(owner), 16)) + 1e-7 * rng.normal(size=(len(owner), 16)))
     before = torch.backends.cuda.matmul.allow_tf32
-    for block_bytes in (8 * 16 * 16, 2**26):
-        ref = retrieval_ranks(images, texts, owner, block_bytes=block_bytes)
-        got = retrieval_ranks(images, texts, owner, block_bytes=block_bytes, device="cpu")
-        for a, b in zip(ref, got):
-            for field in ("greater", "tied", "tied_pos"):
-                assert np.array_equal(getattr(a, field), getattr(b, field)), field
+    for block_bytes, cpu_block, flush in ((8 * 16 * 16, (1024, 1024), 1 << 16), (2**26, (1024, 1024), 1 << 16), (2**26, (16, 16), 1)):
+        monkeypatch.setattr(metrics, "CPU_BLOCK", cpu_block)  # (16, 16): blocks of 16 x 1024 texts at most
+        monkeypatch.setattr(metrics._TorchBlocks, "FLUSH_PAIRS", flush)  # 1: redone after every block
+        ref = retrieval_ranks(images, texts, owner, block_bytes=block_bytes, device=None)
+        near_calls.clear()
+        for got in (retrieval_ranks(images, texts, owner, block_bytes=block_bytes),
+                    retrieval_ranks(images, texts, owner, block_bytes=block_bytes, device=torch.device("cpu"))):
+            for a, b in zip(ref, got):
+                for field in ("greater", "tied", "tied_pos"):
+                    assert np.array_equal(getattr(a, field), getattr(b, field)), field
+        if case == "spread":  # (the others' blocks are crowded enough to be redone whole in float64)
+            assert near_calls and all(near_calls), "the torch pass redid some near scores in float64"
     if case != "spread":
         assert (ref[0].tied > 0).any() or (ref[1].tied > 0).any()
     assert torch.backends.cuda.matmul.allow_tf32 == before

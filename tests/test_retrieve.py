@@ -109,8 +109,8 @@ def test_seconds_to_first_batch_is_recorded_when_something_is_encoded(model_dir,
 
 
 def test_ranks_on_the_gpu_the_model_encodes_on(model_dir, colors, tmp_path, monkeypatch):
-    """retrieve hands retrieval_ranks the process's device when it is a GPU (a CPU process keeps numpy); the
-    torch blocks give the numpy path's metrics (here the 'GPU' is the CPU, through torch)."""
+    """retrieve hands retrieval_ranks the process's device (the CPU, or its GPU); the torch blocks give
+    the plain numpy pass's metrics (here the 'GPU' is the CPU, through torch)."""
 
     import vltool.encode as enc
     import vltool.metrics as metrics
@@ -118,16 +118,18 @@ def test_ranks_on_the_gpu_the_model_encodes_on(model_dir, colors, tmp_path, monk
     seen = []
     real = metrics.retrieval_ranks
 
-    def spy(*a, device=None, **k):
+    def spy(*a, device="cpu", **k):
         seen.append(device)
-        return real(*a, device=None if device is None else "cpu", **k)
+        return real(*a, device="cpu" if isinstance(device, FakeGpu) else device, **k)
 
     class FakeGpu:
         type = "cuda"
 
     monkeypatch.setattr(metrics, "retrieval_ranks", spy)
-    plain = retrieve(colors, cfg(model_dir, cache_dir=str(tmp_path)), where=["split=test"])
+    on_cpu = retrieve(colors, cfg(model_dir, cache_dir=str(tmp_path)), where=["split=test"])
     monkeypatch.setattr(enc, "encode_device", lambda: FakeGpu())
     on_gpu = retrieve(colors, cfg(model_dir, cache_dir=str(tmp_path)), where=["split=test"])
-    assert seen[0] is None and isinstance(seen[1], FakeGpu)
-    assert on_gpu["metrics"] == plain["metrics"]
+    monkeypatch.setattr(enc, "encode_device", lambda: None)  # None: the plain numpy pass
+    plain = retrieve(colors, cfg(model_dir, cache_dir=str(tmp_path)), where=["split=test"])
+    assert str(seen[0]) == "cpu" and isinstance(seen[1], FakeGpu) and seen[2] is None
+    assert on_gpu["metrics"] == plain["metrics"] == on_cpu["metrics"]

@@ -37,6 +37,7 @@ import numpy as np
 
 TIE_TOL = 1e-10  # |a - b| <= TIE_TOL is a tie; float64 scores of unit vectors are accurate to ~1e-15
 DEFAULT_BLOCK_BYTES = 64 * 2**20  # size of one block of scores in the chunked retrieval loop
+CPU_BLOCK = (1024, 1024)  # the largest block (images x texts) torch's ranking pass uses on a CPU
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -237,7 +238,7 @@ def retrieval_ranks(
     block_bytes: int = DEFAULT_BLOCK_BYTES,
     progress: Callable[[int], None] | None = None,
     exact: bool = False,
-    device=None,
+    device="cpu",
 ) -> tuple[QueryRanks, QueryRanks]:
     """Counting ranks for image->text and text->image retrieval in one pass over blocks of scores.
 
@@ -252,10 +253,11 @@ def retrieval_ranks(
     error of a D-term dot product (2 D 2^-24 |a| |b|), is recomputed exactly in float64. `exact=True` (and
     any block where more than 2% of the scores need it) computes the whole block in float64 instead.
 
-    `device` (a torch device, e.g. the GPU the model encoded on): the float32 blocks and their counting run
-    there in torch (full float32 matmuls: TF32 is turned off for them, so the same error bound holds), and
-    the few near-threshold scores are redone in float64 on the CPU as above: the same counts as on the
-    CPU. None: numpy on the CPU (on a CPU, torch's comparisons are no faster).
+    `device` (a torch device: the CPU, or the GPU the model encoded on): the float32 blocks and their
+    counting run there in torch (full float32 matmuls: TF32 is turned off for them, so the same error bound
+    holds), and the few near-threshold scores are redone in float64 on the CPU as above. On a CPU the
+    blocks are at most `CPU_BLOCK` (they stay in cache: larger ones are slower). None: the same pass in
+    plain numpy, the reference the torch one is tested against (the same counts, exactly).
     """
     images = np.ascontiguousarray(images, dtype=np.float32)
     texts = np.ascontiguousarray(texts, dtype=np.float32)
@@ -276,7 +278,9 @@ def retrieval_ranks(
     img_tied_pos = np.bincount(owner, weights=(np.abs(pos - best[owner]) <= TIE_TOL), minlength=n_i).astype(np.int64)
 
     counts = _BlockCounts(n_i, n_t)
-    cells = max(1, block_bytes // 8)
+    cells = max(1, block_bytes // 8)  # a float32 block and its float32 mask (or one float64 block)
+    if device is not None and not exact and str(device).startswith("cpu"):
+        cells = min(cells, CPU_BLOCK[0] * CPU_BLOCK[1])
     bt = int(min(n_t, max(1024, math.isqrt(cells))))
     bi = int(max(1, min(n_i, cells // max(bt, 1))))
     d = images.shape[1]
@@ -290,6 +294,8 @@ def retrieval_ranks(
                 e = min(n_i, c + bi)
                 if exact or not block32(images, texts, c, e, a, b, best, pos, delta, counts):
                     _block_float64(images, texts, c, e, a, b, best, pos, counts)
+            if block32 is not _block_float32:
+                block32.flush(images, texts, best, pos, counts)  # the counts are whole at each progress step
             if progress is not None:
                 progress(b - a)
     # an image's own captions score at most its best (none above, img_tied_pos tied);
@@ -352,12 +358,21 @@ def _near_exact(images, texts, r, t, side: str, best, pos, counts: _BlockCounts)
         thr, idx, gt, eq = best[r], r, counts.i_gt, counts.i_eq
     else:
         thr, idx, gt, eq = pos[t], t, counts.t_gt, counts.t_eq
-    gt += np.bincount(idx[exact > thr + TIE_TOL], minlength=len(gt))
-    eq += np.bincount(idx[np.abs(exact - thr) <= TIE_TOL], minlength=len(eq))
+    np.add.at(gt, idx[exact > thr + TIE_TOL], 1)  # (not a bincount over all N: this runs once a block)
+    np.add.at(eq, idx[np.abs(exact - thr) <= TIE_TOL], 1)
 
 
 class _TorchBlocks:
-    """`_block_float32` in torch on `device`: the embeddings and thresholds are moved there once."""
+    """`_block_float32` in torch on `device` (the CPU's cores or a GPU); the embeddings and thresholds are
+    moved there once.
+
+    Each side's counts are sums of 0/1 float32 masks (exact: a block is far narrower than 2^24), which
+    vectorise where summing booleans does not. The near-threshold pairs are looked for only in the rows /
+    columns whose counts say they hold one, and are redone in float64 a batch of blocks at a time
+    (`flush`): per-block work of a few operations, not a few dozen.
+    """
+
+    FLUSH_PAIRS = 1 << 16  # near pairs held before they are redone in float64
 
     def __init__(self, images, texts, best, pos, delta, device):
         import torch
@@ -368,25 +383,55 @@ class _TorchBlocks:
         # the same float32 thresholds as _block_float32's (float64 -> float32, rounded to nearest)
         self.lo_i, self.hi_i = put((best - delta).astype(np.float32)), put((best + delta).astype(np.float32))
         self.lo_t, self.hi_t = put((pos - delta).astype(np.float32)), put((pos + delta).astype(np.float32))
+        self._mask = None
+        self._near: dict[str, list] = {"i": [], "t": []}  # side -> [(image rows, text columns), ...]
+        self._n_near = 0
 
     def __call__(self, images, texts, c, e, a, b, best, pos, delta, counts: _BlockCounts) -> bool:
         import torch
 
         s = self.images[c:e] @ self.texts[a:b].T  # (bi, bt) float32 scores, image x text
-        above_i, ge_i = s > self.hi_i[c:e, None], s >= self.lo_i[c:e, None]
-        above_t, ge_t = s > self.hi_t[None, a:b], s >= self.lo_t[None, a:b]
-        n_above_i, n_above_t = above_i.sum(dim=1), above_t.sum(dim=0)
-        near_i, near_t = ge_i & ~above_i, ge_t & ~above_t
-        n_near = torch.stack([near_i.sum(), near_t.sum()]).cpu().numpy()
-        if n_near.sum() > 0.02 * s.numel() + 2 * (b - a):
+        if self._mask is None or self._mask.shape != s.shape:
+            self._mask = torch.empty_like(s)
+        m = self._mask  # (bi, bt) 1.0 where the comparison holds
+        lo_i, hi_i, lo_t, hi_t = self.lo_i[c:e, None], self.hi_i[c:e, None], self.lo_t[None, a:b], self.hi_t[None, a:b]
+        above_i = torch.gt(s, hi_i, out=m).sum(dim=1)  # (bi,)
+        near_i = torch.ge(s, lo_i, out=m).sum(dim=1).sub_(above_i)  # (bi,) within delta of the image's threshold
+        above_t = torch.gt(s, hi_t, out=m).sum(dim=0)  # (bt,)
+        near_t = torch.ge(s, lo_t, out=m).sum(dim=0).sub_(above_t)  # (bt,)
+        bi, bt = e - c, b - a
+        stats = torch.cat([above_i, near_i, above_t, near_t]).cpu().numpy().astype(np.int64)  # one transfer
+        near_i, near_t = stats[bi : 2 * bi], stats[2 * bi + bt :]
+        if near_i.sum() + near_t.sum() > 0.02 * s.numel() + 2 * bt:
             return False
-        counts.i_gt[c:e] += n_above_i.cpu().numpy()
-        counts.t_gt[a:b] += n_above_t.cpu().numpy()
-        for near, n, side in ((near_i, n_near[0], "i"), (near_t, n_near[1], "t")):
-            if n:
-                r, t = (x.cpu().numpy() for x in torch.nonzero(near, as_tuple=True))
-                _near_exact(images, texts, r + c, t + a, side, best, pos, counts)
+        counts.i_gt[c:e] += stats[:bi]
+        counts.t_gt[a:b] += stats[2 * bi : 2 * bi + bt]
+        if near_i.any():
+            rows = torch.from_numpy(np.flatnonzero(near_i)).to(self.device)  # (k,) rows holding a near score
+            sub = s.index_select(0, rows)  # (k, bt)
+            r, t = torch.nonzero((sub >= lo_i[rows]) & (sub <= hi_i[rows]), as_tuple=True)
+            self._hold("i", rows[r].cpu().numpy() + c, t.cpu().numpy() + a)
+        if near_t.any():
+            cols = torch.from_numpy(np.flatnonzero(near_t)).to(self.device)  # (k,) columns holding one
+            sub = s.index_select(1, cols)  # (bi, k); index_select is several times faster than s[:, cols]
+            r, t = torch.nonzero((sub >= lo_t[:, cols]) & (sub <= hi_t[:, cols]), as_tuple=True)
+            self._hold("t", r.cpu().numpy() + c, cols[t].cpu().numpy() + a)
+        if self._n_near >= self.FLUSH_PAIRS:
+            self.flush(images, texts, best, pos, counts)
         return True
+
+    def _hold(self, side: str, r: np.ndarray, t: np.ndarray) -> None:
+        self._near[side].append((r, t))
+        self._n_near += len(r)
+
+    def flush(self, images, texts, best, pos, counts: _BlockCounts) -> None:
+        """Count the near pairs held so far on float64 scores."""
+        for side, held in self._near.items():
+            if held:
+                r, t = (np.concatenate(x) for x in zip(*held))
+                _near_exact(images, texts, r, t, side, best, pos, counts)
+                held.clear()
+        self._n_near = 0
 
 
 @contextlib.contextmanager

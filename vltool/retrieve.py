@@ -146,10 +146,9 @@ def retrieve(
         raise UsageError(f"retrieval needs at least 2 images with text; {n_i} are left")
 
     bar = _bar(n_t, config.progress)
-    device = encode_device()  # the blocks of scores on the GPU the model encoded on; numpy on a CPU
-    try:
+    try:  # the blocks of scores in torch, on the device the model encoded on (the CPU's cores or a GPU)
         i2t, t2i = retrieval_ranks(images, texts, owner, block_bytes=config.block_mb * 2**20, progress=(lambda k: bar[0].advance(bar[1], k)) if bar else None,
-                                   device=device if device.type == "cuda" else None)
+                                   device=encode_device())
     finally:
         if bar:
             bar[0].stop()

@@ -17,8 +17,9 @@ outside any), with an empty cache directory, and the benchmark prints:
   memory (RssAnon, sampled every 20 ms: the memory it allocated, without the clean file pages of a
   memory-mapped dataset that the kernel maps into its RSS);
 then the ratio of the largest size to the smallest. Target (issue 22): start-up and peak memory within 2x
-from 10k to 1M rows (10M with --big). retrieve and mine-positives score every pair of rows, so at the
-default sizes they stop at 100k rows (1M rows are 10^12 pairs: a GPU job).
+from 10k to 1M rows (10M with --big). retrieve and mine-positives score every pair of rows, so by
+default they stop at 100k rows (1M rows are 10^12 pairs: about half an hour for retrieve on 2 CPU cores,
+over an hour for mine-positives; `--pairwise-max 1000000` runs them there).
 
 The model is `vltool-micro` trained 500 steps on 20,000 synthetic rows first (--model-steps; each image's
 quadrants are coloured by its caption's first four words), so that its embeddings spread out as a trained
@@ -324,11 +325,10 @@ def measure(cmd: list[str], cache: Path) -> dict:
     return {"ok": True, "seconds": float(secs), "peak_rss_gb": round(int(kb) / 1024**2, 3), "peak_anon_gb": round(anon / 1024**2, 3)}
 
 
-def accepted(command: str, rows: int, big: bool) -> bool:
-    """retrieve and mine-positives compare every pair of rows (10^12 pairs at 1M rows: hours on 2 CPU
-    cores, a GPU job with --index blocked), so at the default sizes they stop at 100k rows; --big runs
-    everything."""
-    return big or command not in ("retrieve", "retrieve-wds", "retrieve-wds-indexed", "mine-positives") or rows <= 100_000
+def accepted(command: str, rows: int, big: bool, pairwise_max: int = 100_000) -> bool:
+    """retrieve and mine-positives compare every pair of rows (10^12 pairs at 1M rows), so they stop at
+    `pairwise_max` rows; --big runs everything."""
+    return big or command not in ("retrieve", "retrieve-wds", "retrieve-wds-indexed", "mine-positives") or rows <= pairwise_max
 
 
 def plot(results: list[dict], path: Path) -> None:
@@ -367,6 +367,8 @@ def main() -> None:
     ap.add_argument("--rows", default="10000,100000,1000000")
     ap.add_argument("--big", action="store_true", help="add 10M rows, and run the encoding commands at every size")
     ap.add_argument("--commands", default=",".join(COMMANDS))
+    ap.add_argument("--pairwise-max", type=int, default=100_000,
+                    help="the largest size at which retrieve and mine-positives (which score every pair of rows) run")
     ap.add_argument("--model-steps", type=int, default=500, help="train the bench's model this many steps first (0: a random model)")
     ap.add_argument("--out", default="bench-scale")
     ap.add_argument("--work", default=None, help="where the synthetic data go [default: a temporary directory]")
@@ -430,7 +432,7 @@ def main() -> None:
                     MINE_ARGS.extend(["--index", "blocked"])
                 print("mine-positives options:", " ".join(MINE_ARGS), flush=True)
             for command in commands:
-                if not accepted(command, rows, args.big):
+                if not accepted(command, rows, args.big, args.pairwise_max):
                     continue
                 source = shards if command in ON_SHARDS else data
                 out_path = work / f"out-{command}-{rows}"

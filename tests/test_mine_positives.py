@@ -284,6 +284,27 @@ def test_bounded_blocks_give_the_same_pairs_as_one_block(captions):
     assert (got == dense).all()
 
 
+def test_flat_search_is_faiss_index_flat_without_its_copy():
+    """--index flat runs faiss's brute-force inner-product range search on the embeddings themselves: the
+    lims, ids and scores of faiss.IndexFlatIP's range_search, exactly, and no copy of the targets."""
+    import faiss
+
+    from vltool.mine_positives import _Flat
+
+    rng = np.random.default_rng(3)
+    x = _normalise(rng.normal(size=(300, 16)).astype(np.float32))
+    x[50:60] = x[0]  # exact duplicates: scores of 1
+    flat = _Flat(x)
+    assert np.shares_memory(flat.x, x)
+    index = faiss.IndexFlatIP(16)
+    index.add(x)
+    for radius in (0.3, 0.9, 0.999):
+        got, want = flat.range_search(x[:70], radius), index.range_search(x[:70], radius)
+        assert want[0][-1] > 0
+        for a, b in zip(got, want):
+            assert np.array_equal(a, b)
+
+
 @pytest.mark.parametrize("captions", [1, 3], ids=["one-caption", "three-captions"])
 @pytest.mark.parametrize("low_precision", [False, True], ids=["fp32", "bf16"])
 def test_blocked_search_gives_the_pairs_of_the_faiss_search(captions, low_precision, monkeypatch):

@@ -160,15 +160,33 @@ class _Blocked:
         return lims, np.zeros(len(qi), np.float32), j[order]  # (scores are recomputed exactly by the caller)
 
 
+class _Flat:
+    """The exact search: faiss's brute-force inner-product range search over `x` itself (N, D) float32,
+    what IndexFlatIP.range_search runs (the same pairs and scores), without the index's copy of x."""
+
+    def __init__(self, x: np.ndarray):
+        self.x = np.ascontiguousarray(x, dtype=np.float32)  # (a reference when x is already so: no copy)
+
+    def range_search(self, queries: np.ndarray, radius: float):
+        import faiss
+
+        q = np.ascontiguousarray(queries, dtype=np.float32)  # (B, D)
+        res = faiss.RangeSearchResult(len(q))
+        faiss.range_search_inner_product(faiss.swig_ptr(q), faiss.swig_ptr(self.x), self.x.shape[1], len(q), len(self.x), float(radius), res)
+        lims = faiss.rev_swig_ptr(res.lims, len(q) + 1).copy()
+        n = int(lims[-1])
+        return lims, faiss.rev_swig_ptr(res.distances, n).copy(), faiss.rev_swig_ptr(res.labels, n).copy()
+
+
 def _index(x: np.ndarray, kind: str, nprobe: int):
     if kind == "blocked":
         return _Blocked(x)
+    if kind == "flat":
+        return _Flat(x)
     import faiss
 
     d = x.shape[1]
-    if kind == "flat":
-        index = faiss.IndexFlatIP(d)
-    elif kind == "ivf":
+    if kind == "ivf":
         nlist = max(1, min(int(4 * np.sqrt(len(x))), len(x) // 39))
         quantizer = faiss.IndexFlatIP(d)
         index = faiss.IndexIVFFlat(quantizer, d, nlist, faiss.METRIC_INNER_PRODUCT)

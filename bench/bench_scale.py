@@ -367,6 +367,9 @@ def main() -> None:
     ap.add_argument("--rows", default="10000,100000,1000000")
     ap.add_argument("--big", action="store_true", help="add 10M rows, and run the encoding commands at every size")
     ap.add_argument("--commands", default=",".join(COMMANDS))
+    ap.add_argument("--mine-index", choices=["flat", "blocked"], default=None,
+                    help="mine-positives' --index [default: blocked on a GPU machine, flat on a CPU]; a non-default one "
+                         "labels its rows")
     ap.add_argument("--pairwise-max", type=int, default=100_000,
                     help="the largest size at which retrieve and mine-positives (which score every pair of rows) run")
     ap.add_argument("--model-steps", type=int, default=500, help="train the bench's model this many steps first (0: a random model)")
@@ -428,7 +431,7 @@ def main() -> None:
                 continue
             if "mine-positives" in commands and not MINE_ARGS:
                 MINE_ARGS.extend(mining_thresholds(model, data))
-                if gpu():  # the index a GPU user mines with: torch matmuls on the device, not faiss-cpu
+                if mine_index(args) == "blocked":  # on a GPU, the index its user mines with: torch matmuls, not faiss-cpu
                     MINE_ARGS.extend(["--index", "blocked"])
                 print("mine-positives options:", " ".join(MINE_ARGS), flush=True)
             for command in commands:
@@ -464,6 +467,11 @@ def gpu() -> bool:
     return torch.cuda.is_available()
 
 
+def mine_index(args) -> str:
+    """mine-positives' --index: --mine-index, else blocked on a GPU machine and flat (faiss) on a CPU."""
+    return args.mine_index or ("blocked" if gpu() else "flat")
+
+
 def base(command: str) -> str:
     """The command of a result's (possibly labelled) name: 'pretrain (1x1 images)' -> 'pretrain'."""
     return command.split(" (")[0]
@@ -478,8 +486,8 @@ def label(command: str, args, again: bool = False) -> str:
         marks.append("1x1 images")
     if again:
         marks.append("second run")
-    if command == "mine-positives" and gpu():
-        marks.append("--index blocked, GPU")
+    if command == "mine-positives" and mine_index(args) == "blocked":
+        marks.append("--index blocked, GPU" if gpu() else "--index blocked")
     return f" ({', '.join(marks)})" if marks else ""
 
 

@@ -307,15 +307,25 @@ def test_flat_search_is_faiss_index_flat_without_its_copy():
 
 @pytest.mark.parametrize("captions", [1, 3], ids=["one-caption", "three-captions"])
 @pytest.mark.parametrize("low_precision", [False, True], ids=["fp32", "bf16"])
-def test_blocked_search_gives_the_pairs_of_the_faiss_search(captions, low_precision, monkeypatch):
+@pytest.mark.parametrize("tiles", ["cpu", "gpu"])
+def test_blocked_search_gives_the_pairs_of_the_faiss_search(captions, low_precision, tiles, monkeypatch):
     """--index blocked (torch matmul over tiles of the targets; bf16 candidates with the margin, then the
     exact float32 recheck) mines exactly the pairs, order, scores and terms of the faiss flat search, with
-    tiles smaller than the targets and blocks cut by the pair budget; bf16 is forced on CPU here."""
+    tiles smaller than the queries and targets and blocks cut by the pair budget; bf16 is forced on CPU
+    here. tiles="cpu": a CPU's cache-sized tiles, each looked into only in the rows whose maximum passes;
+    "gpu": a GPU's tiles (all the queries x TILE_ELEMENTS), run here on the CPU."""
     import vltool.mine_positives as MP
 
     monkeypatch.setattr(MP, "TILE_ELEMENTS", 64 * 37)  # several tiles per search
+    monkeypatch.setattr(MP, "CPU_TILE", (16, 37))
     real = MP._Blocked
-    monkeypatch.setattr(MP, "_Blocked", lambda x: real(x, device="cpu", low_precision=low_precision))
+
+    def make_blocked(x):
+        b = real(x, device="cpu", low_precision=low_precision)
+        b.cache_tiles = tiles == "cpu"
+        return b
+
+    monkeypatch.setattr(MP, "_Blocked", make_blocked)
     rng = np.random.default_rng(2)
     n = 150
     img = rng.normal(size=(n, 8)) + 2.0
@@ -332,7 +342,7 @@ def test_blocked_search_gives_the_pairs_of_the_faiss_search(captions, low_precis
         np.testing.assert_array_equal(ta, tb)
     # the candidates hold every exact pair, also at a radius where many pairs are within rounding of it
     # (the median score): the margin covers bf16's error (without it, pairs are missed here)
-    x = real(_normalise(txt), device="cpu", low_precision=low_precision)
+    x = make_blocked(_normalise(txt))
     assert str(x.dtype) == ("torch.bfloat16" if low_precision else "torch.float32")
     exact = _normalise(img) @ _normalise(txt).T  # (N, N_txt) float64
     radius = float(np.median(exact))

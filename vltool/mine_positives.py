@@ -121,7 +121,8 @@ def text_rows(txt: np.ndarray, owner: np.ndarray | None, n_rows: int) -> tuple[n
 INDEXES = ("flat", "ivf", "blocked")
 BF16_MARGIN = 0.02  # |bf16 dot - fp32 dot| of unit vectors stays far below this (inputs rounded to 8 bits, fp32 sums)
 FP32_MARGIN = 1e-5  # float32 matmul vs the recheck's einsum: another order of the same sums
-TILE_ELEMENTS = 1 << 24  # scores computed at once by the blocked search: 64 MB of float32
+TILE_ELEMENTS = 1 << 24  # scores computed at once by the blocked search on a GPU: 64 MB of float32
+CPU_TILE = (1024, 1024)  # queries x targets scored at once by the blocked search on a CPU (they stay in cache)
 
 
 class _Blocked:
@@ -140,20 +141,32 @@ class _Blocked:
         self.dtype = torch.bfloat16 if low else torch.float32
         self.margin = BF16_MARGIN if low else FP32_MARGIN
         self.x = torch.from_numpy(np.ascontiguousarray(x)).to(self.device, self.dtype)  # (N, D)
+        self.cache_tiles = self.device.type == "cpu"  # CPU_TILE tiles, screened by their rows' maxima
 
     def range_search(self, queries: np.ndarray, radius: float):
         """faiss's range_search result layout (lims, scores, ids) for the candidates above radius - margin."""
         import torch
 
         q = torch.from_numpy(np.ascontiguousarray(queries)).to(self.device, self.dtype)  # (B, D)
-        tile = max(1, TILE_ELEMENTS // max(len(q), 1))
+        on_cpu = self.cache_tiles
+        qb, tile = CPU_TILE if on_cpu else (max(len(q), 1), max(1, TILE_ELEMENTS // max(len(q), 1)))
+        cut = radius - self.margin
         qs, js = [], []
         with torch.inference_mode():
-            for a in range(0, len(self.x), tile):
-                s = (q @ self.x[a : a + tile].T).float()  # (B, tile): fp32 accumulation in either dtype
-                qi, j = (s > radius - self.margin).nonzero(as_tuple=True)
-                qs.append(qi.cpu().numpy())
-                js.append(j.cpu().numpy() + a)
+            for c in range(0, len(q), qb):
+                for a in range(0, len(self.x), tile):
+                    s = (q[c : c + qb] @ self.x[a : a + tile].T).float()  # (qb, tile): fp32 accumulation in either dtype
+                    rows = None
+                    if on_cpu:  # most rows of a cache-sized tile hold no candidate: look only in those that do
+                        rows = (s.amax(dim=1) > cut).nonzero().squeeze(1)  # (k,)
+                        if len(rows) == 0:
+                            continue
+                        s = s.index_select(0, rows)  # (k, tile)
+                    qi, j = (s > cut).nonzero(as_tuple=True)
+                    qs.append((qi if rows is None else rows[qi]).cpu().numpy() + c)
+                    js.append(j.cpu().numpy() + a)
+        if not qs:
+            return np.zeros(len(q) + 1, np.int64), np.zeros(0, np.float32), np.zeros(0, np.int64)
         qi, j = np.concatenate(qs).astype(np.int64), np.concatenate(js).astype(np.int64)
         order = np.argsort(qi, kind="stable")
         lims = np.concatenate([[0], np.cumsum(np.bincount(qi, minlength=len(q)))])

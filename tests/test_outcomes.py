@@ -123,3 +123,22 @@ def test_report_pairs_real_runs(models, grouped, tmp_path):
         assert p["resampling"]["group_column"] == "base_id" and p["resampling"]["units"] == 6
     assert s["zeroshot:top1"]["paired"]["unit"].endswith("within its class")
     assert "resampling whole base_id groups of test images" in render_markdown(r)
+
+
+def test_example_ids_equal_each_rows_str():
+    """example_ids converts the id column a slice at a time into one fixed-width array: the same values as
+    str() of each row's id (None, non-ASCII, numbers, a selection, more rows than one slice), and "#<i>"
+    without an id column."""
+    import datasets
+
+    from vltool.outcomes import example_ids
+
+    n = (1 << 16) + 5  # two slices
+    ids = [f"r{i}" for i in range(n)]
+    ids[3], ids[70_000 % n], ids[-1] = None, "ñü-長い", "x" * 40
+    ds = datasets.Dataset.from_dict({"id": ids})
+    for d in (ds, ds.select(range(n - 1, -1, -3))):
+        assert example_ids(d).tolist() == [str(v) for v in d["id"]]
+    nums = datasets.Dataset.from_dict({"id": [7, 123456, -1]})
+    assert example_ids(nums).tolist() == ["7", "123456", "-1"]
+    assert example_ids(datasets.Dataset.from_dict({"v": list(range(12))})).tolist() == [f"#{i}" for i in range(12)]

@@ -71,11 +71,16 @@ def example_ids(ds) -> np.ndarray:
     """Each selected row's id (N,) as text; "#<i>" when the data has no id column."""
     from vltool import columns as C
 
-    if C.ID in ds.column_names:
-        from vltool.io import column_values
+    if C.ID in ds.column_names:  # slice by slice: no Python string of every row at once
+        from vltool.io import arrow_column
 
-        return np.asarray([str(v) for v in column_values(ds, C.ID)], dtype=str)
-    return np.asarray([f"#{i}" for i in range(len(ds))], dtype=str)
+        col, step = arrow_column(ds, C.ID), 1 << 16
+        width = max([1] + [len(str(v)) for a in range(0, len(col), step) for v in col.slice(a, step).to_pylist()])
+        out = np.empty(len(col), dtype=f"<U{width}")
+        for a in range(0, len(col), step):
+            out[a : a + step] = [str(v) for v in col.slice(a, step).to_pylist()]
+        return out
+    return np.char.add("#", np.arange(len(ds)).astype(f"<U{len(str(max(len(ds) - 1, 0)))}"))
 
 
 def base_arrays(task: str, kind: str, ids: np.ndarray, groups: np.ndarray | None, group_column: str | None) -> dict:

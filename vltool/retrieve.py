@@ -140,7 +140,7 @@ def retrieve(
     edit = debias_edit(m, config)
     if edit is not None:
         images, texts = edit.images(images), edit.texts(texts)
-    owner = new_index[txt.owner[t_keep]]
+    owner = txt.owner if keep.all() else new_index[txt.owner[t_keep]]
     n_i, n_t = len(images), len(texts)
     if n_i < 2:
         raise UsageError(f"retrieval needs at least 2 images with text; {n_i} are left")
@@ -152,12 +152,16 @@ def retrieve(
     finally:
         if bar:
             bar[0].stop()
+    bad_images, rows_without_text = int(img.bad.sum()), int(((per_row == 0) & ~img.bad).sum())
+    cache_record = {"images": img.summary(), "texts": txt.summary()}
+    del img, txt, images, texts  # the embeddings are done with: freed before the per-example arrays are made
     items = RetrievalItems.from_ranks(ks, i2t, t2i, owner)
     point = items.metrics()
     kept_groups = groups[keep] if groups is not None else None
     plan = Resampling.make(n_i, None, kept_groups)
     iv = bootstrap(n_i, items.metrics, config.bootstrap, config.seed, resampling=plan)
-    examples = base_arrays("retrieval", "retrieval", example_ids(loaded.dataset)[keep], kept_groups, config.group_column)
+    ids = example_ids(loaded.dataset)
+    examples = base_arrays("retrieval", "retrieval", ids if keep.all() else ids[keep], kept_groups, config.group_column)
     examples.update(
         i2t_greater=i2t.greater, i2t_tied=i2t.tied, i2t_tied_pos=i2t.tied_pos, text_owner=owner,
         t2i_greater=t2i.greater, t2i_tied=t2i.tied, recall_k=np.asarray(ks, dtype=np.int64),
@@ -173,11 +177,11 @@ def retrieve(
         "images": int(n_i),
         "texts": int(n_t),
         "texts_per_image": {"mean": float(per_image.mean()), "min": int(per_image.min()), "max": int(per_image.max())},
-        "bad_images": int(img.bad.sum()),
-        "rows_without_text": int(((per_row == 0) & ~img.bad).sum()),
+        "bad_images": bad_images,
+        "rows_without_text": rows_without_text,
         "processes": process_state().num_processes,
         **ties,
-        "cache": {"images": img.summary(), "texts": txt.summary()},
+        "cache": cache_record,
     }
     record = provenance.make("retrieve", config, [loaded], rows_in=loaded.rows, rows_out=int(n_i), stats=stats, timer=timer, argv=argv)
     record.update({

@@ -468,3 +468,20 @@ def test_group_agreement_equals_the_per_row_count():
     got = group_agreement(mined, groups)
     same = sum(groups[int(j)] == groups[i] for i, p in enumerate(pos) for j in p)  # the reference: pair by pair
     assert got["mined_pairs"] == sum(len(p) for p in pos) and got["same_group_mined"] == same > 0
+
+
+def test_mined_rows_are_the_encoded_array_when_every_row_is_mined():
+    """The embeddings normalised in place are the encoded array itself when every row is mined (no copy of
+    the largest arrays the command holds), and a copy of the kept rows otherwise, or when the array is
+    read-only or not float32."""
+    from vltool.mine_positives import _mined_rows
+
+    x = np.arange(12, dtype=np.float32).reshape(4, 3)
+    every, some = np.ones(4, bool), np.array([True, False, True, True])
+    assert _mined_rows(x, every) is x
+    part = _mined_rows(x, some)
+    assert not np.shares_memory(part, x) and np.array_equal(part, x[[0, 2, 3]])
+    ro = x.copy()
+    ro.flags.writeable = False
+    assert _mined_rows(ro, every) is not ro and _mined_rows(ro, every).flags.writeable
+    assert _mined_rows(x.astype(np.float64), every).dtype == np.float32

@@ -115,7 +115,8 @@ def text_rows(txt: np.ndarray, owner: np.ndarray | None, n_rows: int) -> tuple[n
         raise UsageError(f"{int((counts == 0).sum())} rows have no caption")
     mean = np.zeros((n_rows, txt.shape[1]), dtype=np.float32)
     np.add.at(mean, owner, txt)
-    return mean / counts[:, None], owner  # (N, D) not renormalised: dot products give mean pair similarity
+    mean /= counts[:, None]  # (in place: one (N, D) array)
+    return mean, owner  # (N, D) not renormalised: dot products give mean pair similarity
 
 
 INDEXES = ("flat", "ivf", "blocked")
@@ -627,9 +628,10 @@ def mine_positives(data: str, out, config: MinePositivesConfig, *, where=(), spl
     remap[rows] = np.arange(len(rows))
     keep_txt = good[txt.owner]
     t_owner = remap[txt.owner[keep_txt]]
-    # copies of the mined rows' embeddings, L2-normalised in place once (the same numbers _normalise gives)
-    t_emb = np.ascontiguousarray(txt.embeddings[keep_txt], dtype=np.float32)  # (T, D)
-    i_emb = np.ascontiguousarray(img.embeddings[rows], dtype=np.float32)  # (G, D)
+    # the mined rows' embeddings, L2-normalised in place once (the same numbers _normalise gives): the encoded
+    # arrays themselves when every row is mined (this command's own: the cache hands out a copy), else copies
+    t_emb = _mined_rows(txt.embeddings, keep_txt)  # (T, D)
+    i_emb = _mined_rows(img.embeddings, good)  # (G, D)
     for x in (t_emb, i_emb):
         x /= np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
     owner_arg = t_owner if multi else None
@@ -690,6 +692,13 @@ def mine_positives(data: str, out, config: MinePositivesConfig, *, where=(), spl
     prov["model"] = model_record(m, config.model, config.pretrained)
     save_dataset(ds, out, prov, overwrite=overwrite)
     return prov
+
+
+def _mined_rows(x: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """x[keep] as a C-contiguous, writable float32 array: x itself when it already is one and keeps every row."""
+    if keep.all() and x.dtype == np.float32 and x.flags.c_contiguous and x.flags.writeable:
+        return x
+    return np.ascontiguousarray(x[keep], dtype=np.float32)
 
 
 def positive_columns(mined: Mined, rows: np.ndarray, n: int, ids):

@@ -383,23 +383,24 @@ class _TorchBlocks:
         # the same float32 thresholds as _block_float32's (float64 -> float32, rounded to nearest)
         self.lo_i, self.hi_i = put((best - delta).astype(np.float32)), put((best + delta).astype(np.float32))
         self.lo_t, self.hi_t = put((pos - delta).astype(np.float32)), put((pos + delta).astype(np.float32))
-        self._mask = None
+        self._buf = None  # (2 bi bt,) float32: a block's scores, then its mask
         self._near: dict[str, list] = {"i": [], "t": []}  # side -> [(image rows, text columns), ...]
         self._n_near = 0
 
     def __call__(self, images, texts, c, e, a, b, best, pos, delta, counts: _BlockCounts) -> bool:
         import torch
 
-        s = self.images[c:e] @ self.texts[a:b].T  # (bi, bt) float32 scores, image x text
-        if self._mask is None or self._mask.shape != s.shape:
-            self._mask = torch.empty_like(s)
-        m = self._mask  # (bi, bt) 1.0 where the comparison holds
+        bi, bt = e - c, b - a
+        if self._buf is None or self._buf.numel() < 2 * bi * bt:  # (the first block is the largest)
+            self._buf = torch.empty(2 * bi * bt, dtype=torch.float32, device=self.device)
+        # the scores and the mask in one buffer for every block: a new tensor per block fragments a CPU's heap
+        s = torch.mm(self.images[c:e], self.texts[a:b].T, out=self._buf[: bi * bt].view(bi, bt))  # (bi, bt) float32 scores
+        m = self._buf[bi * bt : 2 * bi * bt].view(bi, bt)  # (bi, bt) 1.0 where the comparison holds
         lo_i, hi_i, lo_t, hi_t = self.lo_i[c:e, None], self.hi_i[c:e, None], self.lo_t[None, a:b], self.hi_t[None, a:b]
         above_i = torch.gt(s, hi_i, out=m).sum(dim=1)  # (bi,)
         near_i = torch.ge(s, lo_i, out=m).sum(dim=1).sub_(above_i)  # (bi,) within delta of the image's threshold
         above_t = torch.gt(s, hi_t, out=m).sum(dim=0)  # (bt,)
         near_t = torch.ge(s, lo_t, out=m).sum(dim=0).sub_(above_t)  # (bt,)
-        bi, bt = e - c, b - a
         stats = torch.cat([above_i, near_i, above_t, near_t]).cpu().numpy().astype(np.int64)  # one transfer
         near_i, near_t = stats[bi : 2 * bi], stats[2 * bi + bt :]
         if near_i.sum() + near_t.sum() > 0.02 * s.numel() + 2 * bt:

@@ -153,10 +153,15 @@ class _Blocked:
         qb, tile = CPU_TILE if on_cpu else (max(len(q), 1), max(1, TILE_ELEMENTS // max(len(q), 1)))
         cut = radius - self.margin
         qs, js = [], []
+        # one buffer for every tile's scores: a new 4 MB tensor per tile fragments the CPU heap (RSS grew
+        # with the tiles); a GPU's caching allocator reuses its blocks anyway
+        buf = torch.empty(min(qb, len(q)) * min(tile, len(self.x)), dtype=self.dtype, device=self.device)
         with torch.inference_mode():
             for c in range(0, len(q), qb):
                 for a in range(0, len(self.x), tile):
-                    s = (q[c : c + qb] @ self.x[a : a + tile].T).float()  # (qb, tile): fp32 accumulation in either dtype
+                    qt, xt = q[c : c + qb], self.x[a : a + tile]
+                    s = torch.mm(qt, xt.T, out=buf[: len(qt) * len(xt)].view(len(qt), len(xt)))
+                    s = s.float()  # (qb, tile): fp32 accumulation in either dtype (a copy only from bf16)
                     rows = None
                     if on_cpu:  # most rows of a cache-sized tile hold no candidate: look only in those that do
                         rows = (s.amax(dim=1) > cut).nonzero().squeeze(1)  # (k,)

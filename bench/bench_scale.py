@@ -18,8 +18,8 @@ outside any), with an empty cache directory, and the benchmark prints:
   memory-mapped dataset that the kernel maps into its RSS);
 then the ratio of the largest size to the smallest. Target (issue 22): start-up and peak memory within 2x
 from 10k to 1M rows (10M with --big). retrieve and mine-positives score every pair of rows, so by
-default they stop at 100k rows (1M rows are 10^12 pairs: about half an hour for retrieve on 2 CPU cores,
-over an hour for mine-positives; `--pairwise-max 1000000` runs them there).
+default they stop at 100k rows (1M rows are 10^12 pairs: retrieve took 52 minutes on 2 CPU cores, part
+of it shared with other work, and mine-positives longer; `--pairwise-max 1000000` runs them there).
 
 The model is `vltool-micro` trained 500 steps on 20,000 synthetic rows first (--model-steps; each image's
 quadrants are coloured by its caption's first four words), so that its embeddings spread out as a trained

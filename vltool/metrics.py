@@ -281,8 +281,8 @@ def retrieval_ranks(
     cells = max(1, block_bytes // 8)  # a float32 block and its float32 mask (or one float64 block)
     if device is not None and not exact and str(device).startswith("cpu"):
         cells = min(cells, CPU_BLOCK[0] * CPU_BLOCK[1])
-    bt = int(min(n_t, max(1024, math.isqrt(cells))))
-    bi = int(max(1, min(n_i, cells // max(bt, 1))))
+    bt = int(min(n_t, max(1024, math.isqrt(cells)), 1 << 23))  # (torch's counts are float32 sums: exact below 2^24)
+    bi = int(max(1, min(n_i, cells // max(bt, 1), 1 << 23)))
     d = images.shape[1]
     norm = float(np.linalg.norm(images, axis=1).max(initial=0) * np.linalg.norm(texts, axis=1).max(initial=0))
     delta = 2 * d * 2.0**-24 * norm + 1e-6

@@ -25,12 +25,8 @@ import time
 import numpy as np
 
 
-DIM = 512
-
-
-def embeddings(n: int, d: int | None = None, seed: int = 0):
+def embeddings(n: int, d: int = 512, seed: int = 0):
     """Clustered image/text embeddings with near-duplicate images and repeated generic captions."""
-    d = d or DIM
     rng = np.random.default_rng(seed)
     k = max(10, n // 50)
     centers = rng.normal(size=(k, d)).astype(np.float32)
@@ -52,12 +48,12 @@ def thresholds():
     return Thresholds(p_it=0.5, p_ii=0.9, p_tt=0.97, p_it_tt=0.42)
 
 
-def run_size(n: int, rounds: int = 1) -> dict:
+def run_size(n: int, rounds: int = 1, dim: int = 512) -> dict:
     from vltool.mine_positives import dense_reference, mine, summarise
 
-    img, txt = embeddings(n)
+    img, txt = embeddings(n, dim)
     th = thresholds()
-    out: dict = {"rows": n, "dim": img.shape[1]}
+    out: dict = {"rows": n, "dim": dim}
     times: dict[str, list] = {"flat": [], "blocked": []}
     for _ in range(rounds):
         for index in ("flat", "blocked"):
@@ -99,10 +95,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1, help="flat and blocked searches each, alternating")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    global DIM
-    DIM = args.dim
     if args.one:
-        print(json.dumps(run_size(args.one, args.rounds)))
+        print(json.dumps(run_size(args.one, args.rounds, args.dim)))
         return
     for n in [int(x) for x in args.sizes.split(",")]:
         r = subprocess.run([sys.executable, __file__, "--one", str(n), "--dim", str(args.dim), "--rounds", str(args.rounds)],

@@ -75,11 +75,8 @@ def example_ids(ds) -> np.ndarray:
         from vltool.io import arrow_column
 
         col, step = arrow_column(ds, C.ID), 1 << 16
-        width = max([1] + [len(str(v)) for a in range(0, len(col), step) for v in col.slice(a, step).to_pylist()])
-        out = np.empty(len(col), dtype=f"<U{width}")
-        for a in range(0, len(col), step):
-            out[a : a + step] = [str(v) for v in col.slice(a, step).to_pylist()]
-        return out
+        parts = [np.asarray([str(v) for v in col.slice(a, step).to_pylist()], dtype=str) for a in range(0, len(col), step)]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype="<U1")  # (to the widest slice's width)
     return np.char.add("#", np.arange(len(ds)).astype(f"<U{len(str(max(len(ds) - 1, 0)))}"))
 
 

@@ -198,7 +198,19 @@ def test_command_writes_positives_and_provenance(tmp_path, monkeypatch):
     model = make_model(tmp_path / "run")
     cfg = MinePositivesConfig(model=str(model), p_it=-1.0, p_ii=0.999, p_tt=0.999, p_it_tt=0.999, max_positives=3,
                               group_column="label")
+    import vltool.mine_positives as mp
+
+    seen, real_mine = [], mp.mine
+
+    def spy(*a, **k):  # the pairs go to a spill directory beside the output, memory-mapped back
+        got = real_mine(*a, **k)
+        seen.append((k["spill"], type(got.rows)))
+        return got
+
+    monkeypatch.setattr(mp, "mine", spy)
     prov = mine_positives(data, tmp_path / "mined", cfg, where=["split=train"])
+    assert len(seen) == 1 and seen[0][0].name.startswith(".mined.work-") and seen[0][1] is np.memmap
+    assert not seen[0][0].exists() and sorted(p.name for p in tmp_path.iterdir()) == ["colors", "mined", "run"]
     ds = datasets.load_from_disk(str(tmp_path / "mined"))
     rows = ds.to_list()
     assert len(rows) == prov["rows_out"] == 12
@@ -407,12 +419,18 @@ def test_dry_run_grid_in_one_search_equals_one_search_per_point(captions):
     assert len(counts) > 3 and any(m.capped_rows for m in together)  # the points differ, and the cap is exercised
 
 
-def test_positive_columns_equal_the_per_row_lists():
+@pytest.mark.parametrize("pair_slice,row_slice,spill", [(1 << 20, 1 << 20, False), (4, 3, True), (1, 1, False)])
+def test_positive_columns_equal_the_per_row_lists(monkeypatch, tmp_path, pair_slice, row_slice, spill):
     """The output columns built as Arrow arrays equal the per-row Python lists they replace (reference
-    beside it), with rows that were not mined, rows without positives, and mined rows out of order."""
+    beside it), with rows that were not mined, rows without positives, and mined rows out of order; built
+    in one slice or in slices of a few pairs and rows, in memory or into a spill file."""
     import pyarrow as pa
 
+    import vltool.mine_positives as mp
     from vltool.mine_positives import Mined, positive_columns
+
+    monkeypatch.setattr(mp, "PAIR_SLICE", pair_slice)
+    monkeypatch.setattr(mp, "ROW_SLICE", row_slice)
 
     rng = np.random.default_rng(4)
     n = 12
@@ -421,7 +439,10 @@ def test_positive_columns_equal_the_per_row_lists():
     sc = [rng.random((len(p), 3)).astype(np.float32) for p in pos]
     mined = Mined.from_lists(pos, sc, [np.ones((len(p), 3), bool) for p in pos])
     ids = [f"id{i}" for i in range(n)]
-    positives, scores = positive_columns(mined, rows, n, pa.chunked_array([ids[:5], ids[5:]]))
+    table = positive_columns(mined, rows, n, pa.chunked_array([ids[:5], ids[5:]]), spill=tmp_path if spill else None)
+    assert (tmp_path / "positives.arrow").exists() == spill
+    positives, scores = table.column("positives").combine_chunks(), table.column("positive_scores").combine_chunks()
+    assert table.column("positives").num_chunks == 1 if pair_slice > 100 else table.column("positives").num_chunks >= n // row_slice
     want_p, want_s = [[] for _ in range(n)], [[] for _ in range(n)]  # the reference: what the command built before
     row_ids = [ids[int(r)] for r in rows]
     for k, r in enumerate(rows.tolist()):
@@ -457,8 +478,33 @@ def test_mined_rows_own_their_arrays(monkeypatch):
     assert all(np.array_equal(getattr(m, f), getattr(again, f)) for f in ("offsets", "rows", "pair_scores", "pair_terms"))
 
 
-def test_group_agreement_equals_the_per_row_count():
+@pytest.mark.parametrize("pair_slice", [1 << 20, 3])
+def test_summary_shares_equal_the_pair_by_pair_count(monkeypatch, pair_slice):
+    """The shares of pairs by term, counted a slice of pairs at a time, equal the count over all pairs."""
+    import vltool.mine_positives as mp
+
+    monkeypatch.setattr(mp, "PAIR_SLICE", pair_slice)
+    rng = np.random.default_rng(5)
+    pos = [rng.choice(20, size=int(rng.integers(0, 5)), replace=False) for _ in range(20)]
+    terms = [rng.random((len(p), 3)) < 0.5 for p in pos]
+    terms = [t | ~t.any(1, keepdims=True) * np.array([True, False, False]) for t in terms]  # every pair has a term
+    mined = mp.Mined.from_lists(pos, [np.zeros((len(p), 3), np.float32) for p in pos], terms)
+    every = np.concatenate(terms)  # (P, 3)
+    got = mp.summarise(mined, 20)
+    names = ["image-text", "image-image", "text-text and image-text"]
+    assert got["pairs"] == len(every) > 10
+    for t, k in enumerate(names):
+        assert got["share_by_term"][k] == round(float(every[:, t].mean()), 4)
+        assert got["share_only_term"][k] == round(float((every[:, t] & (every.sum(1) == 1)).mean()), 4)
+    assert 0 < got["share_only_term"]["image-image"] < got["share_by_term"]["image-image"] < 1
+
+
+@pytest.mark.parametrize("pair_slice", [1 << 20, 4])
+def test_group_agreement_equals_the_per_row_count(monkeypatch, pair_slice):
+    import vltool.mine_positives as mp
     from vltool.mine_positives import Mined, group_agreement
+
+    monkeypatch.setattr(mp, "PAIR_SLICE", pair_slice)
 
     rng = np.random.default_rng(3)
     n = 30
@@ -485,3 +531,56 @@ def test_mined_rows_are_the_encoded_array_when_every_row_is_mined():
     ro.flags.writeable = False
     assert _mined_rows(ro, every) is not ro and _mined_rows(ro, every).flags.writeable
     assert _mined_rows(x.astype(np.float64), every).dtype == np.float32
+
+
+def test_spilled_pairs_equal_the_pairs_in_memory(tmp_path):
+    """With a spill directory the mined pairs go to files block by block and come back memory-mapped: the
+    same arrays as in memory (rows int32 below 2^31 rows), over many blocks, with capped rows; and the
+    collectors of two processes merged (what a multi-process run gathers) give the whole run's pairs."""
+    import vltool.mine_positives as mp
+
+    rng = np.random.default_rng(1)
+    img = rng.normal(size=(300, 8)) + 2.0
+    txt = img + 0.3 * rng.normal(size=(300, 8))
+    th = Thresholds(p_it=0.9, p_ii=0.95, p_tt=0.95, p_it_tt=0.85)
+    fields = ("offsets", "rows", "pair_scores", "pair_terms")
+    held = mine(img, txt, None, th, pair_budget=100, max_positives=10)
+    spilled = mine(img, txt, None, th, pair_budget=100, max_positives=10, spill=tmp_path)
+    assert held.stats["blocks"] > 3 and held.capped_rows > 0 and len(held.rows) > 500
+    assert isinstance(spilled.rows, np.memmap) and held.rows.dtype == spilled.rows.dtype == np.int32
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pair_scores.bin", "pair_terms.bin", "rows.bin"]
+    assert all(np.array_equal(getattr(held, f), getattr(spilled, f)) for f in fields)
+    assert spilled.capped_rows == held.capped_rows
+
+    # two "processes", each collecting half of the blocks into its own spill directory, merged in rank order
+    n = len(img)
+    imgn, txtn = mp._normalise(img), mp._normalise(txt)
+    states = []
+    for rank, rows in enumerate((np.arange(0, 170), np.arange(170, n))):
+        (tmp_path / str(rank)).mkdir()
+        c = mp._Collector(th, 10, rescore=False, n_rows=n, spill=tmp_path / str(rank))
+        mp._search(imgn, txtn, None, th, [c], index="flat", nprobe=1, chunk=40, query_rows=rows, pair_budget=100,
+                   normalised=True)
+        states.append(c.state())
+    (tmp_path / "m").mkdir()
+    merged = mp._Collector(th, 10, rescore=False, n_rows=n, spill=tmp_path / "m")
+    merged.merge(states)
+    got = merged.result({})
+    assert isinstance(got.rows, np.memmap) and got.capped_rows == held.capped_rows
+    assert all(np.array_equal(getattr(held, f), getattr(got, f)) for f in fields)
+
+
+def test_mined_key_reads_every_slice(monkeypatch):
+    """The output's fingerprint key covers every pair: read a slice at a time it is the same digest, and a
+    change in the last pair's score changes it."""
+    import vltool.mine_positives as mp
+
+    pos = [np.array([1, 2]), np.array([0]), np.array([0, 1])]
+    sc = [np.full((len(p), 3), 0.5, np.float32) for p in pos]
+    mined = mp.Mined.from_lists(pos, sc, [np.ones((len(p), 3), bool) for p in pos])
+    rows = np.arange(3)
+    whole = mp._mined_key(rows, mined)
+    monkeypatch.setattr(mp, "PAIR_SLICE", 2)
+    assert mp._mined_key(rows, mined) == whole
+    mined.pair_scores[-1, 2] = 0.25
+    assert mp._mined_key(rows, mined) != whole

@@ -90,21 +90,21 @@ def replace_text_column(
 
 
 def add_columns(ds, columns: dict, *, key: bytes, features: dict | None = None, in_place: bool = False):
-    """`ds` with `columns` (name -> Arrow array of len(ds) rows: ds's rows, after any selection) beside its
-    table, an input column of the same name replaced: last, as datasets' add_column puts it, or `in_place`.
+    """`ds` with `columns` (name -> Arrow array of len(ds) rows: ds's rows, after any selection; or a
+    `datasets` table of them, e.g. ColumnSpill.table()) beside its table, an input column of the same name replaced: last, as datasets' add_column puts it, or `in_place`.
     `features`: name -> datasets feature (default: from the Arrow types). The fingerprint is the input's and
     `key` (what the new columns were made from). A selection stays an indices mapping: nothing is copied."""
     import hashlib
 
     import datasets
     import pyarrow as pa
-    from datasets.table import InMemoryTable
+    from datasets.table import InMemoryTable, Table
 
-    new = InMemoryTable(pa.table(columns))
+    new = columns if isinstance(columns, Table) else InMemoryTable(pa.table(columns))
     if features is None:
         features = dict(datasets.Features.from_arrow_schema(new.schema))
-    kept = ds.column_names if in_place else [c for c in ds.column_names if c not in columns]
-    order = kept + [c for c in columns if c not in kept]
+    kept = ds.column_names if in_place else [c for c in ds.column_names if c not in new.column_names]
+    order = kept + [c for c in new.column_names if c not in kept]
     fingerprint = hashlib.blake2b(ds._fingerprint.encode() + b"\0" + key, digest_size=16).hexdigest()
     return with_columns(ds, new, features, np.ones(len(ds), dtype=bool), order=order, fingerprint=fingerprint,
                         spill=None, chunk=1 << 20)

@@ -20,8 +20,10 @@ Several captions per row (section 4.3), vltool's reading:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -240,6 +242,7 @@ def mine(
     pair_budget: int = 2_000_000,
     progress: bool = False,
     normalised: bool = False,
+    spill=None,
 ) -> Mined:
     """All positives of M over the whole set.
 
@@ -251,11 +254,13 @@ def mine(
     smaller when the search hits are many (a weak model puts most pairs near the thresholds), so that a
     block holds about `pair_budget` candidate pairs; their scores are computed in slices of that size.
     `progress`: a progress bar over the query images on stderr. `normalised`: img and txt are L2-normalised
-    float32 already (as `_normalise` makes them), and are used as they are, not copied.
+    float32 already (as `_normalise` makes them), and are used as they are, not copied. `spill`: a directory
+    for the mined pairs (they are memory-mapped from files there; see _Collector), or None to keep them in
+    memory.
     """
     th = thresholds or Thresholds()
     th.validate()
-    collector = _Collector(th, max_positives, rescore=False)
+    collector = _Collector(th, max_positives, rescore=False, n_rows=len(img), spill=spill)
     stats = _search(img, txt, owner, th, [collector], index=index, nprobe=nprobe, chunk=chunk, query_rows=query_rows,
                     pair_budget=pair_budget, progress=progress, normalised=normalised)
     return collector.result(stats)
@@ -271,20 +276,37 @@ def mine_grid(img: np.ndarray, txt: np.ndarray, owner: np.ndarray | None, grid: 
         th.validate()
     loose = Thresholds(min(t.p_it for t in grid), min(t.p_ii for t in grid), min(t.p_tt for t in grid),
                        min(t.p_it_tt for t in grid), ",".join(t for t in TERMS if any(t in g.enabled for g in grid)))
-    collectors = [_Collector(th, max_positives, rescore=True) for th in grid]
+    collectors = [_Collector(th, max_positives, rescore=True, n_rows=len(img)) for th in grid]
     stats = _search(img, txt, owner, loose, collectors, index=index, nprobe=nprobe, chunk=chunk, pair_budget=pair_budget,
                     normalised=normalised)
     return [c.result(stats) for c in collectors]
 
 
+def row_dtype(n: int):
+    """The dtype of mined row numbers for n rows: int32 while it holds them (half of int64's 8 bytes a pair)."""
+    return np.int32 if n < np.iinfo(np.int32).max else np.int64
+
+
 class _Collector:
     """Each query's positives under thresholds `th` (rescore: the terms recomputed from the exact scores of
-    a looser search), capped at `max_positives` by S_it; kept as flat arrays, a few per block."""
+    a looser search), capped at `max_positives` by S_it; kept as flat arrays, a few per block, or, with
+    `spill` (a directory), appended block by block to files there and memory-mapped back by result(): the
+    pairs, which grow with the rows times the positives per row, are then the files' pages, which the
+    kernel can drop, not the process's memory."""
 
-    def __init__(self, th: Thresholds, max_positives: int, rescore: bool):
+    FIELDS = ("rows", "pair_scores", "pair_terms")
+
+    def __init__(self, th: Thresholds, max_positives: int, rescore: bool, *, n_rows: int, spill=None):
         self.th, self.max_positives, self.rescore = th, max_positives, rescore
+        self.dtypes = {"rows": row_dtype(n_rows), "pair_scores": np.float32, "pair_terms": np.bool_}
         self.parts: list = []  # per block: (counts (B,), rows (P,), scores (P, 3), terms (P, 3))
         self.capped = 0
+        self.files = None
+        if spill is not None:
+            from pathlib import Path
+
+            self.files = {f: Path(spill) / f"{f}.bin" for f in self.FIELDS}
+            self.handles = {f: open(path, "wb") for f, path in self.files.items()}
 
     def add(self, n_queries: int, pq, pj, sc, tm) -> None:
         if self.rescore:
@@ -298,21 +320,60 @@ class _Collector:
         counts = np.diff(bounds)
         self.capped += int((counts > self.max_positives).sum())
         keep = np.arange(len(pq)) - bounds[pq] < self.max_positives  # (P,) a query's first max_positives pairs
-        # copies (boolean indexing): a slice would keep the whole block's arrays alive
-        self.parts.append((np.minimum(counts, self.max_positives), pj[keep], sc[keep], tm[keep]))
+        # copies (boolean indexing and astype): a slice would keep the whole block's arrays alive
+        part = (np.minimum(counts, self.max_positives), pj[keep].astype(self.dtypes["rows"]),
+                sc[keep].astype(np.float32, copy=False), tm[keep])
+        if self.files is None:
+            self.parts.append(part)
+            return
+        self.parts.append((part[0],))  # the counts (per query) stay in memory, the pairs go to the files
+        for f, a in zip(self.FIELDS, part[1:]):
+            a.tofile(self.handles[f])
+
+    def _pairs(self) -> dict:
+        """Every block's pairs, one flat array per field (memory-mapped from the files when spilled)."""
+        total = int(sum(int(p[0].sum()) for p in self.parts))
+        shapes = {"rows": (total,), "pair_scores": (total, 3), "pair_terms": (total, 3)}
+        if self.files is None:  # a field at a time, each block's arrays let go once joined (not two copies of all)
+            lists = {f: [p[k] for p in self.parts] for k, f in enumerate(self.FIELDS, start=1)}
+            self.parts = [(p[0],) for p in self.parts]
+            return {f: np.concatenate(lists.pop(f)) if total else np.zeros(shapes[f], self.dtypes[f]) for f in self.FIELDS}
+        for h in self.handles.values():
+            h.flush()
+        if total == 0:  # (a file of no bytes cannot be mapped)
+            return {f: np.zeros(shapes[f], self.dtypes[f]) for f in self.FIELDS}
+        return {f: np.memmap(self.files[f], dtype=self.dtypes[f], mode="r", shape=shapes[f]) for f in self.FIELDS}
 
     def state(self) -> tuple:
-        return self.parts, self.capped
+        """What this process collected, in memory, for gathering across processes."""
+        if self.files is None:
+            return self.parts, self.capped
+        pairs = self._pairs()
+        return [(np.concatenate([p[0] for p in self.parts]), *(np.array(pairs[f]) for f in self.FIELDS))], self.capped
 
     def merge(self, states: list) -> None:
-        self.parts = [part for st in states for part in st[0]]
+        parts = [part for st in states for part in st[0]]
         self.capped = sum(st[1] for st in states)
+        if self.files is None:
+            self.parts = parts
+            return
+        for h in self.handles.values():
+            h.seek(0)
+            h.truncate()
+        self.parts = []
+        for part in parts:
+            self.parts.append((part[0],))
+            for f, a in zip(self.FIELDS, part[1:]):
+                a.tofile(self.handles[f])
 
     def result(self, stats: dict) -> Mined:
         counts = np.concatenate([p[0] for p in self.parts]) if self.parts else np.zeros(0, np.int64)
-        flat = lambda k, shape, dtype: np.concatenate([p[k] for p in self.parts]).astype(dtype, copy=False) if self.parts else np.zeros(shape, dtype)  # noqa: E731
-        return Mined(np.concatenate([[0], np.cumsum(counts)]).astype(np.int64), flat(1, (0,), np.int64),
-                     flat(2, (0, 3), np.float32), flat(3, (0, 3), bool), self.capped, stats=dict(stats))
+        pairs = self._pairs()
+        if self.files is not None:
+            for h in self.handles.values():
+                h.close()
+        return Mined(np.concatenate([[0], np.cumsum(counts)]).astype(np.int64), pairs["rows"], pairs["pair_scores"],
+                     pairs["pair_terms"], self.capped, stats=dict(stats))
 
 
 def _search(img, txt, owner, th: Thresholds, collectors: list, *, index: str, nprobe: int, chunk: int,
@@ -457,7 +518,11 @@ def summarise(mined: Mined, n_rows: int) -> dict:
     """Rows that gained positives, a histogram of positives per row, the share of pairs found by each term."""
     counts = mined.counts
     total = int(counts.sum())
-    terms = mined.pair_terms
+    by_term, only_term = np.zeros(3, np.int64), np.zeros(3, np.int64)  # pairs each term fires for (alone)
+    for a in range(0, total, PAIR_SLICE):  # (a slice at a time: the pairs may be memory-mapped)
+        t = np.asarray(mined.pair_terms[a : a + PAIR_SLICE])  # (p, 3)
+        by_term += t.sum(0)
+        only_term += (t & (t.sum(1) == 1)[:, None]).sum(0)
     edges = [0, 1, 2, 4, 8, 16, 32, 64, 128, 256, np.inf]
     hist = {}
     for a, b in zip(edges[:-1], edges[1:]):
@@ -472,10 +537,8 @@ def summarise(mined: Mined, n_rows: int) -> dict:
         "max_positives_per_row": int(counts.max()) if n_rows else 0,
         "rows_capped": mined.capped_rows,
         "histogram": hist,
-        "share_by_term": {k: round(float(terms[:, t].mean()), 4) if total else 0.0 for t, k in enumerate(names)},
-        "share_only_term": {
-            k: round(float((terms[:, t] & (terms.sum(1) == 1)).mean()), 4) if total else 0.0 for t, k in enumerate(names)
-        },
+        "share_by_term": {k: round(float(by_term[t] / total), 4) if total else 0.0 for t, k in enumerate(names)},
+        "share_only_term": {k: round(float(only_term[t] / total), 4) if total else 0.0 for t, k in enumerate(names)},
     }
 
 
@@ -564,8 +627,11 @@ def group_agreement(mined: Mined, groups: list, seed: int = 0) -> dict:
     n = len(g)
     same_total = int((counts * (counts - 1)).sum())
     mined_pairs = len(mined.rows)
-    query = np.repeat(np.arange(len(mined.counts)), mined.counts)  # (P,) the row of each pair
-    same_mined = int((inv[mined.rows] == inv[query]).sum())
+    same_mined = 0
+    for a in range(0, mined_pairs, PAIR_SLICE):  # (a slice at a time: the pairs may be memory-mapped)
+        j = np.asarray(mined.rows[a : a + PAIR_SLICE])  # (p,)
+        query = np.searchsorted(mined.offsets, np.arange(a, a + len(j)), side="right") - 1  # (p,) the row of each pair
+        same_mined += int((inv[j] == inv[query]).sum())
     return {
         "mined_pairs": mined_pairs,
         "same_group_mined": same_mined,
@@ -586,26 +652,41 @@ def threshold_grid(base: Thresholds) -> list[Thresholds]:
 
 
 def mine_positives(data: str, out, config: MinePositivesConfig, *, where=(), split=None, overwrite: bool = False) -> dict:
-    """Encode `data` with the model, mine FFF's positives, write `positives` and `positive_scores` to `out`."""
-    import datasets
-
+    """Encode `data` with the model, mine FFF's positives, write `positives` and `positive_scores` to `out`.
+    The mined pairs and the new columns go to files in a spill directory beside `out` (vltool.derived), so
+    that memory grows with the embeddings, not with the pairs."""
     from vltool import columns as C
     from vltool import provenance
-    from vltool.cache import EmbeddingCache
-    from vltool.encode import encode_images, encode_texts, load_eval_model, model_record
-    from vltool.checks import missing_text_warning, require_decoded
-    from vltool.io import check_output, load_dataset, model_inputs, save_dataset
-    from vltool.topology import warn
+    from vltool.derived import spill_beside
+    from vltool.io import check_output, load_dataset, model_inputs, output_scope
 
     timer = provenance.Timer()
     config.validate()
     required = [C.ID] + ([config.group_column] if config.group_column else [])
     src = load_dataset(data, split=split, where=where, required=required, images=[C.IMAGE], texts=[config.text_column], text_lists=True,
                        cache_dir=config.cache_dir)
-    if not config.dry_run:
-        if out is None:
-            raise UsageError("--out is required (or pass --dry-run)")
-        out = check_output(out, overwrite, inputs=[*src.reads, *model_inputs(config.model, config.pretrained)])
+    if not config.dry_run and out is None:
+        raise UsageError("--out is required (or pass --dry-run)")
+    with contextlib.ExitStack() as scope:
+        spill = None
+        if not config.dry_run:
+            scope.enter_context(output_scope())  # out's lock until the end, so no write cleans the spill
+            out = check_output(out, overwrite, inputs=[*src.reads, *model_inputs(config.model, config.pretrained)])
+            spill = scope.enter_context(spill_beside(out))  # the mined pairs and the new columns, until out is written
+        return _mine_and_write(src, out, config, spill, data=data, overwrite=overwrite, timer=timer)
+
+
+def _mine_and_write(src, out, config: MinePositivesConfig, spill, *, data: str, overwrite: bool, timer) -> dict:
+    import datasets
+
+    from vltool import columns as C
+    from vltool import provenance
+    from vltool.cache import EmbeddingCache
+    from vltool.checks import missing_text_warning, require_decoded
+    from vltool.encode import encode_images, encode_texts, load_eval_model, model_record
+    from vltool.io import save_dataset
+    from vltool.topology import warn
+
     ds = src.dataset
     n = len(ds)
     if n < 2:
@@ -675,7 +756,7 @@ def mine_positives(data: str, out, config: MinePositivesConfig, *, where=(), spl
         config = dataclasses.replace(config, p_it=calib["suggested"]["p_it"], p_it_tt=calib["suggested"]["p_it_tt"])
     stats["thresholds"] = vars(config.thresholds)
     mined = mine(i_emb, t_emb, owner_arg, config.thresholds, max_positives=config.max_positives,
-                 index=config.index, nprobe=config.nprobe, progress=True, normalised=True)
+                 index=config.index, nprobe=config.nprobe, progress=True, normalised=True, spill=spill)
     stats.update(summarise(mined, len(rows)))
     if groups is not None:
         stats["groups"] = {"column": config.group_column, **group_agreement(mined, groups)}
@@ -684,19 +765,29 @@ def mine_positives(data: str, out, config: MinePositivesConfig, *, where=(), spl
 
     from vltool.io import arrow_column
 
-    positives, scores = positive_columns(mined, rows, n, arrow_column(ds, C.ID))
+    new = positive_columns(mined, rows, n, arrow_column(ds, C.ID), spill=spill)
     # the input's table with the new columns beside it (a second mining replaces the first's): add_column on
     # a --where selection would write every selected row anew, images included (vltool.derived)
     from vltool.derived import add_columns
 
     features = {C.POSITIVES: datasets.Sequence(datasets.Value("string")),
                 POSITIVE_SCORES: datasets.Sequence(datasets.Sequence(datasets.Value("float32"), length=3))}
-    key = b"".join(np.ascontiguousarray(a).tobytes() for a in (rows, mined.offsets, mined.rows, mined.pair_scores))
-    ds = add_columns(ds, {C.POSITIVES: positives, POSITIVE_SCORES: scores}, key=key, features=features)
+    ds = add_columns(ds, new, key=_mined_key(rows, mined), features=features)
     prov = provenance.make("mine-positives", config, [src], rows_in=n, rows_out=n, stats=stats, timer=timer)
     prov["model"] = model_record(m, config.model, config.pretrained)
     save_dataset(ds, out, prov, overwrite=overwrite)
     return prov
+
+
+def _mined_key(rows: np.ndarray, mined: Mined) -> bytes:
+    """A digest of what the new columns are made from (for the output's fingerprint), read a slice at a time."""
+    import hashlib
+
+    h = hashlib.blake2b(digest_size=16)
+    for x in (rows, mined.offsets, mined.rows, mined.pair_scores):
+        for a in range(0, len(x), PAIR_SLICE):
+            h.update(np.ascontiguousarray(x[a : a + PAIR_SLICE]).tobytes())
+    return h.digest()
 
 
 def _mined_rows(x: np.ndarray, keep: np.ndarray) -> np.ndarray:
@@ -706,27 +797,46 @@ def _mined_rows(x: np.ndarray, keep: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(x[keep], dtype=np.float32)
 
 
-def positive_columns(mined: Mined, rows: np.ndarray, n: int, ids):
+PAIR_SLICE = 1 << 20  # pairs handled at once where a pass goes over every mined pair
+ROW_SLICE = 1 << 20  # and rows
+
+
+def positive_columns(mined: Mined, rows: np.ndarray, n: int, ids, spill=None):
     """The `positives` (ids) and `positive_scores` ([S_it, S_ii, S_tt], rounded to 5 decimals) columns of the
-    n dataset rows, built as Arrow arrays from the mined arrays (no Python object per pair: a list of
-    strings and a list of float lists per row cost ~150 bytes a pair). mined.positives[k] holds indices
-    into `rows` of the positives of dataset row rows[k]; rows not mined get empty lists. ids: the id column."""
+    n dataset rows, as a `datasets` table, built as Arrow arrays (no Python object per pair: a list of
+    strings and a list of float lists per row cost ~150 bytes a pair) `PAIR_SLICE` pairs' worth of rows at
+    a time, into a file in `spill` when given (vltool.derived.ColumnSpill) so that memory does not grow
+    with the pairs. mined.positives[k] holds indices into `rows` of the positives of dataset row rows[k];
+    rows not mined get empty lists. ids: the id column."""
     import pyarrow as pa
+
+    from vltool import columns as C
+    from vltool.derived import ColumnSpill
 
     rows = np.asarray(rows, dtype=np.int64)
     counts = np.zeros(n, dtype=np.int64)
     counts[rows] = mined.counts
     order = np.argsort(rows, kind="stable")  # mined rows in dataset order
-    starts, lens = mined.offsets[order], mined.counts[order]  # (G,) each one's pairs, in that order
-    gather = np.repeat(starts - (np.cumsum(lens) - lens), lens) + np.arange(lens.sum())  # (P,) pair at each output place
-    flat_j, flat_s = mined.rows[gather], mined.pair_scores[gather]
-    offsets = pa.array(np.concatenate([[0], np.cumsum(counts)]), type=pa.int64())
+    sorted_rows = rows[order]
     ids = pa.chunked_array(ids).combine_chunks() if isinstance(ids, pa.ChunkedArray) else pa.array(ids)
-    names = ids.take(pa.array(rows[flat_j.astype(np.int64)], type=pa.int64())).cast(pa.large_string()).cast(pa.string())
-    positives = pa.LargeListArray.from_arrays(offsets, names).cast(pa.list_(pa.string()))
-    triples = pa.FixedSizeListArray.from_arrays(pa.array(np.round(flat_s.astype(np.float32), 5).ravel(), type=pa.float32()), 3)
-    scores = pa.LargeListArray.from_arrays(offsets, triples).cast(pa.list_(pa.list_(pa.float32(), 3)))
-    return positives, scores
+    schema = pa.schema([(C.POSITIVES, pa.list_(pa.string())), (POSITIVE_SCORES, pa.list_(pa.list_(pa.float32(), 3)))])
+    out = ColumnSpill(spill and Path(spill) / "positives.arrow", schema)
+    ends = np.cumsum(counts)  # (n,) pairs up to and including each dataset row
+    # slices of rows [a, b) with about PAIR_SLICE pairs (a row has at most max_positives) and at most ROW_SLICE rows
+    edges = np.unique(np.concatenate([[0, n], np.arange(0, n, ROW_SLICE),
+                                      np.searchsorted(ends, np.arange(PAIR_SLICE, int(ends[-1]) if n else 0, PAIR_SLICE))]))
+    for a, b in zip(edges[:-1].tolist(), edges[1:].tolist()):
+        lo, hi = np.searchsorted(sorted_rows, [a, b])
+        ks = order[lo:hi]  # (g,) the mined rows among them, in dataset order
+        starts, lens = mined.offsets[ks], mined.counts[ks]
+        gather = np.repeat(starts - (np.cumsum(lens) - lens), lens) + np.arange(lens.sum())  # (p,) pair at each place
+        flat_j = np.asarray(mined.rows[gather], dtype=np.int64)  # (p,) (a read of the memory-mapped pairs)
+        flat_s = np.round(np.asarray(mined.pair_scores[gather], dtype=np.float32), 5)  # (p, 3)
+        offsets = pa.array(np.concatenate([[0], np.cumsum(counts[a:b])]), type=pa.int32())
+        names = ids.take(pa.array(rows[flat_j], type=pa.int64())).cast(pa.string())
+        triples = pa.FixedSizeListArray.from_arrays(pa.array(flat_s.ravel(), type=pa.float32()), 3)
+        out.add([pa.ListArray.from_arrays(offsets, names), pa.ListArray.from_arrays(offsets, triples)])
+    return out.table()
 
 
 def _ivf_recall(i_emb, t_emb, owner, config: MinePositivesConfig, approx: Mined) -> dict:

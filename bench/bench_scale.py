@@ -288,15 +288,18 @@ def _anon_kb(pid: int) -> int:
     return 0
 
 
-def first_batch_seconds(command: str, out: Path) -> float | None:
-    """The command's own seconds from its start to its first encoded batch (its provenance record)."""
+def from_provenance(command: str, out: Path) -> dict:
+    """From the command's provenance record: its own seconds from its start to its first encoded batch, and
+    for mine-positives the pairs it mined (what its output, and its spill files, grow with)."""
     if command not in ENCODING:
-        return None
+        return {}
     path = out / "vltool.json" if command == "mine-positives" else Path(str(out) + ".json")
     try:
-        return json.loads(path.read_text()).get("seconds_to_first_batch")
+        prov = json.loads(path.read_text())
     except (OSError, ValueError):
-        return None
+        return {}
+    got = {"first_batch_s": prov.get("seconds_to_first_batch"), "pairs": prov.get("stats", {}).get("pairs")}
+    return {k: v for k, v in got.items() if v is not None}
 
 
 def measure(cmd: list[str], cache: Path) -> dict:
@@ -449,9 +452,7 @@ def main() -> None:
                     res.update(command=command + label(command, args, again), rows=rows)
                     if res["ok"]:
                         res["rows_per_s"] = round(rows / res["seconds"], 1)
-                        first = first_batch_seconds(command, run_out)
-                        if first is not None:
-                            res["first_batch_s"] = first
+                        res.update(from_provenance(command, run_out))
                     results.append(res)
                     print(json.dumps(res), flush=True)
             if keep is None:

@@ -303,8 +303,6 @@ class _Collector:
         self.capped = 0
         self.files = None
         if spill is not None:
-            from pathlib import Path
-
             self.files = {f: Path(spill) / f"{f}.bin" for f in self.FIELDS}
             self.handles = {f: open(path, "wb") for f, path in self.files.items()}
 
@@ -332,7 +330,7 @@ class _Collector:
 
     def _pairs(self) -> dict:
         """Every block's pairs, one flat array per field (memory-mapped from the files when spilled)."""
-        total = int(sum(int(p[0].sum()) for p in self.parts))
+        total = sum(int(p[0].sum()) for p in self.parts)
         shapes = {"rows": (total,), "pair_scores": (total, 3), "pair_terms": (total, 3)}
         if self.files is None:  # a field at a time, each block's arrays let go once joined (not two copies of all)
             lists = {f: [p[k] for p in self.parts] for k, f in enumerate(self.FIELDS, start=1)}

@@ -9,14 +9,20 @@ the current directory when it is a checkout, before PYTHONPATH's; to measure ano
 outside any), with an empty cache directory, and the benchmark prints:
 - start-up: for pretrain its whole run (two optimizer steps of batch 64: start-up to the first steps); for
   zeroshot, retrieve and mine-positives the command's own `seconds_to_first_batch` (its provenance: from
-  its start to its first encoded batch); deform, pick-caption and filter have none. retrieve-wds
+  its start to its first encoded batch); deform, pick-caption, filter and the baseline have none. retrieve-wds
   builds the shard index on the way (once per set of shards: the first command on them pays it);
   retrieve-wds-indexed finds it built (by `vltool info SHARDS` before the measured run);
 - its wall time and throughput (rows per second);
 - its peak resident memory (the kernel's maximum RSS, from /usr/bin/time) and its peak anonymous resident
   memory (RssAnon, sampled every 20 ms: the memory it allocated, without the clean file pages of a
   memory-mapped dataset that the kernel maps into its RSS);
-then the ratio of the largest size to the smallest. Target (issue 22): start-up and peak memory within 2x
+then the ratio of the largest size to the smallest. `datasets-roundtrip` is the baseline of a command that
+reads a dataset on disk and writes a new one: `datasets.load_from_disk(DATA).save_to_disk(OUT)` alone
+(no vltool), what the library's own objects for the set's record batches cost. Before each command its input's files (the dataset or
+the shards, and the model) are read once, so that every size starts with them in the page cache and the
+figures measure the command, not the disk; `--cold` instead empties the page cache before each command
+(as root), which adds the disk's reads: datasets' load_from_disk reads the whole Arrow file of a dataset
+on disk cold (the record batches' headers are spread through it), 2.5 s at 1M rows on this machine's disk. Target (issue 22): start-up and peak memory within 2x
 from 10k to 1M rows (10M with --big). retrieve and mine-positives score every pair of rows, so by
 default they stop at 100k rows (1M rows are 10^12 pairs: retrieve took 52 minutes on 2 CPU cores, part
 of it shared with other work, and mine-positives longer; `--pairwise-max 1000000` runs them there).
@@ -56,7 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 WORDS = ("red blue green small large happy face hand heart cat dog bird tree house car sun moon star flag "
          "person man woman child old young sitting standing running smiling food cake cup water fire").split()
-COMMANDS = ("pretrain", "pretrain-wds", "deform", "pick-caption", "filter", "zeroshot", "retrieve", "retrieve-wds", "retrieve-wds-indexed", "mine-positives")
+COMMANDS = ("datasets-roundtrip", "pretrain", "pretrain-wds", "deform", "pick-caption", "filter", "zeroshot", "retrieve", "retrieve-wds", "retrieve-wds-indexed", "mine-positives")
 ON_SHARDS = ("pretrain-wds", "retrieve-wds", "retrieve-wds-indexed")  # read the WebDataset copy
 ENCODING = ("zeroshot", "retrieve", "retrieve-wds", "retrieve-wds-indexed", "mine-positives")  # start-up: seconds_to_first_batch
 INDEXED = ("retrieve-wds-indexed",)  # the shard index is built (by `vltool info`) before the measured run
@@ -262,6 +268,9 @@ def command_line(command: str, data: Path, model: Path, out: Path) -> list[str]:
     if command in ("pretrain", "pretrain-wds"):
         return [*VLTOOL, "pretrain", str(data), "--arch", "vltool-micro", "--steps", "2", "--batch-size", "64",
                 "--device", "cpu", "--out", str(out), *common]
+    if command == "datasets-roundtrip":  # the baseline: what `datasets` alone takes to open the set and write it again
+        return [sys.executable, "-c", "import sys, datasets; datasets.load_from_disk(sys.argv[1]).save_to_disk(sys.argv[2])",
+                str(data), str(out)]
     if command == "deform":
         return [*VLTOOL, "deform", str(data), "--out", str(out)]
     if command == "pick-caption":
@@ -300,6 +309,26 @@ def from_provenance(command: str, out: Path) -> dict:
         return {}
     got = {"first_batch_s": prov.get("seconds_to_first_batch"), "pairs": prov.get("stats", {}).get("pairs")}
     return {k: v for k, v in got.items() if v is not None}
+
+
+def page_cache(paths: list[Path], cold: bool = False) -> None:
+    """Every file under `paths` read once into the page cache (a command then starts warm at every size), or
+    with `cold` the whole page cache emptied (needs root: /proc/sys/vm/drop_caches)."""
+    os.sync()
+    if cold:
+        try:
+            Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        except OSError as e:
+            raise SystemExit(f"--cold: cannot empty the page cache ({e}); run as root") from None
+        return
+    seen = set()  # inodes (--linked-shards' hard links are read once)
+    for p in paths:
+        for f in sorted(Path(p).rglob("*")):
+            if f.is_file() and (f.stat().st_dev, f.stat().st_ino) not in seen:
+                seen.add((f.stat().st_dev, f.stat().st_ino))
+                with open(f, "rb", buffering=0) as fh:
+                    while fh.read(1 << 23):
+                        pass
 
 
 def measure(cmd: list[str], cache: Path) -> dict:
@@ -385,6 +414,8 @@ def main() -> None:
                     help="datasets on disk whose rows all carry one 1x1 PNG, built through Arrow (10M rows in a minute, "
                          "1.4 GB): for pretrain's start-up, which decodes no image before its first step; the rows are "
                          "labelled 'COMMAND (1x1 images)'")
+    ap.add_argument("--cold", action="store_true",
+                    help="empty the page cache (as root) before each command, instead of reading its input's files first")
     ap.add_argument("--second-run", action="store_true",
                     help="run pretrain a second time with the cache the first run left (the verdict on its rows, "
                          "as a resume or a later run on the same data finds it), labelled '(second run)'")
@@ -400,9 +431,8 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.merge:
-        results = [r for f in args.merge for r in json.loads(Path(f).read_text())["results"]]
+        results = merged([json.loads(Path(f).read_text())["results"] for f in args.merge])
         order = {c: k for k, c in enumerate(COMMANDS)}
-        results.sort(key=lambda r: (r["rows"], order.get(base(r["command"]), len(order)), r["command"]))
         commands = sorted(dict.fromkeys(r["command"] for r in results), key=lambda c: (order.get(base(c), len(order)), c))
         report(results, commands, sorted({r["rows"] for r in results}), out)
         return
@@ -448,6 +478,7 @@ def main() -> None:
                                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 for again in range(1 + (args.second_run and command == "pretrain")):  # a second run finds the cache the first left
                     run_out = out_path.with_name(out_path.name + "-again") if again else out_path
+                    page_cache([shard_dir if command in ON_SHARDS else data, model], cold=args.cold)
                     res = measure(command_line(command, source, model, run_out), work / f"cache-{command}-{rows}")
                     res.update(command=command + label(command, args, again), rows=rows)
                     if res["ok"]:
@@ -471,6 +502,14 @@ def gpu() -> bool:
 def mine_index(args) -> str:
     """mine-positives' --index: --mine-index, else blocked on a GPU machine and flat (faiss) on a CPU."""
     return args.mine_index or ("blocked" if gpu() else "flat")
+
+
+def merged(runs: list[list[dict]]) -> list[dict]:
+    """Several runs' results as one list: a later run's measurement of a command at a size replaces an
+    earlier one's; sorted by size, then in COMMANDS' order."""
+    order = {c: k for k, c in enumerate(COMMANDS)}
+    latest = {(r["command"], r["rows"]): r for results in runs for r in results}
+    return sorted(latest.values(), key=lambda r: (r["rows"], order.get(base(r["command"]), len(order)), r["command"]))
 
 
 def base(command: str) -> str:

@@ -18,14 +18,15 @@ outside any), with an empty cache directory, and the benchmark prints:
   memory-mapped dataset that the kernel maps into its RSS);
 then the ratio of the largest size to the smallest. `datasets-roundtrip` is the baseline of a command that
 reads a dataset on disk and writes a new one: `datasets.load_from_disk(DATA).save_to_disk(OUT)` alone
-(no vltool), what the library's own objects for the set's record batches cost. Before each command its input's files (the dataset or
-the shards, and the model) are read once, so that every size starts with them in the page cache and the
-figures measure the command, not the disk; `--cold` instead empties the page cache before each command
-(as root), which adds the disk's reads: datasets' load_from_disk reads the whole Arrow file of a dataset
-on disk cold (the record batches' headers are spread through it), 2.5 s at 1M rows on this machine's disk. Target (issue 22): start-up and peak memory within 2x
-from 10k to 1M rows (10M with --big). retrieve and mine-positives score every pair of rows, so by
-default they stop at 100k rows (1M rows are 10^12 pairs: retrieve took 52 minutes on 2 CPU cores, part
-of it shared with other work, and mine-positives longer; `--pairwise-max 1000000` runs them there).
+(no vltool), what the library's own objects for the set's record batches cost. Before each command its
+input's files (the dataset or the shards, and the model) are read once, so that every size starts with
+them in the page cache and the figures measure the command, not the disk; `--cold` instead empties the
+page cache before each command (as root), which adds the disk's reads: datasets' load_from_disk reads the
+whole Arrow file of a dataset on disk cold (the record batches' headers are spread through it), 2.5 s at
+1M rows on this machine's disk. Target (issue 22): start-up and peak memory within 2x from 10k to 1M rows
+(10M with --big). retrieve and mine-positives score every pair of rows, so by default they stop at 100k
+rows (1M rows are 10^12 pairs: each took 29 minutes on 2 CPU cores, mine-positives with --index blocked;
+`--pairwise-max 1000000` runs them there).
 
 The model is `vltool-micro` trained 500 steps on 20,000 synthetic rows first (--model-steps; each image's
 quadrants are coloured by its caption's first four words), so that its embeddings spread out as a trained
@@ -324,8 +325,11 @@ def page_cache(paths: list[Path], cold: bool = False) -> None:
     seen = set()  # inodes (--linked-shards' hard links are read once)
     for p in paths:
         for f in sorted(Path(p).rglob("*")):
-            if f.is_file() and (f.stat().st_dev, f.stat().st_ino) not in seen:
-                seen.add((f.stat().st_dev, f.stat().st_ino))
+            if not f.is_file():
+                continue
+            st = f.stat()
+            if (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
                 with open(f, "rb", buffering=0) as fh:
                     while fh.read(1 << 23):
                         pass
@@ -432,8 +436,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     if args.merge:
         results = merged([json.loads(Path(f).read_text())["results"] for f in args.merge])
-        order = {c: k for k, c in enumerate(COMMANDS)}
-        commands = sorted(dict.fromkeys(r["command"] for r in results), key=lambda c: (order.get(base(c), len(order)), c))
+        commands = sorted(dict.fromkeys(r["command"] for r in results), key=command_order)
         report(results, commands, sorted({r["rows"] for r in results}), out)
         return
     results = []
@@ -507,9 +510,13 @@ def mine_index(args) -> str:
 def merged(runs: list[list[dict]]) -> list[dict]:
     """Several runs' results as one list: a later run's measurement of a command at a size replaces an
     earlier one's; sorted by size, then in COMMANDS' order."""
-    order = {c: k for k, c in enumerate(COMMANDS)}
     latest = {(r["command"], r["rows"]): r for results in runs for r in results}
-    return sorted(latest.values(), key=lambda r: (r["rows"], order.get(base(r["command"]), len(order)), r["command"]))
+    return sorted(latest.values(), key=lambda r: (r["rows"], *command_order(r["command"])))
+
+
+def command_order(command: str) -> tuple:
+    """A (possibly labelled) command's place: COMMANDS' order, then its name."""
+    return (COMMANDS.index(base(command)) if base(command) in COMMANDS else len(COMMANDS), command)
 
 
 def base(command: str) -> str:

@@ -22,11 +22,16 @@ import numpy as np
 def spill_beside(out: Path) -> Iterator[Path]:
     """A hidden directory beside `out` (io.work_dir) for the new columns while `out` is written, removed at
     the end. Call it inside io.output_scope() after check_output, so that `out`'s lock is held (no other
-    write cleans it) and it never touches an input; one a killed run left is cleaned as stale."""
+    write cleans it) and it never touches an input; one a killed run left is cleaned as stale. Under a
+    launcher every process calls it: each waits until the main one has locked `out` and cleaned what killed
+    runs left beside it (check_output), which would otherwise remove another process's directory."""
     import shutil
 
     from vltool.io import work_dir
+    from vltool.topology import launched_processes, process_state
 
+    if launched_processes() > 1:
+        process_state().wait_for_everyone()
     spill = work_dir(out)
     spill.mkdir(parents=True)
     try:

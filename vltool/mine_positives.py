@@ -657,8 +657,6 @@ def mine_positives(data: str, out, config: MinePositivesConfig, *, where=(), spl
     from vltool import provenance
     from vltool.derived import spill_beside
     from vltool.io import check_output, load_dataset, model_inputs, output_scope
-    from vltool.topology import launched_processes, process_state
-
     timer = provenance.Timer()
     config.validate()
     required = [C.ID] + ([config.group_column] if config.group_column else [])
@@ -671,8 +669,6 @@ def mine_positives(data: str, out, config: MinePositivesConfig, *, where=(), spl
         if not config.dry_run:
             scope.enter_context(output_scope())  # out's lock until the end, so no write cleans the spill
             out = check_output(out, overwrite, inputs=[*src.reads, *model_inputs(config.model, config.pretrained)])
-            if launched_processes() > 1:  # the main process has locked out and cleaned what killed runs left beside
-                process_state().wait_for_everyone()  # it (check_output) before any process makes its spill directory there
             spill = scope.enter_context(spill_beside(out))  # the mined pairs and the new columns, until out is written
         return _mine_and_write(src, out, config, spill, data=data, overwrite=overwrite, timer=timer)
 

@@ -35,6 +35,8 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "sigmoid-mined": ("pairs_pos", dict(loss="sigmoid", mined_positives=True)),
     "sigmoid-k": ("pairs", dict(loss="sigmoid", captions_per_image=2, caption_sampling="random")),
     "unicl": ("unicl", dict(loss="unicl")),
+    # 12 image-label rows in 4 classes (3 rows each) + 4 image-text rows: targets are not the identity
+    "unicl-shared-labels": ("unicl_shared", dict(loss="unicl")),
     "jsd": ("pairs", dict(loss="jsd")),
     "memory-bank": ("pairs", dict(loss="clip", memory_bank=32, batch_size=8, optimizer="sgd", lr=0.1, weight_decay=0.0,
                                   ema_momentum=0.999)),
@@ -113,6 +115,20 @@ def build_data(kind: str, root: Path, empty_positives: bool = False) -> dict:
                                        "label": datasets.ClassLabel(names=WORDS)})
         datasets.Dataset.from_dict(lab, features=lab_feats).save_to_disk(str(root / "label"))
         datasets.Dataset.from_dict(_rows(ROWS // 2, "t", start=ROWS // 2), features=_features()).save_to_disk(str(root / "text"))
+        return {"data": [], "label_data": [str(root / "label")], "text_data": [str(root / "text")]}
+    if kind == "unicl_shared":
+        # image-label rows s0..s11, three of each of the classes red, green, blue, yellow (row i: class i % 4,
+        # a square of that colour with its own noise), and image-text rows u12..u15: in the batch (all 16 rows)
+        # every label row has two other rows of its label, so UniCL's targets are not the identity
+        n_lab, n_cls = 3 * ROWS // 4, 4
+        lab = {"id": [f"s{i}" for i in range(n_lab)],
+               "image": [{"bytes": _png(COLORS[i % n_cls], seed=100 + i), "path": None} for i in range(n_lab)],
+               "label": [i % n_cls for i in range(n_lab)]}
+        lab_feats = datasets.Features({"id": datasets.Value("string"), "image": datasets.Image(),
+                                       "label": datasets.ClassLabel(names=WORDS)})
+        datasets.Dataset.from_dict(lab, features=lab_feats).save_to_disk(str(root / "label"))
+        text = _rows(ROWS - n_lab, "u", start=n_lab)
+        datasets.Dataset.from_dict(text, features=_features()).save_to_disk(str(root / "text"))
         return {"data": [], "label_data": [str(root / "label")], "text_data": [str(root / "text")]}
     raise ValueError(kind)
 

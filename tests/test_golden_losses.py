@@ -69,3 +69,19 @@ def test_mined_positives_are_used(tmp_path, fresh):
     assert off == pytest.approx(empty, rel=REL)  # no positives at all == mining nothing
     assert off == pytest.approx(GOLDEN["losses"]["sigmoid"][0], rel=REL)  # same images and captions as `sigmoid`
     assert abs(mined - off) > 0.1 * abs(off), f"mined positives change nothing: {mined} vs {off}"
+
+
+def test_unicl_shared_labels_are_used(tmp_path, monkeypatch, fresh):
+    """Fails if UniCL's labels are silently dropped (issue 33): in `unicl-shared-labels` three label rows share
+    each class, so its losses equal the golden and clearly differ from the same data and seed with every
+    row's label its own (the objective passing no labels: identity targets, CLIP's loss). The `unicl`
+    variant cannot tell: its 8 label rows have 8 distinct labels. At step 1 the new model's features are
+    nearly alike and the two differ by ~7e-5 (relative); by step 4 by ~2e-3."""
+    from vltool.pretrain.objectives import UniCLObjective
+
+    shared = fresh("unicl-shared-labels")["losses"]
+    monkeypatch.setattr(UniCLObjective, "side", lambda self, model, batch, inputs: {})
+    dropped = gl.run_variant("unicl-shared-labels", tmp_path / "dropped")["losses"]
+    assert shared == pytest.approx(GOLDEN["losses"]["unicl-shared-labels"], rel=REL)
+    assert dropped != pytest.approx(shared, rel=10 * REL), "the labels change nothing"
+    assert max(abs(a - b) / abs(b) for a, b in zip(shared, dropped)) > 1e-3, (shared, dropped)

@@ -15,8 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
+from vltool import provenance
+from vltool.cache import EmbeddingCache
+from vltool.encode import encode_images, load_eval_model, model_record
 from vltool.errors import UsageError
-from vltool.metrics import Interval
+from vltool.importer import clip_benchmark_input
+from vltool.io import LoadedDataset, load_dataset
+from vltool.metrics import Interval, majority_rate, topk_chance
 from vltool.topology import is_main  # (the commands import it from here too)
 
 LEVEL = 0.95
@@ -176,3 +181,61 @@ def debias_edit(m, config: EvalCommon) -> Edit | None:
 
     record = {"subspace": str(config.debias), "components": int(v.shape[0]), "text": bool(config.debias_text)}
     return Edit(images=edit, texts=edit if config.debias_text else keep, record=record)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Stages zeroshot and retrieve share (probe's are the same stages): load_eval_input -> require_selected ->
+# open_model -> encode_eval_images -> ... -> write_results.
+# ----------------------------------------------------------------------------------------------------
+
+
+def load_eval_input(data: str, config: EvalCommon, where: Sequence[str], split: str | None, **columns) -> LoadedDataset:
+    """The evaluation data, its rows selected: a dataset, shards, or a CLIP_benchmark folder (read through
+    vltool.importer.clip_benchmark_input); `columns` are load_dataset's checks (images=, texts=, required=).
+    Its spec is what the user typed."""
+    loaded = load_dataset(clip_benchmark_input(data, config.cache_dir), split=split, where=where, cache_dir=config.cache_dir, **columns)
+    loaded.spec = data
+    return loaded
+
+
+def require_selected(loaded: LoadedDataset, data: str, where: Sequence[str]) -> None:
+    """No result on nothing: the selection holds at least one row."""
+    if loaded.rows == 0:
+        raise UsageError(f"no rows of {data!r} are selected (--where {list(where)})")
+
+
+def open_model(config: EvalCommon) -> tuple:
+    """The model to evaluate (vltool.encode.load_eval_model) and the embedding cache it encodes through."""
+    return load_eval_model(config.model, config.pretrained, config.cache_dir), EmbeddingCache(config.cache_dir)
+
+
+def encode_eval_images(m, loaded: LoadedDataset, cache: EmbeddingCache, config: EvalCommon, **kw):
+    """The images of `loaded` encoded with the command's batch size, workers and progress (vltool.encode.encode_images)."""
+    return encode_images(m, loaded, cache=cache, batch_size=config.batch_size, workers=config.workers, progress=config.progress, **kw)
+
+
+def classification_chance(target, n_cls: int) -> dict:
+    """The chance levels of single-label classification: uniform guessing, and the majority class's rate."""
+    return {
+        "top1": 1 / n_cls,
+        "top5": topk_chance(n_cls, 5) if n_cls >= 5 else None,
+        "mean_per_class_recall": 1 / n_cls,
+        "majority_class": majority_rate(target, n_cls),
+    }
+
+
+def data_record(spec: str, loaded: LoadedDataset, **extra) -> dict:
+    """The record's "data": what was read and which rows (`extra`: the command's counts and columns)."""
+    return {"spec": spec, "fingerprint": loaded.fingerprint, "split": loaded.split, "where": loaded.where, "rows": loaded.rows, **extra}
+
+
+def write_results(
+    command: str, config: EvalCommon, inputs: Sequence[LoadedDataset], m, *, task: str, data: dict, protocol: dict, results: dict,
+    rows_out: int, stats: dict, timer: provenance.Timer, argv: Sequence[str] | None, out: Path | None, overwrite: bool, examples: dict | None,
+) -> dict:
+    """The results record, written to --out with the per-example outcomes beside it (finish): the provenance
+    fields, then "task", "model", "data", "protocol" and `results` ("metrics", "chance", ...), in that order."""
+    record = provenance.make(command, config, list(inputs), rows_in=sum(i.rows for i in inputs), rows_out=rows_out, stats=stats, timer=timer, argv=argv)
+    record.update({"task": task, "model": model_record(m, config.model, config.pretrained), "data": data, "protocol": protocol, **results})
+    record["wall_time_s"] = round(timer.seconds, 3)
+    return finish(record, out, overwrite, examples)

@@ -131,7 +131,7 @@ def test_bad_hf_dirs_are_one_line_errors(tmp_path, colors, cli, hf_dirs):
     r = cli("zeroshot", colors, "--model", f"hf:{bert}")
     assert r.exit_code == 2 and "model_type 'bert' is not a dual encoder" in r.stderr and "clip (CLIPModel), siglip (SiglipModel)" in r.stderr
     r = cli("zeroshot", colors, "--model", f"hf:{tmp_path / 'missing'}")
-    assert r.exit_code == 2 and "no such directory" in r.stderr and "nothing is downloaded" in r.stderr
+    assert r.exit_code == 2 and "no such directory" in r.stderr and "not a Hub id ORG/NAME" in r.stderr
     r = cli("zeroshot", colors, "--model", f"hf:{tmp_path}")
     assert r.exit_code == 2 and "no config.json" in r.stderr
     r = cli("mine-positives", colors, "--model", f"hf:{hf_dirs['clip']}", "--out", hf_dirs["clip"] / "mined")

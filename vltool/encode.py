@@ -84,8 +84,8 @@ def load_eval_model(spec: str, pretrained: str | None = None, cache_dir: str | P
     from vltool.model import load_model
 
     spec = str(spec)
-    if spec.startswith("open_clip:") and pretrained is None:
-        warn(f"{spec} without --pretrained evaluates randomly initialised weights")
+    if spec.startswith("open_clip:") and "/" not in spec.partition(":")[2] and pretrained is None and not spec.startswith("open_clip:hf-hub:"):
+        warn(f"{spec} without --pretrained (or open_clip:ARCH/TAG) evaluates randomly initialised weights")
     if not spec.startswith(("open_clip:", "local-dir:", "hf:")):
         from vltool.model import resolve_model_dir
 
@@ -110,6 +110,7 @@ class LazyModel:
         self._loaded = None
         self.model_dir = Path(model_dir)
         self.source = str(self.model_dir)
+        self.revision = {}  # a vltool model directory: its weight fingerprint names the weights
         from vltool.checks import read_json
 
         self.config = read_json(self.model_dir / CONFIG_FILE, "the model config")
@@ -157,6 +158,7 @@ def model_record(m, spec: str, pretrained: str | None) -> dict:
         "pretrained": str(pretrained) if pretrained else None,
         "fingerprint": m.fingerprint,
         "source": getattr(m, "source", None),
+        "revision": getattr(m, "revision", None) or None,  # a Hub commit, an open_clip tag's file and sha256
         "arch": m.config.get("arch"),
         "embed_dim": m.config.get("embed_dim"),
         "preprocess": m.config.get("preprocess"),
@@ -396,7 +398,7 @@ def encode_images(
             values = raw[a:b][column]
             xs = []
             for j, v in enumerate(values):
-                im = decode_image(v) if isinstance(v, dict) or v is None else _as_rgb(v)
+                im = decode_image(v, rgb=False) if isinstance(v, dict) or v is None else v  # the transform converts
                 if im is None:
                     bad_rows.append(a + j)
                     xs.append(torch.zeros(3, size, size))
@@ -414,13 +416,6 @@ def encode_images(
     emb, hit, secs = _through_cache(cache, key, ids, n, compute, {"spec": data.spec, "model_source": getattr(m, "source", "")})
     bad = np.isnan(emb).any(axis=1) if emb.size else np.zeros(n, bool)
     return Encoded(emb, key.digest, hit, secs, bad=bad)
-
-
-def _as_rgb(v):
-    try:
-        return v.convert("RGB")
-    except Exception:
-        return None
 
 
 def _gather_rows(rows: list[int]) -> list[int]:

@@ -42,7 +42,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from vltool import hub
 from vltool.errors import UsageError, VltoolError
+from vltool.hub import HF_SPEC
 
 FORMAT = "vltool-model"
 FORMAT_VERSION = 1
@@ -365,7 +367,6 @@ class HFTextTower(nn.Module):
 
 HF_DUAL = "hf_dual"  # tower type of both towers of a Hugging Face CLIPModel / SiglipModel
 HF_DUAL_TYPES = {"clip": "CLIPModel", "siglip": "SiglipModel"}  # config.json's model_type -> transformers class
-HF_SPEC = "hf:"  # --model hf:DIR, --init hf:DIR
 
 
 def _hf_checkpointing(enc, enable: bool) -> None:
@@ -947,6 +948,7 @@ class LoadedModel:
     fingerprint: str = ""
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     source: str = ""  # what was loaded
+    revision: dict = field(default_factory=dict)  # which exact weights (a Hub commit, an open_clip tag's file and sha256)
 
     def tokenize(self, texts: Sequence[str]):
         return self.tokenizer(texts)
@@ -986,7 +988,7 @@ def to_device(tokens, device):
     return tokens.to(device, non_blocking=nb)
 
 
-def _finish(model: TwoTower, tokenizer: Tokenizer, device, source: str) -> LoadedModel:
+def _finish(model: TwoTower, tokenizer: Tokenizer, device, source: str, revision: dict | None = None) -> LoadedModel:
     from vltool.transforms import eval_transform
 
     device = torch.device(device)
@@ -999,6 +1001,7 @@ def _finish(model: TwoTower, tokenizer: Tokenizer, device, source: str) -> Loade
         fingerprint=fingerprint(model, model.config),
         device=device,
         source=source,
+        revision=revision or {},
     )
 
 
@@ -1034,53 +1037,147 @@ def _from_open_clip_cfg(model_cfg: dict, preprocess_cfg: dict | None, checkpoint
     return model, source_tokenizer(config)
 
 
+OPEN_CLIP_SPELLINGS = "open_clip:ARCH/TAG, open_clip:ARCH/FILE, open_clip:hf-hub:ORG/NAME"
+
+
+def _open_clip_arch(spec: str, pretrained: str | Path | None) -> tuple[TwoTower, Tokenizer, dict]:
+    """open_clip:ARCH[/TAG or /FILE] (or --pretrained TAG or FILE): open_clip's architecture with the weights
+    its pretrained tag names (from the Hub, through huggingface_hub's cache), a local file, or fresh weights."""
+    import warnings
+
+    arch, _, weights = spec[len(hub.OPEN_CLIP_SPEC):].partition("/")
+    if weights and pretrained is not None:
+        raise UsageError(f"--pretrained {pretrained}: {spec} names its weights already")
+    weights = weights or (str(pretrained) if pretrained is not None else "")
+    cfg = arch_config(arch)
+    preprocess_cfg, revision, checkpoint = cfg.get("preprocess_cfg"), {}, None
+    tag = hub.open_clip_tag(f"{hub.OPEN_CLIP_SPEC}{arch}/{weights}") if weights else None
+    if tag is not None:
+        found = hub.resolve_open_clip_tag(spec, arch, weights, cfg)
+        preprocess_cfg = {**(preprocess_cfg or {}), **found.preprocess_cfg}
+        checkpoint, revision = str(found.path), found.revision
+        tag_quick_gelu = bool(open_clip_pretrained_cfg(arch, weights).get("quick_gelu", False))
+        if tag_quick_gelu != bool(cfg.get("quick_gelu", False)):  # open_clip's own warning, as create_model gives it
+            warnings.warn(f"QuickGELU mismatch between {arch} (quick_gelu={bool(cfg.get('quick_gelu', False))}) and pretrained "
+                          f"tag {weights!r} (quick_gelu={tag_quick_gelu}); use {arch}-quickgelu as open_clip advises", UserWarning)
+    elif weights:
+        path = Path(weights).expanduser()
+        if not path.is_file():
+            import open_clip
+
+            tags = open_clip.list_pretrained_tags_by_model(arch)
+            raise UsageError(f"{spec if '/' in spec else '--pretrained ' + weights}: {weights!r} is neither a local file nor an "
+                             f"open_clip tag of {arch} (its tags: {', '.join(tags) or 'none'})")
+        checkpoint, revision = str(path), {"arch": arch, "file": str(path), "sha256": hub.file_sha256(path)}
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)  # fresh weights are the same at every load (so is the fingerprint)
+        model, tok = _from_open_clip_cfg(cfg, preprocess_cfg, checkpoint, arch)
+    return model, tok, revision
+
+
+def open_clip_pretrained_cfg(arch: str, tag: str) -> dict:
+    import open_clip
+
+    return open_clip.get_pretrained_cfg(arch, tag) or {}
+
+
+def _local_dir(spec: str) -> tuple[TwoTower, Tokenizer, dict]:
+    """local-dir:PATH: open_clip's local-dir layout (open_clip_config.json and its weights file)."""
+    path = Path(spec.partition(":")[2]).expanduser()
+    cfg_file = path / OPEN_CLIP_CONFIG
+    if not cfg_file.is_file():
+        raise UsageError(f"{spec}: no {OPEN_CLIP_CONFIG} in {path}")
+    from vltool.checks import read_json
+
+    oc = read_json(cfg_file, spec + ":")
+    if not isinstance(oc.get("model_cfg"), dict):
+        raise VltoolError(f"{spec}: {cfg_file} has no model_cfg object")
+    from open_clip.factory import _find_checkpoint_in_dir
+
+    ckpt = _find_checkpoint_in_dir(path)
+    if ckpt is None:
+        raise UsageError(f"{spec}: no weights file (*.safetensors, *.bin, *.pth) in {path}")
+    model, tok = _from_open_clip_cfg(oc["model_cfg"], oc.get("preprocess_cfg"), ckpt, spec)
+    return model, tok, {}
+
+
+def _open_clip_hub(spec: str) -> tuple[TwoTower, Tokenizer, dict]:
+    """open_clip:hf-hub:ORG/NAME[@REVISION]: an open_clip repository on the Hub, as open_clip reads it."""
+    found = hub.resolve_open_clip_hub(spec)
+    model, tok = _from_open_clip_cfg(found.model_cfg, found.preprocess_cfg, str(found.path), spec)
+    return model, tok, found.revision
+
+
+def build_from_spec(spec: str | Path, pretrained: str | Path | None = None) -> tuple[TwoTower, Tokenizer, dict, str]:
+    """Any model spelling -> (model on CPU, tokenizer, revision, source): what `load_model` loads and what
+    `pretrain --init` starts from. `revision` names the exact weights for provenance ({} for a local model,
+    whose weight fingerprint names them)."""
+    s = str(spec)
+    if s.startswith(hub.OPEN_CLIP_SPEC + hub.HF_HUB_PREFIX):
+        if pretrained is not None:
+            raise UsageError(f"--pretrained applies to open_clip:ARCH only ({s} holds its own weights)")
+        return (*_open_clip_hub(s), s)
+    if s.startswith(hub.OPEN_CLIP_SPEC):
+        return (*_open_clip_arch(s, pretrained), s)
+    if pretrained is not None:
+        raise UsageError(f"--pretrained applies to open_clip:ARCH models only ({s} holds its own weights)")
+    if s.startswith(hub.LOCAL_DIR_SPEC):
+        return (*_local_dir(s), s)
+    if s.startswith(HF_SPEC):
+        return (*load_hf_dual(s), s)
+    model_dir = resolve_model_dir(s)
+    model, tok = read_model_dir(model_dir)
+    return model, tok, {}, str(model_dir)
+
+
+INIT_SPELLINGS = f"a vltool RUN_DIR (or RUN_DIR/model), hf:DIR, hf:ORG/NAME[@REVISION], {OPEN_CLIP_SPELLINGS} or local-dir:PATH"
+
+
+def check_init(spec: str) -> dict:
+    """`pretrain --init SPEC`, checked (and fetched, for a Hub id) before RUN_DIR is made: its revision.
+    The weights themselves are read when the model is built (build_from_spec)."""
+    s = str(spec)
+    if s.startswith(HF_SPEC):
+        check_hf_dual(s)
+        return hf_dual_dir(s)[1]
+    if s.startswith(hub.OPEN_CLIP_SPEC + hub.HF_HUB_PREFIX):
+        return hub.resolve_open_clip_hub(s).revision
+    if s.startswith(hub.OPEN_CLIP_SPEC):
+        arch, _, weights = s[len(hub.OPEN_CLIP_SPEC):].partition("/")
+        if not weights:
+            raise UsageError(f"--init {s}: name the weights to start from, open_clip:{arch}/TAG (open_clip's pretrained tag) or "
+                             f"open_clip:{arch}/FILE; for fresh weights give --arch {arch} instead of --init")
+        return _open_clip_arch(s, None)[2]  # the tag or file resolved, and the weights checked to fit the architecture
+    if s.startswith(hub.LOCAL_DIR_SPEC):
+        _local_dir(s)
+        return {}
+    resolve_model_dir(s)
+    return {}
+
+
+def pinned_spec(spec: str, revision: dict | None) -> str:
+    """A Hub id pinned to the commit it resolved to (so a resumed run reads the weights it started from)."""
+    s = str(spec)
+    commit = (revision or {}).get("commit")
+    if not commit or "@" in s or "tag" in (revision or {}):
+        return s
+    if s.startswith(HF_SPEC) and hub.is_hub_id(s):
+        return f"{s}@{commit}"
+    if s.startswith(hub.OPEN_CLIP_SPEC + hub.HF_HUB_PREFIX):
+        return f"{s}@{commit}"
+    return s
+
+
 def load_model(spec: str | Path, pretrained: str | Path | None = None, device: str | torch.device = "cpu") -> LoadedModel:
     """Load a model for encoding.
 
-    spec: a vltool RUN_DIR or RUN_DIR/model; "open_clip:ARCH" (weights from the local file `pretrained`,
-    or fresh weights when it is None); "local-dir:PATH" (open_clip's local-dir layout); or "hf:DIR" (a
-    Hugging Face CLIPModel / SiglipModel saved with save_pretrained, with its processor).
+    spec: a vltool RUN_DIR or RUN_DIR/model; open_clip:ARCH (weights from `pretrained`, a tag or a local
+    file, or fresh weights when it is None), open_clip:ARCH/TAG, open_clip:ARCH/FILE,
+    open_clip:hf-hub:ORG/NAME; local-dir:PATH (open_clip's local-dir layout); or hf:DIR / hf:ORG/NAME[@REV]
+    (a Hugging Face CLIPModel / SiglipModel with its processor). Hub files come through vltool.hub.
     """
-    spec_s = str(spec)
-    if spec_s.startswith("open_clip:"):
-        arch = spec_s.partition(":")[2]
-        if pretrained is not None and not Path(pretrained).expanduser().is_file():
-            raise UsageError(
-                f"--pretrained {pretrained}: no such file; vltool loads open_clip weights from a local file only "
-                "(nothing is downloaded)"
-            )
-        cfg = arch_config(arch)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)  # fresh weights are the same at every load (so is the fingerprint)
-            model, tok = _from_open_clip_cfg(cfg, cfg.get("preprocess_cfg"), str(Path(pretrained).expanduser()) if pretrained else None, arch)
-        return _finish(model, tok, device, spec_s)
-    if spec_s.startswith("local-dir:"):
-        path = Path(spec_s.partition(":")[2]).expanduser()
-        cfg_file = path / OPEN_CLIP_CONFIG
-        if not cfg_file.is_file():
-            raise UsageError(f"{spec_s}: no {OPEN_CLIP_CONFIG} in {path}")
-        from vltool.checks import read_json
-
-        oc = read_json(cfg_file, spec_s + ":")
-        if not isinstance(oc.get("model_cfg"), dict):
-            raise VltoolError(f"{spec_s}: {cfg_file} has no model_cfg object")
-        from open_clip.factory import _find_checkpoint_in_dir
-
-        ckpt = _find_checkpoint_in_dir(path)
-        if ckpt is None:
-            raise UsageError(f"{spec_s}: no weights file (*.safetensors, *.bin, *.pth) in {path}")
-        model, tok = _from_open_clip_cfg(oc["model_cfg"], oc.get("preprocess_cfg"), ckpt, spec_s)
-        return _finish(model, tok, device, spec_s)
-    if spec_s.startswith(HF_SPEC):
-        if pretrained is not None:
-            raise UsageError("--pretrained applies to open_clip:ARCH models only (hf:DIR holds its own weights)")
-        model, tok = load_hf_dual(spec_s)
-        return _finish(model, tok, device, spec_s)
-    if pretrained is not None:
-        raise UsageError("--pretrained applies to open_clip:ARCH models only")
-    model_dir = resolve_model_dir(spec_s)
-    model, tok = read_model_dir(model_dir)
-    return _finish(model, tok, device, str(model_dir))
+    model, tok, revision, source = build_from_spec(spec, pretrained)
+    return _finish(model, tok, device, source, revision)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -1092,16 +1189,15 @@ _HF_CONFIG_DROP = ("transformers_version", "architectures", "dtype", "torch_dtyp
 _RESAMPLE = {2: "bilinear", 3: "bicubic"}  # PIL's resample codes
 
 
-def hf_dual_dir(spec: str) -> Path:
-    """hf:DIR -> DIR, which must hold a config.json."""
-    path = Path(str(spec)[len(HF_SPEC):]).expanduser()
-    if not str(spec)[len(HF_SPEC):]:
-        raise UsageError(f"{spec!r}: expected hf:DIR, a local Hugging Face model directory")
+def hf_dual_dir(spec: str) -> tuple[Path, dict]:
+    """hf:DIR or hf:ORG/NAME[@REVISION] -> (the folder, its revision), which must hold a config.json."""
+    found = hub.resolve_hf(spec)
+    path = found.path
     if not path.is_dir():
-        raise UsageError(f"{spec}: no such directory {path} (nothing is downloaded; {HF_SAVE_HINT})")
+        raise UsageError(f"{spec}: {path} is not a directory; {HF_SAVE_HINT}")
     if not (path / CONFIG_FILE).is_file():
         raise UsageError(f"{spec}: {path} is not a Hugging Face model directory (no {CONFIG_FILE}); {HF_SAVE_HINT}")
-    return path
+    return path, found.revision
 
 
 def _clean_hf_config(d: dict) -> dict:
@@ -1135,7 +1231,10 @@ def hf_dual_config(hf, image_processor, tokenizer, source: str) -> dict:
     cfg = hf.config
     model_type = cfg.model_type
     embed_dim = getattr(cfg, "projection_dim", None) if model_type == "clip" else cfg.text_config.hidden_size
-    inputs = [k for k in ("input_ids", "attention_mask") if k in tokenizer.model_input_names]
+    # CLIP's text model takes the attention mask (its causal mask makes the end-of-text state the same either
+    # way); SigLIP was trained on texts padded to max_length with no mask (big_vision, open_clip's SigLIP,
+    # transformers' model card), though transformers 5's SiglipTokenizer returns one: input_ids only.
+    inputs = [k for k in ("input_ids", "attention_mask") if k in tokenizer.model_input_names] if model_type == "clip" else ["input_ids"]
     bias = getattr(hf, "logit_bias", None)
     return {
         "format": FORMAT,
@@ -1156,43 +1255,83 @@ def hf_dual_config(hf, image_processor, tokenizer, source: str) -> dict:
     }
 
 
+def _first_line(e: Exception) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+# tokenizer classes that read a sentencepiece model (SigLIP's, T5's): they need sentencepiece and protobuf
+_SENTENCEPIECE_TOKENIZERS = ("Siglip", "T5", "Llama", "Gemma", "XLMRoberta", "Albert", "Camembert", "Marian", "Pegasus")
+
+
+def _tokenizer_problem(path: Path, e: Exception) -> str:
+    """Why a tokenizer did not load, with the packages it lacks when that is the reason."""
+    import importlib.util
+
+    try:
+        tok_class = json.loads((path / "tokenizer_config.json").read_text()).get("tokenizer_class") or ""
+    except (OSError, ValueError):
+        tok_class = ""
+    missing = [m for m in ("sentencepiece", "google.protobuf") if importlib.util.find_spec(m.split(".")[0]) is None]
+    if (path / "spiece.model").is_file() or tok_class.startswith(_SENTENCEPIECE_TOKENIZERS):
+        if missing:
+            names = " ".join("protobuf" if m == "google.protobuf" else m for m in missing)
+            return f"{tok_class or 'its sentencepiece tokenizer'} needs {names}: pip install {names}"
+    return _first_line(e)
+
+
+def hf_processors(spec: str, path: Path):
+    """The image processor and tokenizer of a Hugging Face model folder, as transformers' Auto classes load
+    them (whatever files the library version wrote: preprocessor_config.json or processor_config.json)."""
+    import transformers
+
+    try:
+        image_processor = transformers.AutoImageProcessor.from_pretrained(str(path))
+    except Exception as e:
+        raise UsageError(f"{spec}: no image processor in {path} ({_first_line(e)}); {HF_SAVE_HINT}") from None
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(path))
+    except Exception as e:
+        raise UsageError(f"{spec}: no usable tokenizer in {path} ({_tokenizer_problem(path, e)})") from None
+    if tokenizer is None or isinstance(tokenizer, bool):
+        raise UsageError(f"{spec}: no usable tokenizer in {path} ({_tokenizer_problem(path, ValueError('none found'))})")
+    return image_processor, tokenizer
+
+
 def check_hf_dual(spec: str):
-    """hf:DIR -> (DIR, the transformers class), without loading anything: a UsageError for a missing
-    directory, config.json, image processor or tokenizer, or a model_type vltool does not read."""
-    path = hf_dual_dir(spec)
+    """hf:DIR or hf:ORG/NAME -> (DIR, the transformers class), without loading the weights: a UsageError for
+    a missing directory or config.json, a model_type vltool does not read, or an image processor or
+    tokenizer that transformers cannot load."""
+    path, _ = hf_dual_dir(spec)
     try:
         model_type = json.loads((path / CONFIG_FILE).read_text()).get("model_type")
     except (OSError, json.JSONDecodeError) as e:
         raise UsageError(f"{spec}: cannot read {path / CONFIG_FILE}: {e}") from None
     cls = hf_dual_class(model_type, spec)
-    if not (path / "preprocessor_config.json").is_file():
-        raise UsageError(f"{spec}: no image processor in {path} (preprocessor_config.json); {HF_SAVE_HINT}")
-    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "spiece.model")):
-        raise UsageError(f"{spec}: no tokenizer files in {path}; {HF_SAVE_HINT}")
+    hf_processors(spec, path)
     return path, cls
 
 
-def load_hf_dual(spec: str) -> tuple[TwoTower, Tokenizer]:
-    """hf:DIR -> the model (its weights, logit scale and bias) and its tokenizer, on CPU, float32."""
+def load_hf_dual(spec: str) -> tuple[TwoTower, Tokenizer, dict]:
+    """hf:DIR or hf:ORG/NAME[@REV] -> the model (its weights, logit scale and bias), its tokenizer, on CPU,
+    float32, and the revision of the weights (the Hub commit; {} for a local folder)."""
     import transformers
 
-    path, cls = check_hf_dual(spec)
+    path, revision = hf_dual_dir(spec)
+    try:
+        model_type = json.loads((path / CONFIG_FILE).read_text()).get("model_type")
+    except (OSError, json.JSONDecodeError) as e:
+        raise UsageError(f"{spec}: cannot read {path / CONFIG_FILE}: {e}") from None
+    cls = hf_dual_class(model_type, spec)
+    image_processor, tokenizer = hf_processors(spec, path)
     transformers.utils.logging.disable_progress_bar()
     try:
         hf = cls.from_pretrained(str(path), dtype=torch.float32)
     except Exception as e:
-        raise VltoolError(f"{spec}: cannot load the {cls.__name__}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
-    try:
-        image_processor = transformers.AutoImageProcessor.from_pretrained(str(path))
-    except Exception:
-        raise UsageError(f"{spec}: no image processor in {path} (preprocessor_config.json); {HF_SAVE_HINT}") from None
-    try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(str(path))
-    except Exception as e:
-        raise UsageError(f"{spec}: no usable tokenizer in {path} ({str(e).splitlines()[0] if str(e) else type(e).__name__}); {HF_SAVE_HINT}") from None
-    config = hf_dual_config(hf, image_processor, tokenizer, path.name)
+        raise VltoolError(f"{spec}: cannot load the {cls.__name__}: {_first_line(e)}") from None
+    source = path.name if not revision else revision["repo"]
+    config = hf_dual_config(hf, image_processor, tokenizer, source)
     model = TwoTower(config, hf_model=hf)
-    return model, Tokenizer(config["tokenizer"], path)
+    return model, Tokenizer(config["tokenizer"], path), revision
 
 
 def export_hf(model: TwoTower, tokenizer: Tokenizer, out_dir: Path | str) -> list[str]:

@@ -36,12 +36,27 @@ class HFImageTransform:
         self.processor = getattr(transformers, processor["image_processor_type"]).from_dict(processor)
 
     def __call__(self, im):
-        return self.processor(images=im.convert("RGB"), return_tensors="pt")["pixel_values"][0]
+        # the image as decoded: the processor converts it to RGB itself (transparency composited on white)
+        return self.processor(images=im, return_tensors="pt")["pixel_values"][0]
+
+
+def composite_on_white(im):
+    """transformers' convert_rgb: a transparent image composited on white (PIL's convert drops the alpha)."""
+    from PIL import Image
+
+    if im.mode == "RGB":
+        return im
+    rgba = im.convert("RGBA")
+    return Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255)), rgba).convert("RGB")
 
 
 def eval_transform(preprocess: dict) -> Callable:
     """Deterministic eval transform: resize the shorter side, centre crop, normalise (open_clip's); a
-    Hugging Face model's own image processor when the model has one ("hf_image_processor")."""
+    Hugging Face model's own image processor when the model has one ("hf_image_processor").
+
+    Both take an image in its own mode (vltool.io.decode_image(v, rgb=False)) and convert it as their
+    library does: open_clip after resizing (PIL's convert: alpha dropped), transformers' processors first
+    (transparency composited on white)."""
     from open_clip.transform import PreprocessCfg, image_transform_v2
 
     if preprocess.get("hf_image_processor"):
@@ -59,7 +74,8 @@ def train_transform(preprocess: dict, augment: str) -> Callable:
     size = int(preprocess["size"])
     interp = _interp(preprocess.get("interpolation", "bicubic"))
     norm = T.Normalize(mean=preprocess["mean"], std=preprocess["std"])
-    rgb = T.Lambda(lambda im: im.convert("RGB"))
+    # to RGB first: a Hugging Face model's images composited on white, as its processor does; PIL's convert else
+    rgb = T.Lambda(composite_on_white if preprocess.get("hf_image_processor") else (lambda im: im.convert("RGB")))
     if augment == "clip":  # open_clip's training transform: RandomResizedCrop(scale 0.9-1)
         return T.Compose([rgb, T.RandomResizedCrop(size, scale=(0.9, 1.0), interpolation=interp), T.ToTensor(), norm])
     if augment == "simclr":  # Chen et al. 2020, as Santurkar et al. use it

@@ -270,3 +270,4 @@ class RunSpec:
     config: dict
     num_processes: int
     command_line: str = ""
+    init_revision: dict = field(default_factory=dict)  # --init's exact weights (Hub commit, open_clip tag's file sha256)

@@ -21,7 +21,7 @@ def evaluate(model, tokenizer, eval_data: TrainData, transform, loss_fn, batch: 
     with torch.no_grad(), accelerator.autocast():
         for lo in range(0, len(ds), batch):
             rows = ds[lo : lo + batch]
-            good = [(decode_image(im), texts_of(t, sampling)[0]) for im, t in zip(rows[C.IMAGE], rows[eval_data.text_column])]
+            good = [(decode_image(im, rgb=False), texts_of(t, sampling)[0]) for im, t in zip(rows[C.IMAGE], rows[eval_data.text_column])]
             good = [(im, t) for im, t in good if im is not None]
             if not good:
                 continue

@@ -170,7 +170,7 @@ def _encode_rows(model, train: TrainData, config, accelerator, image=None, token
     with accelerator.autocast():
         for a in range(lo, hi, bs):
             if image is not None:
-                ims = [decode_image(v) for v in ds[a : min(hi, a + bs)][C.IMAGE]]
+                ims = [decode_image(v, rgb=False) for v in ds[a : min(hi, a + bs)][C.IMAGE]]
                 x = torch.stack([image(im) if im is not None else torch.zeros(3, size, size) for im in ims])  # (b, 3, H, W)
                 f = model.image_trunk(x.to(accelerator.device)).float().cpu()  # (b, W)
                 f[[j for j, im in enumerate(ims) if im is None]] = float("nan")

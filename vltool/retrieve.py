@@ -18,9 +18,17 @@ from typing import Sequence
 import numpy as np
 
 from vltool import columns as C
+from vltool import encode, metrics  # modules, read at call time: the tests replace encode.encode_device and metrics.retrieval_ranks
+from vltool import provenance
+from vltool.checks import missing_text_warning, require_decoded
+from vltool.console import Bar
 from vltool.errors import UsageError, check
-from vltool.evaluation import EvalCommon
+from vltool.evaluation import (EvalCommon, Edit, bootstrap_record, check_out, data_record, debias_edit, encode_eval_images, entry,
+                               load_eval_input, open_model, require_selected, write_results)
+from vltool.metrics import QueryRanks, Resampling, bootstrap, retrieval_chance
 from vltool.metrics import RetrievalItems  # (defined in vltool.metrics; still importable from here)
+from vltool.outcomes import base_arrays, example_ids, read_groups
+from vltool.topology import is_main, process_state, warn
 
 DIRECTIONS = ("image_to_text", "text_to_image")
 
@@ -70,8 +78,6 @@ def retrieval_chance_levels(ks: Sequence[int], n_images: int, n_texts: int, per_
     image->text: p correct texts among n_texts: R@K = 1 - C(n_texts - p, K) / C(n_texts, K), expected rank
     of the first correct one (n_texts + 1) / (p + 1).
     """
-    from vltool.metrics import retrieval_chance
-
     out = {}
     for k in ks:
         out[f"image_to_text_R@{k}"] = float(np.mean(retrieval_chance(n_texts, per_image, k)))
@@ -85,6 +91,25 @@ def retrieval_chance_levels(ks: Sequence[int], n_images: int, n_texts: int, per_
     return out
 
 
+@dataclass
+class Ranked:
+    """The images and texts that took part, and the rank of each one's correct item(s) among the others."""
+
+    keep: np.ndarray  # (N_rows,) bool: the rows whose image decoded and that have a text
+    owner: np.ndarray  # (N_t,) each kept text's image among the kept ones
+    i2t: QueryRanks  # (N_i,) per image: texts above / tied with its first correct text
+    t2i: QueryRanks  # (N_t,) per text: images above / tied with its own image
+    n_images: int
+    n_texts: int
+    bad_images: int
+    rows_without_text: int  # rows whose image decoded and that have no text
+    edit: Edit | None
+
+    @property
+    def per_image(self) -> np.ndarray:
+        return np.bincount(self.owner, minlength=self.n_images)  # (N_i,) texts of each image
+
+
 def retrieve(
     data: str,
     config: RetrieveConfig,
@@ -95,37 +120,47 @@ def retrieve(
     overwrite: bool = False,
     argv: Sequence[str] | None = None,
 ) -> dict:
-    """Evaluate image-text retrieval of `config.model` on `data`; returns the results record."""
-    from vltool import provenance
-    from vltool.cache import EmbeddingCache
-    from vltool.checks import missing_text_warning, require_decoded
-    from vltool.encode import encode_device, encode_images, encode_texts, load_eval_model, model_record
-    from vltool.evaluation import bootstrap_record, check_out, debias_edit, entry, finish
-    from vltool.topology import process_state, warn
-    from vltool.io import load_dataset
-    from vltool.metrics import Resampling, bootstrap, retrieval_ranks
-    from vltool.outcomes import base_arrays, example_ids, read_groups
+    """Evaluate image-text retrieval of `config.model` on `data`; returns the results record.
 
+    Stages: load_eval_input -> encode (images, texts) -> rank_pairs -> score_retrieval -> write_results.
+    """
     timer = provenance.Timer()
     ks = config.validate()
-    from vltool.importer import clip_benchmark_input
-
-    loaded = load_dataset(clip_benchmark_input(data, config.cache_dir), split=split, where=where, images=[C.IMAGE],
-                          texts=[config.text_column], text_lists=True, cache_dir=config.cache_dir)
-    loaded.spec = data
+    loaded = load_eval_input(data, config, where, split, images=[C.IMAGE], texts=[config.text_column], text_lists=True)
     out_path = check_out(out, overwrite, [*loaded.reads, Path(data).expanduser()], config)
-    if loaded.rows == 0:
-        raise UsageError(f"no rows of {data!r} are selected (--where {list(where)})")
+    require_selected(loaded, data, where)
     groups = read_groups(loaded.dataset, config.group_column, data)
 
-    m = load_eval_model(config.model, config.pretrained, config.cache_dir)
-    cache = EmbeddingCache(config.cache_dir)
-    img = encode_images(m, loaded, cache=cache, batch_size=config.batch_size, workers=config.workers, progress=config.progress)
-    txt = encode_texts(m, loaded, column=config.text_column, cache=cache, batch_size=config.text_batch_size, progress=config.progress)
+    m, cache = open_model(config)
+    img = encode_eval_images(m, loaded, cache, config)
+    txt = encode.encode_texts(m, loaded, column=config.text_column, cache=cache, batch_size=config.text_batch_size, progress=config.progress)
+    ranked = rank_pairs(m, img, txt, loaded.rows, data, config)
+    cache_record = {"images": img.summary(), "texts": txt.summary()}
+    del img, txt  # the embeddings are done with: freed before the per-example arrays are made
 
-    # images that cannot be decoded, or have no text, take part on neither side
-    n_rows = loaded.rows
-    per_row = np.bincount(txt.owner, minlength=n_rows)
+    kept_groups = groups[ranked.keep] if groups is not None else None
+    plan = Resampling.make(ranked.n_images, None, kept_groups)
+    metric_entries, chance = score_retrieval(ranked, ks, plan, config)
+    ids = example_ids(loaded.dataset)
+    examples = base_arrays("retrieval", "retrieval", ids if ranked.keep.all() else ids[ranked.keep], kept_groups, config.group_column)
+    examples.update(
+        i2t_greater=ranked.i2t.greater, i2t_tied=ranked.i2t.tied, i2t_tied_pos=ranked.i2t.tied_pos, text_owner=ranked.owner,
+        t2i_greater=ranked.t2i.greater, t2i_tied=ranked.t2i.tied, recall_k=np.asarray(ks, dtype=np.int64),
+    )
+    return write_results(
+        "retrieve", config, [loaded], m, task="retrieval", rows_out=ranked.n_images, stats=retrieval_stats(ranked, cache_record),
+        timer=timer, argv=argv,
+        data=data_record(data, loaded, images=ranked.n_images, texts=ranked.n_texts, text_column=config.text_column),
+        protocol=retrieval_protocol(config, ks, ranked.edit, plan),
+        results={"metrics": metric_entries, "chance": chance},
+        out=out_path, overwrite=overwrite, examples=examples,
+    )
+
+
+def rank_pairs(m, img, txt, n_rows: int, data: str, config: RetrieveConfig) -> Ranked:
+    """Leave out the images that cannot be decoded or have no text (and their texts: they take part on
+    neither side), apply --debias, and rank both ways in blocks of scores (metrics.retrieval_ranks)."""
+    per_row = np.bincount(txt.owner, minlength=n_rows)  # (N_rows,) texts of each row
     keep = ~img.bad & (per_row > 0)
     require_decoded(img.bad, data)
     if (img.bad).any():
@@ -133,86 +168,73 @@ def retrieve(
     no_text = missing_text_warning(int((per_row == 0).sum()), n_rows, config.text_column)
     if no_text:
         warn(no_text)
-    new_index = np.cumsum(keep) - 1
+    new_index = np.cumsum(keep) - 1  # (N_rows,) each kept row's index among the kept ones
     t_keep = keep[txt.owner]
-    images = img.embeddings if keep.all() else img.embeddings[keep]  # (a copy only when rows are left out)
-    texts = txt.embeddings if t_keep.all() else txt.embeddings[t_keep]
+    images = img.embeddings if keep.all() else img.embeddings[keep]  # (N_i, D) (a copy only when rows are left out)
+    texts = txt.embeddings if t_keep.all() else txt.embeddings[t_keep]  # (N_t, D)
     edit = debias_edit(m, config)
     if edit is not None:
         images, texts = edit.images(images), edit.texts(texts)
-    owner = txt.owner if keep.all() else new_index[txt.owner[t_keep]]
+    owner = txt.owner if keep.all() else new_index[txt.owner[t_keep]]  # (N_t,)
     n_i, n_t = len(images), len(texts)
     if n_i < 2:
         raise UsageError(f"retrieval needs at least 2 images with text; {n_i} are left")
 
     bar = _bar(n_t, config.progress)
     try:  # the blocks of scores in torch, on the device the model encoded on (the CPU's cores or a GPU)
-        i2t, t2i = retrieval_ranks(images, texts, owner, block_bytes=config.block_mb * 2**20, progress=(lambda k: bar[0].advance(bar[1], k)) if bar else None,
-                                   device=encode_device())
+        i2t, t2i = metrics.retrieval_ranks(images, texts, owner, block_bytes=config.block_mb * 2**20,
+                                           progress=(lambda k: bar[0].advance(bar[1], k)) if bar else None, device=encode.encode_device())
     finally:
         if bar:
             bar[0].stop()
     bad_images, rows_without_text = int(img.bad.sum()), int(((per_row == 0) & ~img.bad).sum())
-    cache_record = {"images": img.summary(), "texts": txt.summary()}
-    del img, txt, images, texts  # the embeddings are done with: freed before the per-example arrays are made
-    items = RetrievalItems.from_ranks(ks, i2t, t2i, owner)
-    point = items.metrics()
-    kept_groups = groups[keep] if groups is not None else None
-    plan = Resampling.make(n_i, None, kept_groups)
-    iv = bootstrap(n_i, items.metrics, config.bootstrap, config.seed, resampling=plan)
-    ids = example_ids(loaded.dataset)
-    examples = base_arrays("retrieval", "retrieval", ids if keep.all() else ids[keep], kept_groups, config.group_column)
-    examples.update(
-        i2t_greater=i2t.greater, i2t_tied=i2t.tied, i2t_tied_pos=i2t.tied_pos, text_owner=owner,
-        t2i_greater=t2i.greater, t2i_tied=t2i.tied, recall_k=np.asarray(ks, dtype=np.int64),
-    )
-    unit = plan.unit("image", config.group_column) + (", each image with all its texts" if plan.grouped else " (with all its texts)")
-    per_image = np.bincount(owner, minlength=n_i)
-    chance = retrieval_chance_levels(ks, n_i, n_t, per_image)
-    metrics = {k: entry(v, iv[k], chance[k]) for k, v in point.items()}
-    ties = {"image_to_text_queries_with_ties": int((i2t.tied > 0).sum()), "text_to_image_queries_with_ties": int((t2i.tied > 0).sum())}
+    return Ranked(keep, owner, i2t, t2i, n_i, n_t, bad_images, rows_without_text, edit)
 
-    stats = {
-        "rows_evaluated": int(n_i),
-        "images": int(n_i),
-        "texts": int(n_t),
+
+def score_retrieval(ranked: Ranked, ks: list[int], plan: Resampling, config: RetrieveConfig) -> tuple[dict, dict]:
+    """Recall at each K and the mean and median rank, both ways, with their intervals (images resampled
+    with all their texts) and chance levels: (metrics, chance)."""
+    items = RetrievalItems.from_ranks(ks, ranked.i2t, ranked.t2i, ranked.owner)
+    point = items.metrics()
+    iv = bootstrap(ranked.n_images, items.metrics, config.bootstrap, config.seed, resampling=plan)
+    chance = retrieval_chance_levels(ks, ranked.n_images, ranked.n_texts, ranked.per_image)
+    return {k: entry(v, iv[k], chance[k]) for k, v in point.items()}, chance
+
+
+def retrieval_stats(ranked: Ranked, cache_record: dict) -> dict:
+    """The record's "stats": images, texts, what was left out, ties, processes, what the cache served."""
+    per_image = ranked.per_image
+    return {
+        "rows_evaluated": int(ranked.n_images),
+        "images": int(ranked.n_images),
+        "texts": int(ranked.n_texts),
         "texts_per_image": {"mean": float(per_image.mean()), "min": int(per_image.min()), "max": int(per_image.max())},
-        "bad_images": bad_images,
-        "rows_without_text": rows_without_text,
+        "bad_images": ranked.bad_images,
+        "rows_without_text": ranked.rows_without_text,
         "processes": process_state().num_processes,
-        **ties,
+        "image_to_text_queries_with_ties": int((ranked.i2t.tied > 0).sum()),
+        "text_to_image_queries_with_ties": int((ranked.t2i.tied > 0).sum()),
         "cache": cache_record,
     }
-    record = provenance.make("retrieve", config, [loaded], rows_in=loaded.rows, rows_out=int(n_i), stats=stats, timer=timer, argv=argv)
-    record.update({
-        "task": "retrieval",
-        "model": model_record(m, config.model, config.pretrained),
-        "data": {
-            "spec": data, "fingerprint": loaded.fingerprint, "split": loaded.split, "where": loaded.where,
-            "rows": loaded.rows, "images": int(n_i), "texts": int(n_t), "text_column": config.text_column,
-        },
-        "protocol": {
-            "recall_k": ks,
-            "debias": edit.record if edit is not None else None,
-            "image_to_text": "hit when any correct text is in the top K (CLIP_benchmark)",
-            "text_to_image": "hit when the text's image is in the top K",
-            "rank": "1-based rank of the first correct item, counted: 1 + wrong items scoring above it",
-            "score": "cosine similarity of L2-normalised embeddings (float64)",
-            "ties": "broken uniformly at random; metrics are the expectation (exact when no ties)",
-            "chance": "a uniformly random ranking: K/N_images (text->image); mean over images of 1 - C(N_texts-p, K)/C(N_texts, K) for p correct texts (image->text)",
-            "bootstrap": bootstrap_record(config.bootstrap, config.seed, unit, plan, config.group_column),
-        },
-        "metrics": metrics,
-        "chance": chance,
-    })
-    record["wall_time_s"] = round(timer.seconds, 3)
-    return finish(record, out_path, overwrite, examples)
+
+
+def retrieval_protocol(config: RetrieveConfig, ks: list[int], edit: Edit | None, plan: Resampling) -> dict:
+    """The record's "protocol": what a hit and a rank are, the score, ties, chance and the bootstrap."""
+    unit = plan.unit("image", config.group_column) + (", each image with all its texts" if plan.grouped else " (with all its texts)")
+    return {
+        "recall_k": ks,
+        "debias": edit.record if edit is not None else None,
+        "image_to_text": "hit when any correct text is in the top K (CLIP_benchmark)",
+        "text_to_image": "hit when the text's image is in the top K",
+        "rank": "1-based rank of the first correct item, counted: 1 + wrong items scoring above it",
+        "score": "cosine similarity of L2-normalised embeddings (float64)",
+        "ties": "broken uniformly at random; metrics are the expectation (exact when no ties)",
+        "chance": "a uniformly random ranking: K/N_images (text->image); mean over images of 1 - C(N_texts-p, K)/C(N_texts, K) for p correct texts (image->text)",
+        "bootstrap": bootstrap_record(config.bootstrap, config.seed, unit, plan, config.group_column),
+    }
 
 
 def _bar(total: int, enabled: bool):
-    from vltool.console import Bar
-    from vltool.topology import is_main
-
     if not enabled or not is_main():
         return None
     bar = Bar("ranking", total, unit="texts")

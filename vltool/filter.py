@@ -24,13 +24,28 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
+import time
+from collections import Counter, deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+import datasets
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+from datasets.table import InMemoryTable
+from torch import nn
 
 from vltool import columns as C
+from vltool import provenance
+from vltool.checks import has_text, require_texts
+from vltool.console import Bar, log
+from vltool.derived import with_columns
 from vltool.errors import UsageError
+from vltool.io import arrow_column, check_output, load_dataset, require_columns, save_dataset
 
 _MASK = (1 << 64) - 1
 _FNV_PRIME = 0x100000001B3  # mixes the next word's hash into an n-gram key
@@ -131,8 +146,6 @@ _WORD_HASHES = _HashCache()
 
 def tokenize_one(text: str | None) -> list[str]:
     """Reference tokenizer: lower-case, punctuation characters as tokens of their own, split on whitespace."""
-    import re
-
     return re.sub(_PUNCT_PY, r" \1 ", (text or "").lower()).split()
 
 
@@ -154,8 +167,6 @@ def featurize_one(text: str | None, buckets: int, ngrams: int) -> list[int]:
 
 def _as_arrow(texts):
     """Texts as a pyarrow ChunkedArray of strings."""
-    import pyarrow as pa
-
     if isinstance(texts, pa.ChunkedArray):
         return texts
     if isinstance(texts, pa.Array):
@@ -165,9 +176,6 @@ def _as_arrow(texts):
 
 def _featurize_chunk(arr, buckets: int, ngrams: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(ids, owner, tokens_per_caption) of one Arrow string array; owner[i] is the caption of feature i."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     n = len(arr)
     if pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type):
         pass
@@ -214,9 +222,6 @@ def _map_chunks(fn, texts) -> list:
     """fn(arrow string array) over chunks of `texts`, in order, on up to two threads (Arrow and numpy
     release the GIL, so chunks featurize in parallel). At most one chunk per thread waits or runs at a
     time, so the memory in flight is a few chunks', whatever the number of rows."""
-    from collections import deque
-    from concurrent.futures import ThreadPoolExecutor
-
     ca = _as_arrow(texts)
     starts = range(0, len(ca), _CHUNK)
     piece = lambda lo: fn(ca.slice(lo, _CHUNK).combine_chunks())  # noqa: E731
@@ -289,9 +294,6 @@ def make_model(rows: int, dim: int, seed: int):
     `rows` embedding rows, one per bucket seen in training, plus a last all-zero padding row for
     n-grams never seen in training: EmbeddingBag leaves padding entries out of the mean.
     """
-    import torch
-    from torch import nn
-
     class FastTextClassifier(nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -330,8 +332,6 @@ class Classifier:
 
     def logits(self, texts) -> np.ndarray:
         """Reference implementation of Scorer.logits: the PyTorch model on the features."""
-        import torch
-
         ids, offsets = featurize(texts, self.buckets, self.ngrams)
         with torch.no_grad():
             out = self.model(torch.from_numpy(self.rows(ids)), torch.from_numpy(offsets[:-1]))
@@ -351,8 +351,6 @@ class Scorer:
 
     @classmethod
     def from_classifier(cls, clf: Classifier) -> "Scorer":
-        import torch
-
         with torch.no_grad():
             emb = clf.model.embedding.weight[: len(clf.vocab)]  # (U, dim)
             contrib = (emb @ clf.model.linear.weight.T).squeeze(1).double().numpy()  # (U,)
@@ -430,8 +428,6 @@ def train_on_rows(feats: Features, ref_rows: np.ndarray, src_rows: np.ndarray, c
 def _fit(bags, n_r: int, n_s: int, rows: int, config: FilterConfig, log, bar):
     """Class-balanced training on n_r reference rows then n_s source rows; bags(batch rows) gives the
     batch's embedding rows and bag starts."""
-    import torch
-
     n = n_r + n_s
     y = np.concatenate([np.ones(n_r, np.float32), np.zeros(n_s, np.float32)])
     w = np.concatenate([np.full(n_r, n / (2 * n_r), np.float32), np.full(n_s, n / (2 * n_s), np.float32)])
@@ -450,8 +446,6 @@ def training_steps(n: int, config: FilterConfig) -> int:
 
 
 def _train(bags, y: np.ndarray, w: np.ndarray, rows: int, config: FilterConfig, log, bar=None):
-    import torch
-
     n = len(y)
     torch.manual_seed(config.seed)
     model = make_model(rows, config.dim, config.seed)
@@ -548,8 +542,6 @@ def top_ngrams(scorer: Scorer, texts: Sequence[str], k: int = 10, min_count: int
     """The n-grams pushing `texts` most towards each class: ranked by weight x count (their total pull
     on the scores), among n-grams seen >= min_count times. A bucket can hold several n-grams (hashing);
     the most frequent one names it."""
-    from collections import Counter
-
     counts: Counter = Counter()
     for text in texts:
         toks = tokenize_one(text)
@@ -571,17 +563,11 @@ def top_ngrams(scorer: Scorer, texts: Sequence[str], k: int = 10, min_count: int
 
 
 def _is_text(feature) -> bool:
-    import datasets
-
     return isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")
 
 
 def _text_column(ds, name: str, what: str, allow_list: bool):
     """The column as an Arrow string array (a list column flattened when allowed)."""
-    import pyarrow as pa
-
-    from vltool.io import require_columns
-
     require_columns(ds, [name], what)
     feature = ds.features[name]
     arr = ds.data.column(name)
@@ -590,8 +576,6 @@ def _text_column(ds, name: str, what: str, allow_list: bool):
     if _is_text(feature):
         return arr
     if allow_list and _is_text(getattr(feature, "feature", None)):  # List / Sequence of strings
-        import pyarrow.compute as pc
-
         return pa.chunked_array([pc.list_flatten(c) for c in arr.chunks], type=arr.type.value_type)
     kinds = "a text column or a list of texts" if allow_list else "a text column (one string per row)"
     raise UsageError(f"{what}: column {name!r} is not {kinds} (its type is {feature})")
@@ -600,8 +584,6 @@ def _text_column(ds, name: str, what: str, allow_list: bool):
 def _examples(ids, texts, scores: np.ndarray, rows: np.ndarray, k: int, seed: int) -> list[dict]:
     """k of `rows` drawn at random (seeded), in row order; ids and texts: Arrow columns (only the drawn
     rows become Python objects)."""
-    import pyarrow as pa
-
     if k == 0 or len(rows) == 0:
         return []
     pick = pa.array(np.sort(np.random.default_rng(seed).choice(rows, size=min(k, len(rows)), replace=False)))
@@ -609,104 +591,138 @@ def _examples(ids, texts, scores: np.ndarray, rows: np.ndarray, k: int, seed: in
             for i, t, r in zip(ids.take(pick).to_pylist(), texts.take(pick).to_pylist(), pick.to_pylist())]
 
 
+@dataclass
+class CrossFit:
+    """What cross-fitting gives: every source row's score from a classifier that did not train on it, the
+    held-out scores of both sets, and each classifier's statistics."""
+
+    scores: np.ndarray  # (n_src,) float64 quality scores
+    held_ref: list  # per classifier, the scores of its held-out reference rows
+    held_src: list  # per classifier, the scores of its held-out source rows
+    scorers: list  # per classifier, its Scorer
+    fold_stats: list  # per classifier, its training statistics
+    part_s: np.ndarray  # (n_src,) each source row's part
+    train_s: float = 0.0  # seconds training
+    score_s: float = 0.0  # seconds scoring the source rows
+
+    def mean_scorer(self, config: FilterConfig) -> Scorer:
+        """The classifiers' mean (names the n-grams that pull towards each set)."""
+        return Scorer(np.mean([x.table for x in self.scorers], axis=0), np.max([x.seen for x in self.scorers], axis=0),
+                      float(np.mean([x.bias for x in self.scorers])), config.buckets, config.ngrams)
+
+
 def filter_dataset(ds, ref_texts, config: FilterConfig, *, log=None) -> tuple[object, dict]:
     """Train on `ref_texts` vs `ds[config.text_column]`, score every row of `ds`, keep the reference-like ones.
 
     Returns the kept rows with a `quality_score` column, and the statistics.
+    Stages: caption_sets -> cross_fit -> select_rows -> filter_stats -> with_scores.
     """
-    import time
-
-    import datasets
-    import pyarrow as pa
-
     config.validate()
-    from vltool.io import require_columns
+    src_arr, ref_arr = caption_sets(ds, ref_texts, config)
+    fit = cross_fit(src_arr, ref_arr, config, log)
+    keep, cutoff = select_rows(fit.scores, config)
+    stats = filter_stats(ds, src_arr, ref_arr, fit, keep, cutoff, config)
+    return with_scores(ds, fit.scores, keep), stats
 
+
+def caption_sets(ds, ref_texts, config: FilterConfig) -> tuple[pa.ChunkedArray, pa.ChunkedArray]:
+    """The source captions (`ds`'s text column) and the reference captions as Arrow strings; each set needs 2."""
     require_columns(ds, [C.ID, config.text_column], "the input")
     src_arr = _text_column(ds, config.text_column, "the input", allow_list=False)
     ref_arr = ref_texts if isinstance(ref_texts, pa.ChunkedArray) else _as_arrow(ref_texts)
-    n_src, n_ref = len(src_arr), len(ref_arr)
     problems = []
-    for name, n in (("the input", n_src), ("the reference set", n_ref)):
+    for name, n in (("the input", len(src_arr)), ("the reference set", len(ref_arr))):
         if n < 2:
             problems.append(f"{name} has {n} caption(s); the classifier needs at least 2 in each set")
     if problems:
         raise UsageError("; ".join(problems))
+    return src_arr, ref_arr
 
-    # Each set is cut into random parts; classifier f trains on every part but part f of both sets and
-    # scores part f (cross-fitting), so no row is scored by a classifier that saw it. With folds=1, one
-    # classifier trains on 4 of 5 parts and scores every source row (its training rows in-sample).
+
+def assign_parts(n: int, parts: int, seed: int, salt: int) -> np.ndarray:
+    """Each of n rows' part (n,), 0..parts-1 in equal shares, at random (seeded)."""
+    part = np.empty(n, dtype=np.int64)
+    part[np.random.default_rng([seed, salt]).permutation(n)] = np.arange(n) % parts
+    return part
+
+
+def cross_fit(src_arr: pa.ChunkedArray, ref_arr: pa.ChunkedArray, config: FilterConfig, log) -> CrossFit:
+    """Each set is cut into random parts; classifier f trains on every part but part f of both sets and
+    scores part f (cross-fitting), so no row is scored by a classifier that saw it. With folds=1, one
+    classifier trains on 4 of 5 parts and scores every source row (its training rows in-sample)."""
+    n_src, n_ref = len(src_arr), len(ref_arr)
     parts = config.folds if config.folds > 1 else 5
-
-    def assign(n: int, salt: int) -> np.ndarray:
-        part = np.empty(n, dtype=np.int64)
-        part[np.random.default_rng([config.seed, salt]).permutation(n)] = np.arange(n) % parts
-        return part
-
-    part_s, part_r = assign(n_src, 0), assign(n_ref, 1)
-    take = lambda arr, idx: arr.take(pa.array(idx, type=pa.int64()))  # noqa: E731
+    part_s, part_r = assign_parts(n_src, parts, config.seed, 0), assign_parts(n_ref, parts, config.seed, 1)
     # every caption featurized once, reference rows first, for every classifier's training and scoring
     both = pa.chunked_array([*ref_arr.cast(src_arr.type).chunks, *src_arr.chunks], type=src_arr.type)
     feats = Features.of(both, config.buckets, config.ngrams)
     del both
-    scores = np.empty(n_src, dtype=np.float64)
-    held_ref, held_src, scorers, fold_stats = [], [], [], []
-    train_s = score_s = 0.0
-    from vltool.console import Bar
-
+    fit = CrossFit(np.empty(n_src, dtype=np.float64), [], [], [], [], part_s)
     steps = sum(training_steps(int((part_s != f).sum() + (part_r != f).sum()), config) for f in range(config.folds))
     bar = Bar("filter: training", steps, unit="steps", enabled=log is not None)
     for f in range(config.folds):
-        tr_s, ho_s = np.flatnonzero(part_s != f), np.flatnonzero(part_s == f)
-        tr_r, ho_r = np.flatnonzero(part_r != f), np.flatnonzero(part_r == f)
-        t0 = time.perf_counter()
-        clf, st = train_on_rows(feats, tr_r, tr_s + n_ref, config, bar=bar)
-        train_s += time.perf_counter() - t0
-        if log:
-            log(f"filter: classifier {f + 1}/{config.folds}: trained on {len(tr_s):,} source and {len(tr_r):,} "
-                f"reference captions ({st['train_steps']} steps, final loss {list(st['train_loss'].values())[-1]:.4f})")
-        scorer = Scorer.from_classifier(clf)
-        del clf
-        t0 = time.perf_counter()
-        if config.folds > 1:
-            scores[ho_s] = scorer.row_scores(feats, ho_s + n_ref)
-        else:
-            scores[:] = scorer.row_scores(feats, np.arange(n_ref, n_ref + n_src))
-        score_s += time.perf_counter() - t0
-        held_src.append(scores[ho_s])
-        held_ref.append(scorer.row_scores(feats, ho_r))
-        scorers.append(scorer)
-        fold_stats.append({"train_source_rows": int(len(tr_s)), "train_reference_captions": int(len(tr_r)), **st})
+        fit_fold(f, feats, part_r, fit, n_ref, config, log, bar)
     bar.close()
-    metrics = heldout_metrics(np.concatenate(held_ref), np.concatenate(held_src), config.seed)
-    mean_scorer = Scorer(np.mean([x.table for x in scorers], axis=0), np.max([x.seen for x in scorers], axis=0),
-                         float(np.mean([x.bias for x in scorers])), config.buckets, config.ngrams)
-    train_rows = np.flatnonzero(part_s != 0)
+    return fit
 
-    if config.keep_frac is not None:
-        k = int(round(config.keep_frac * n_src))
-        order = np.argsort(-scores, kind="stable")  # highest first; ties keep row order
-        keep = np.zeros(n_src, dtype=bool)
-        keep[order[:k]] = True
-        cutoff = float(scores[order[k - 1]]) if k else None
+
+def fit_fold(f: int, feats: Features, part_r: np.ndarray, fit: CrossFit, n_ref: int, config: FilterConfig, log, bar) -> None:
+    """Classifier f: train it on the rows outside part f of both sets, score part f (with folds=1, every
+    source row), and add its scores and statistics to `fit`. Feature rows: the reference set's, then the source's."""
+    part_s, scores = fit.part_s, fit.scores
+    tr_s, ho_s = np.flatnonzero(part_s != f), np.flatnonzero(part_s == f)
+    tr_r, ho_r = np.flatnonzero(part_r != f), np.flatnonzero(part_r == f)
+    t0 = time.perf_counter()
+    clf, st = train_on_rows(feats, tr_r, tr_s + n_ref, config, bar=bar)
+    fit.train_s += time.perf_counter() - t0
+    if log:
+        log(f"filter: classifier {f + 1}/{config.folds}: trained on {len(tr_s):,} source and {len(tr_r):,} "
+            f"reference captions ({st['train_steps']} steps, final loss {list(st['train_loss'].values())[-1]:.4f})")
+    scorer = Scorer.from_classifier(clf)
+    del clf
+    t0 = time.perf_counter()
+    if config.folds > 1:
+        scores[ho_s] = scorer.row_scores(feats, ho_s + n_ref)
     else:
-        cutoff = config.resolved_threshold
-        keep = scores >= cutoff
+        scores[:] = scorer.row_scores(feats, np.arange(n_ref, n_ref + len(scores)))
+    fit.score_s += time.perf_counter() - t0
+    fit.held_src.append(scores[ho_s])
+    fit.held_ref.append(scorer.row_scores(feats, ho_r))
+    fit.scorers.append(scorer)
+    fit.fold_stats.append({"train_source_rows": int(len(tr_s)), "train_reference_captions": int(len(tr_r)), **st})
+
+
+def select_rows(scores: np.ndarray, config: FilterConfig) -> tuple[np.ndarray, float | None]:
+    """The rows kept (n,) bool and the score cutoff: the --keep-frac highest scores, else those >= --threshold."""
+    if config.keep_frac is not None:
+        k = int(round(config.keep_frac * len(scores)))
+        order = np.argsort(-scores, kind="stable")  # highest first; ties keep row order
+        keep = np.zeros(len(scores), dtype=bool)
+        keep[order[:k]] = True
+        return keep, (float(scores[order[k - 1]]) if k else None)
+    cutoff = config.resolved_threshold
+    return scores >= cutoff, cutoff
+
+
+def filter_stats(ds, src_arr: pa.ChunkedArray, ref_arr: pa.ChunkedArray, fit: CrossFit, keep: np.ndarray, cutoff: float | None,
+                 config: FilterConfig) -> dict:
+    """The statistics: rows kept, the rule, the classifiers, held-out accuracy, score quantiles, examples
+    of kept and dropped rows, and the n-grams that pull towards each set."""
+    n_src, scores = len(src_arr), fit.scores
+    metrics = heldout_metrics(np.concatenate(fit.held_ref), np.concatenate(fit.held_src), config.seed)
+    train_rows = np.flatnonzero(fit.part_s != 0)
     kept_rows, dropped_rows = np.flatnonzero(keep), np.flatnonzero(~keep)
-
-    from vltool.io import arrow_column
-
     ids = arrow_column(ds, C.ID)
-    stats = {
+    return {
         "rows_in": n_src,
         "rows_out": int(keep.sum()),
         "rows_dropped": int((~keep).sum()),
         "kept_frac": round(float(keep.mean()), 4),
         "rule": f"keep-frac {config.keep_frac}" if config.keep_frac is not None else f"quality_score >= {cutoff}",
         "score_cutoff": None if cutoff is None else round(cutoff, 6),
-        "reference_captions": n_ref,
-        "train_source_rows": fold_stats[0]["train_source_rows"],
-        "train_reference_captions": fold_stats[0]["train_reference_captions"],
+        "reference_captions": len(ref_arr),
+        "train_source_rows": fit.fold_stats[0]["train_source_rows"],
+        "train_reference_captions": fit.fold_stats[0]["train_reference_captions"],
         "classifier": {
             "model": "fastText-style: mean of hashed n-gram embeddings -> linear -> sigmoid (PyTorch)",
             "scoring": f"cross-fitted: {config.folds} classifiers, each scores the rows it did not train on"
@@ -716,35 +732,30 @@ def filter_dataset(ds, ref_texts, config: FilterConfig, *, log=None) -> tuple[ob
             "dim": config.dim,
             "l2": config.l2,
             "class_weighting": "balanced (each set weighs half of the loss)",
-            "per_classifier": fold_stats,
-            "train_seconds": round(train_s, 3),
+            "per_classifier": fit.fold_stats,
+            "train_seconds": round(fit.train_s, 3),
         },
         "heldout": metrics,
         "score_quantiles": {
             q: round(float(np.quantile(scores, float(q))), 4) for q in ("0.05", "0.25", "0.5", "0.75", "0.95")
         },
-        "score_seconds": round(score_s, 4),
-        "captions_scored_per_second": round(n_src / score_s) if score_s > 0 else None,
+        "score_seconds": round(fit.score_s, 4),
+        "captions_scored_per_second": round(n_src / fit.score_s) if fit.score_s > 0 else None,
         "examples_kept": _examples(ids, src_arr, scores, kept_rows, config.num_examples, config.seed),
         "examples_dropped": _examples(ids, src_arr, scores, dropped_rows, config.num_examples, config.seed + 1),
-        "top_ngrams": top_ngrams(mean_scorer, take(src_arr, train_rows[:20000]).to_pylist()
+        "top_ngrams": top_ngrams(fit.mean_scorer(config), src_arr.take(pa.array(train_rows[:20000], type=pa.int64())).to_pylist()
                                  + ref_arr.slice(0, 20000).to_pylist()),
     }
 
-    # The output is the input's table with the scores beside it and the kept rows as an indices mapping
-    # (vltool.derived): flattening a selection and add_column copied every column, images included.
-    from datasets.table import InMemoryTable
 
-    from vltool.derived import with_columns
-
+def with_scores(ds, scores: np.ndarray, keep: np.ndarray):
+    """The output: the input's table with the scores beside it and the kept rows as an indices mapping
+    (vltool.derived): flattening a selection and add_column copied every column, images included."""
     scored = InMemoryTable(pa.table({C.QUALITY_SCORE: pa.array(scores.astype(np.float32))}))
     order = [c for c in ds.column_names if c != C.QUALITY_SCORE] + [C.QUALITY_SCORE]  # a second filter replaces the first one's scores
-    import hashlib
-
     fingerprint = hashlib.blake2b(b"filter\x00" + ds._fingerprint.encode() + scores.tobytes() + keep.tobytes(), digest_size=16).hexdigest()
-    ds = with_columns(ds, scored, {C.QUALITY_SCORE: datasets.Value("float32")}, keep, order=order,
-                      fingerprint=fingerprint, spill=None, chunk=1 << 20)
-    return ds, stats
+    return with_columns(ds, scored, {C.QUALITY_SCORE: datasets.Value("float32")}, keep, order=order,
+                        fingerprint=fingerprint, spill=None, chunk=1 << 20)
 
 
 def filter(  # noqa: A001 - the command's name (docs/conventions.md: one name everywhere)
@@ -760,11 +771,6 @@ def filter(  # noqa: A001 - the command's name (docs/conventions.md: one name ev
     overwrite: bool = False,
 ) -> dict:
     """Load `data` and `reference`, filter `data`, write it atomically to `out`; return its `vltool.json`."""
-    from vltool import provenance
-    from vltool.checks import has_text, require_texts
-    from vltool.console import log
-    from vltool.io import arrow_column, check_output, load_dataset, save_dataset
-
     timer = provenance.Timer()
     config.validate()
     src = load_dataset(data, split=split, where=where, required=[C.ID], texts=[config.text_column])

@@ -204,7 +204,7 @@ def test_lock_and_unfreeze_last_blocks_of_hf_towers(kind, hf_dirs):
     from vltool.pretrain.config import PretrainConfig
     from vltool.pretrain.optim import apply_freezing
 
-    model, _ = load_hf_dual(f"hf:{hf_dirs[kind]}")
+    model, _, _ = load_hf_dual(f"hf:{hf_dirs[kind]}")
     frozen = apply_freezing(model, PretrainConfig(lock_image=True, unfreeze_image_last=1, lock_text=True))
     assert frozen == {"image": False, "text": True}
     trainable = {n.split(".")[0] if not n.startswith("visual.") else ".".join(n.split(".")[:4])

@@ -22,27 +22,35 @@ def _tar(path: Path, members: list[tuple[str, bytes]]) -> None:
             tar.addfile(info, io.BytesIO(data))
 
 
+class _Pairs(list):
+    """(PIL image, label) pairs with the attributes CLIP_benchmark's converter reads (classes, templates)."""
+
+    def __init__(self, pairs, classes, templates):
+        super().__init__(pairs)
+        self.classes, self.templates = classes, templates
+
+
 def make_cb_classification(root: Path, per_class=(4, 2), shards: int = 2, seed: int = 0, colors=None) -> Path:
     """Colour squares, label = colour: train/ (per_class[0] per colour) and test/ (per_class[1]), `shards`
-    shards each, as CLIP_benchmark's clip_benchmark_export_wds writes them (KEY.webp + KEY.cls)."""
+    shards each, written by CLIP_benchmark's own converter (clip_benchmark.webdataset_builder.convert_dataset,
+    as `clip_benchmark_export_wds` runs it; PNG images): KEY.png + KEY.cls, keys s0000000... numbered anew in
+    every split, classnames.txt, zeroshot_classification_templates.txt, SPLIT/nshards.txt."""
+    import contextlib
+
+    from PIL import Image
+    from clip_benchmark.webdataset_builder import PIL_to_bytes, convert_dataset
+
     root = Path(root)
     rng = np.random.default_rng(seed)
     names = list(colors or COLORS)
     root.mkdir(parents=True, exist_ok=True)
-    (root / "classnames.txt").write_text("\n".join(names) + "\n")
-    (root / "zeroshot_classification_templates.txt").write_text("\n".join(TEMPLATES) + "\n")
-    i = 0
     for split, n in zip(("train", "test"), per_class):
-        samples = []
-        for c, name in enumerate(names):
-            for _ in range(n):
-                samples.append([(f"s{i:07d}.png", _png(COLORS[name], rng)), (f"s{i:07d}.cls", str(c).encode())])
-                i += 1
+        samples = [(Image.open(io.BytesIO(_png(COLORS[name], rng))).convert("RGB"), c) for c, name in enumerate(names) for _ in range(n)]
         order = rng.permutation(len(samples))
-        (root / split).mkdir(exist_ok=True)
-        for s in range(shards):
-            _tar(root / split / f"{s}.tar", [m for j in order[s::shards] for m in samples[j]])
-        (root / split / "nshards.txt").write_text(f"{shards}\n")
+        pairs = _Pairs([samples[j] for j in order], names, list(TEMPLATES))
+        with contextlib.redirect_stdout(io.StringIO()):
+            convert_dataset(pairs, split, str(root), transform=PIL_to_bytes("png"), image_format="png",
+                            max_count=-(-len(pairs) // shards), verbose=False)
     return root
 
 

@@ -94,3 +94,25 @@ def test_a_class_label_split_column_selects_its_rows(tmp_path):
                                features=feats).save_to_disk(str(tmp_path / "d"))
     plan = plan_dataset(str(tmp_path / "d"), BenchmarkConfig(model="unused"))
     assert plan.eval_where == ["split=test"] and plan.train_where == ["split=train"]
+
+
+def test_the_table_keeps_metric_names_whole_at_80_columns(setup, cli, tmp_path, monkeypatch):
+    """In an 80-column terminal the dataset paths fold, and image_to_text_R@1 / R@5 stay whole (they were cut
+    to `image_to_tex...`)."""
+    import io
+
+    from rich.console import Console
+
+    from vltool import console
+
+    root, cb, caps, colors, model = setup
+    buf = io.StringIO()
+    monkeypatch.setattr(console, "out", Console(file=buf, width=80, soft_wrap=True))
+    r = cli("benchmark", "--model", model, "--datasets", f"{caps},{colors}", "--tasks", "retrieve", "--bootstrap", "20",
+            "--cache-dir", tmp_path / "c")
+    assert r.exit_code == 0, r.stderr
+    text = buf.getvalue()
+    for name in ("image_to_text_R@1", "image_to_text_R@5", "text_to_image_R@1", "text_to_image_R@5"):
+        assert name in text, text
+    assert "…" not in text and "..." not in text
+    assert max(len(line) for line in text.splitlines()) <= 80

@@ -173,3 +173,41 @@ def test_cli(cli, model_dir, colors):
             "--protocol", "fff", "--epochs", "2", "--bootstrap", "10", "--no-progress")
     assert t.exit_code == 0 and "mean_per_class_recall" in t.stdout
     assert math.isfinite(json.loads(r.stdout)["metrics"]["top1"]["value"])
+
+
+def test_clip_benchmark_splits_numbered_alike_are_not_one_set(tmp_path, cli):
+    """CLIP_benchmark's converter numbers every split from s0000000: its train and test splits share every id
+    and no image, so the probe trains on one and evaluates on the other; the same split twice is refused."""
+    from tests._clip_benchmark import make_cb_classification
+
+    root = make_cb_classification(tmp_path / "cb")
+    model = make_model(tmp_path / "run")
+    common = ["--model", model, "--bootstrap", "0", "--cache-dir", tmp_path / "c", "--json"]
+    r = cli("probe", root, "--split", "train", "--eval-data", root, "--eval-split", "test", *common)
+    assert r.exit_code == 0, r.stderr
+    r = cli("probe", root, "--split", "test", "--eval-data", root, "--eval-split", "test", *common)
+    assert r.exit_code == 2 and "rows are in both the training and the eval data" in r.stderr
+
+
+def test_rows_in_both_compares_images_across_splits_of_one_dataset(tmp_path):
+    """Across two splits of one DatasetDict a shared id is one row only when the image bytes are the same;
+    within one dataset (or across two datasets) the id alone decides."""
+    import datasets
+
+    from vltool.io import load_dataset, rows_in_both
+
+    feats = datasets.Features({"id": datasets.Value("string"), "image": datasets.Image(), "label": datasets.Value("int64")})
+
+    def split(images):
+        return datasets.Dataset.from_dict({"id": ["x", "y"], "image": [{"bytes": b, "path": None} for b in images], "label": [0, 1]},
+                                          features=feats)
+
+    from tests._eval_helpers import _png
+
+    rng = np.random.default_rng(0)
+    same, a, b = _png((1, 2, 3), rng), _png((200, 0, 0), rng), _png((0, 200, 0), rng)
+    datasets.DatasetDict({"train": split([same, a]), "test": split([same, b])}).save_to_disk(str(tmp_path / "dd"))
+    train = load_dataset(str(tmp_path / "dd"), split="train")
+    test = load_dataset(str(tmp_path / "dd"), split="test")
+    assert rows_in_both(train, test) == ["x"]  # y: the same id, another image
+    assert rows_in_both(train, load_dataset(str(tmp_path / "dd"), split="train")) == ["x", "y"]

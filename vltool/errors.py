@@ -1,5 +1,8 @@
 """Errors a user can fix. The CLI prints their message on one line and exits without a traceback."""
 
+import errno
+import os
+
 
 class VltoolError(Exception):
     """A runtime problem the user can fix (bad data, missing file). Exit code 1."""
@@ -17,3 +20,33 @@ def check(problems: list[str], error: type[VltoolError] = UsageError) -> None:
     """Raise once with every problem found, as litgpt's validate_args does."""
     if problems:
         raise error("; ".join(problems))
+
+
+class DiskFull(VltoolError):
+    """No space left on the device being written (ENOSPC, or a quota: EDQUOT). Exit code 1."""
+
+
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+# How libraries that wrap the OSError in their own exception say it: safetensors' Rust I/O error
+# ("No space left on device (os error 28)"), pyarrow's ("[errno 28] ...").
+DISK_FULL_TEXTS = (os.strerror(errno.ENOSPC), f"os error {errno.ENOSPC}", f"errno {errno.ENOSPC}]")
+
+
+def disk_full_cause(e: BaseException) -> BaseException | None:
+    """The exception in `e`'s chain (itself, then what it was raised from) that reports a full disk, or None.
+    datasets' DatasetGenerationError carries the OSError as its cause; safetensors' SafetensorError says it
+    only in its text."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS:
+            return e
+        if any(text in str(e) for text in DISK_FULL_TEXTS):
+            return e
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def disk_full_message(where: str | os.PathLike | None, advice: str = "free some space there or choose another --out") -> str:
+    """One line saying the disk is full, naming what was being written."""
+    return f"the disk is full (no space left on device){f' writing {where}' if where else ''}; {advice}"

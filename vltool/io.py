@@ -19,13 +19,13 @@ import json
 import os
 import shutil
 import uuid
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from vltool import columns as C
-from vltool.errors import UsageError, VltoolError
+from vltool.errors import DiskFull, UsageError, VltoolError, disk_full_cause, disk_full_message
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 BUILTIN_DATASETS = {"emoji": ASSETS / "emoji"}
@@ -346,6 +346,46 @@ def shared_ids(a, b) -> list[str]:
     return sorted(set(large.filter(pc.is_in(large, value_set=small.combine_chunks())).to_pylist()))
 
 
+def rows_in_both(a: "LoadedDataset", b: "LoadedDataset") -> list[str]:
+    """The ids of rows that are in both inputs (a training set and its eval set), sorted.
+
+    An id names a row within one dataset. Two different splits of one DatasetDict may number their rows
+    alike (CLIP_benchmark's converter starts every split at s0000000), so there a shared id is the same row
+    only when its image is byte for byte the same too."""
+    shared = shared_ids(a.dataset, b.dataset)
+    other_split = a.split != b.split and a.path.expanduser().resolve() == b.path.expanduser().resolve()
+    if not shared or not other_split or C.IMAGE not in a.dataset.column_names or C.IMAGE not in b.dataset.column_names:
+        return shared
+    da, db = _image_digests(a.dataset, shared), _image_digests(b.dataset, shared)
+    return [i for i in shared if da.get(i) is not None and da.get(i) == db.get(i)]
+
+
+def _image_digests(ds, ids: Sequence[str]) -> dict[str, str]:
+    """id -> sha256 of the image's encoded bytes, for the rows whose id is in `ids`."""
+    import hashlib
+
+    import datasets
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    col = arrow_column(ds, C.ID)
+    wanted = pa.array(list(ids)).cast(col.type) if col.type != pa.string() else pa.array(list(ids))
+    rows = pc.indices_nonzero(pc.is_in(col, value_set=wanted)).to_pylist()
+    sub = ds.select(rows).select_columns([C.ID, C.IMAGE])
+    if isinstance(sub.features[C.IMAGE], datasets.Image):
+        sub = sub.cast_column(C.IMAGE, datasets.Image(decode=False))
+    out = {}
+    for lo in range(0, len(sub), 256):
+        chunk = sub[lo : lo + 256]
+        for i, v in zip(chunk[C.ID], chunk[C.IMAGE]):
+            try:
+                data = image_bytes(v) if isinstance(v, dict) else None
+            except (OSError, KeyError):
+                data = None
+            out[str(i)] = hashlib.sha256(data).hexdigest() if data is not None else None
+    return out
+
+
 def column_values(ds, name: str) -> list:
     """A column as a Python list, honouring a selection (indices mapping) without reading other columns."""
     return arrow_column(ds, name).to_pylist()
@@ -447,12 +487,14 @@ def model_inputs(spec: str | Path | None, pretrained: str | Path | None = None) 
     if spec is None or not str(spec).strip():
         return []
     s = str(spec)
-    if s.startswith("open_clip:"):
-        return [Path(pretrained).expanduser()] if pretrained else []
+    if s.startswith("open_clip:"):  # --pretrained FILE or open_clip:ARCH/FILE; a tag's or a Hub id's files are in the Hub cache
+        files = [pretrained] if pretrained else [s[len("open_clip:"):].partition("/")[2]]
+        return [Path(f).expanduser() for f in files if f and Path(f).expanduser().is_file()]
     if s.startswith("local-dir:"):
         return [Path(s[len("local-dir:"):]).expanduser()]
-    if s.startswith("hf:"):
-        return [Path(s[len("hf:"):]).expanduser()]
+    if s.startswith("hf:"):  # a local folder; hf:ORG/NAME's files are in the Hub cache
+        path = Path(s[len("hf:"):]).expanduser()
+        return [path] if s[len("hf:"):] and path.exists() else []
     return [Path(s).expanduser()]
 
 
@@ -611,6 +653,11 @@ def output_scope() -> Iterator[None]:
     try:
         yield
         ok = True
+    except Exception as e:
+        full = None if isinstance(e, VltoolError) else disk_full_cause(e)
+        if full is None:
+            raise
+        raise DiskFull(disk_full_message(_written_path(full, [lk.out for lk in scope["locks"]]))) from e
     finally:
         _SCOPES.remove(scope)
         for lk in reversed(scope["locks"]):
@@ -621,6 +668,21 @@ def output_scope() -> Iterator[None]:
                     d.rmdir()
                 except OSError:
                     pass
+
+
+def _written_path(error: BaseException, outputs: Sequence[Path]) -> str | None:
+    """What a write that failed with `error` was writing, for the user: the output (`--out`) when the file
+    is the output, inside it or a temporary beside it (`.OUT.tmp-*`, `.OUT.work-*`), else the file named by
+    the error, else the command's outputs."""
+    filename = getattr(error, "filename", None)
+    if filename is None:
+        return ", ".join(map(str, outputs)) or None
+    failed = Path(os.fsdecode(filename)).absolute()
+    for out in outputs:
+        if any(p == out.absolute() or (p.parent == out.absolute().parent and p.name.startswith(f".{out.name}."))
+               for p in (failed, *failed.parents)):
+            return str(out)
+    return str(failed)
 
 
 def hold_output_lock(out: Path | str, *, related: Sequence[str] = (), keep: Sequence[Path] = ()) -> None:
@@ -688,11 +750,24 @@ def _acquire(out: Path) -> _Lock:
         if same:  # else the previous holder removed the file between our open and flock: take the new one
             break
         os.close(fd)
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    _write_holder(fd, path, out)
     lk = _Lock(out, path, fd)
     _HELD[str(out.resolve())] = lk
     return lk
+
+
+def _write_holder(fd: int, path: Path, out: Path) -> None:
+    """Write this process's id into the lock file `path` (held through `fd`) for a second writer's message.
+    When it cannot be written (a full disk), the lock file is removed and closed: nothing is left beside
+    `out`, and the error names `out`."""
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError as e:
+        with suppress(OSError):
+            os.unlink(path)
+        os.close(fd)
+        raise OSError(e.errno, e.strerror, str(out)) from None
 
 
 def clean_stale(out: Path | str, *, related: Sequence[str] = (), keep: Sequence[Path] = ()) -> list[Path]:
@@ -907,8 +982,10 @@ def image_bytes(value) -> bytes | None:
         return f.read()
 
 
-def decode_image(value):
+def decode_image(value, rgb: bool = True):
     """datasets' undecoded image ({bytes, path}) -> RGB PIL image, or None when it cannot be decoded.
+    `rgb=False` keeps the image's own mode (RGBA, P, L, ...) for a model's transform that converts it
+    itself, as open_clip's and transformers' do (vltool.transforms.eval_transform).
 
     Training, encoding and pseudo-labelling all read images through this, so they agree on what a bad
     image is (skipped and counted; images over the size limit too, see image_size_policy). A path
@@ -924,7 +1001,7 @@ def decode_image(value):
             return None
         im = Image.open(io.BytesIO(data))
         im.load()
-        return im.convert("RGB")
+        return im.convert("RGB") if rgb else im
     except Exception:
         return None
 

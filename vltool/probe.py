@@ -385,7 +385,7 @@ def probe(
     from vltool.encode import encode_images, load_eval_model, model_record
     from vltool.evaluation import bootstrap_record, check_out, debias_edit, entry, finish
     from vltool.topology import is_main, process_state, warn
-    from vltool.io import load_dataset, shared_ids
+    from vltool.io import load_dataset, rows_in_both
     from vltool.metrics import AveragePrecision, ClassificationItems, Resampling, bootstrap, majority_rate, per_class_recall, topk_chance
     from vltool.outcomes import base_arrays, example_ids, read_groups
     from vltool.zeroshot import read_labels
@@ -407,7 +407,7 @@ def probe(
     if train.rows == 0 or evald.rows == 0:
         raise UsageError(f"no rows selected: {train.rows} training rows (--where {list(where)}), {evald.rows} eval rows (--eval-where {list(eval_where)})")
     if C.ID in train.dataset.column_names and C.ID in evald.dataset.column_names:
-        shared = shared_ids(train.dataset, evald.dataset)
+        shared = rows_in_both(train, evald)  # (two splits of one dataset may number their rows alike)
         if shared:
             raise UsageError(
                 f"{len(shared)} rows are in both the training and the eval data (e.g. id {shared[0]!r}); "

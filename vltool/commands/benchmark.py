@@ -81,10 +81,14 @@ def print_table(record: dict) -> None:
     from vltool.console import out as stdout
 
     t = Table(title=f"benchmark of {record['model']['spec']}", show_header=True)
-    for c in ("dataset", "task", "metric"):
-        t.add_column(c)
+    # in a narrow terminal the dataset paths fold; the metric names (image_to_text_R@1 / @5) and the numbers
+    # are never cut
+    metric_width = max([len("metric"), *(len(r["metric"]) for r in record["table"])])
+    t.add_column("dataset", overflow="fold")
+    t.add_column("task", no_wrap=True)
+    t.add_column("metric", no_wrap=True, min_width=metric_width)
     for c in ("value", "95% CI", "chance"):
-        t.add_column(c, justify="right")
+        t.add_column(c, justify="right", no_wrap=True)
 
     def fmt(name, x):
         return "-" if x is None else f"{x:.2f}" if "rank" in name else f"{100 * x:.2f}%"

@@ -6,8 +6,10 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.table import Table
 
 from vltool.commands.common import JsonOpt, NoProgressOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors, renamed
+from vltool.console import out as stdout, print_json
 
 HELP = """Train a two-tower image-text model with a contrastive loss (CLIP's symmetric InfoNCE).
 
@@ -61,7 +63,7 @@ def pretrain_command(
     embed_dim: Annotated[Int, typer.Option("--embed-dim", help="Shared embedding size [default: the arch's].", rich_help_panel="Model")] = None,
     image_size: Annotated[Int, typer.Option("--image-size", help="Input image size [default: the arch's].", rich_help_panel="Model")] = None,
     context_length: Annotated[Int, typer.Option("--context-length", help="Text tokens [default: the arch's; 64 for hf towers].", rich_help_panel="Model")] = None,
-    init: Annotated[Str, typer.Option("--init", help="Start from a trained model: a vltool RUN_DIR (or RUN_DIR/model), or hf:DIR, a Hugging Face CLIPModel or SiglipModel saved with save_pretrained (with its processor; its logit scale and SigLIP's bias included).", rich_help_panel="Model")] = None,
+    init: Annotated[Str, typer.Option("--init", help="Start from a trained model: a vltool RUN_DIR (or RUN_DIR/model); hf:ORG/NAME[@REVISION] or hf:DIR, a Hugging Face CLIPModel or SiglipModel (with its processor; its logit scale and SigLIP's bias included); open_clip:ARCH/TAG (open_clip's pretrained tag), open_clip:ARCH/FILE, open_clip:hf-hub:ORG/NAME or local-dir:PATH. Hub files come through huggingface_hub's cache; the run records the commit or the weights' sha256.", rich_help_panel="Model")] = None,
     loss: Annotated[str, typer.Option("--loss", help="Training objective: clip (InfoNCE) | sigmoid (FFF/SigLIP, several positives) | unicl (label-aware soft targets) | jsd (CLIP-Lite, one negative per positive, critic projections) | simclr (image-only views, no text); clip with --memory-bank K: EMA queue. See docs/objectives.md.", rich_help_panel="Model")] = "clip",
     bias_init: Annotated[Str, typer.Option("--bias-init", help="sigmoid: the logit bias's start, a number or 'search' (FFF 4.4: the initial loss's minimum over a grid of step 1 from [-20, 0], widened until the minimum is inside it, then refined to 0.1; logged in metrics.jsonl); default -10 (SigLIP's).", rich_help_panel="Loss")] = None,
     bias_search_batches: Annotated[int, typer.Option("--bias-search-batches", help="sigmoid --bias-init search: global batches of epoch 0 encoded by the fresh model to choose the bias (vltool's choice: 4).", rich_help_panel="Loss")] = 4,
@@ -130,50 +132,52 @@ def pretrain_command(
     overwrite: OverwriteOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
-    from dataclasses import fields
-
-    from vltool.pretrain import PretrainConfig, pretrain
+    """One parameter per option (Typer reads them from the signature, so the signature is the command's
+    interface and stays one piece); the body: options -> config -> pretrain -> print_result."""
+    # vltool.pretrain (torch) is imported here, not at the top: commands/*.py stay light so `vltool --help` answers at once
+    from vltool.pretrain import pretrain
 
     device = renamed(ctx, "--cpu", "--device", cpu, device, means="cpu")
-    options = locals()
-    # every PretrainConfig field is the option of the same name (tests/test_options.py keeps them in step)
+    config = pretrain_config(locals())
+    result = pretrain(data or [], out, None if resume else config, where=where or [], split=split, eval_data=eval_data or [], eval_where=eval_where or [],
+                      overwrite=overwrite, resume=resume, stop_after_steps=stop_after_steps, progress=not no_progress)
+    print_result(result, as_json)
+
+
+def pretrain_config(options: dict):
+    """The PretrainConfig of the command's options: every field is the option of the same name
+    (tests/test_options.py keeps them in step)."""
+    from dataclasses import fields
+
+    from vltool.pretrain import PretrainConfig  # (lazy: see pretrain_command)
+
     config = PretrainConfig(**{f.name: options[f.name] for f in fields(PretrainConfig)})
-    config.label_data, config.text_data = list(label_data or []), list(text_data or [])
-    result = pretrain(
-        data or [], out, None if resume else config, where=where or [], split=split, eval_data=eval_data or [],
-        eval_where=eval_where or [], overwrite=overwrite, resume=resume, stop_after_steps=stop_after_steps,
-        progress=not no_progress,
-    )
+    config.label_data, config.text_data = list(options["label_data"] or []), list(options["text_data"] or [])
+    return config
+
+
+def print_result(result: dict, as_json: bool) -> None:
+    """What the main process prints: where a stopped run stands, or the finished run's statistics (a
+    table, or JSON with --json); the other processes print nothing."""
     if not result.get("stats") and result.get("status") == "finished":
         return  # not the main process
     if result["status"] == "stopped":
         msg = {"status": "stopped", "step": result["step"], "total_steps": result["total_steps"], "run_dir": result["run_dir"]}
         if as_json:
-            from vltool.console import print_json
-
             print_json(msg)
         else:
-            from vltool.console import out as stdout
-
             stdout.print(
                 f"stopped at step {result['step']}/{result['total_steps']}; continue with "
                 f"`vltool pretrain --resume {result['run_dir']}`"
             )
         return
-    s = result["stats"]
     if as_json:
-        from vltool.console import print_json
-
-        print_json(s)
+        print_json(result["stats"])
     else:
-        print_stats(s)
+        print_stats(result["stats"])
 
 
 def print_stats(s: dict) -> None:
-    from rich.table import Table
-
-    from vltool.console import out as stdout
-
     t = Table(title=f"pretrain -> {s['model']}")
     t.add_column("statistic")
     t.add_column("value", justify="right")

@@ -19,18 +19,28 @@ When every shard is done, the dataset is written atomically to OUT and OUT.parti
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import shutil
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import datasets
+
 from vltool import columns as C
+from vltool import provenance
+from vltool import hub
+from vltool.checks import clean_text, require_texts, text_column
+from vltool.console import log as console_log
 from vltool.errors import UsageError, VltoolError
+from vltool.io import LoadedDataset, check_output, decode_image, load_dataset, require_a_decodable_image, save_dataset
+from vltool.topology import process_state, warn
 
 STRATEGIES = ("nucleus", "beam")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -272,11 +282,16 @@ def _auto_names() -> tuple[dict, dict]:
 def inspect_model(path: Path | str, paraphrase: bool) -> dict:
     """Check that `path` is a local model of the right kind without loading its weights; describe it."""
     opt = "--lm" if paraphrase else "--model"
+    revision, name = {}, None
+    if str(path).startswith(hub.HF_SPEC):  # hf:DIR or hf:ORG/NAME[@REVISION], through huggingface_hub's cache
+        found = hub.resolve_hf(str(path))
+        path, revision = found.path, found.revision
+        name = revision["repo"].split("/")[-1] if revision else None
     path = Path(path).expanduser()
     if not path.exists():
         raise UsageError(
-            f"{opt} {path} does not exist; give a local model directory (written by save_pretrained): "
-            "weights are not downloaded"
+            f"{opt} {path} does not exist; give a local model directory (written by save_pretrained) or a Hub id "
+            "hf:ORG/NAME[@REVISION]"
         )
     if not (path / "config.json").is_file():
         raise UsageError(f"{opt} {path} is not a transformers model directory (it has no config.json)")
@@ -306,7 +321,8 @@ def inspect_model(path: Path | str, paraphrase: bool) -> dict:
         kind = "captioner"
     return {
         "path": str(path.resolve()),
-        "name": path.resolve().name,
+        "name": name or path.resolve().name,
+        **({"revision": revision} if revision else {}),  # a Hub id: the commit it resolved to
         "model_type": model_type,
         "architectures": archs,
         "kind": kind,
@@ -606,8 +622,6 @@ def distributed(config: RecaptionConfig, process_index: int | None, num_processe
     processes do not communicate through the process group: they meet in OUT.partial."""
     if process_index is not None:
         return Dist(process_index, num_processes or 1, resolve_device(config.device))
-    from vltool.topology import process_state
-
     state = process_state()
     device = resolve_device(config.device)
     if state.num_processes > 1 and config.device == "auto" and device == "cuda":
@@ -640,18 +654,12 @@ def run_shards(
     input_column: str, dist: Dist, log: Callable[[str], None],
 ) -> dict:
     """Generate every shard in `todo` (in order), writing each as soon as it is finished."""
-    from concurrent.futures import ThreadPoolExecutor
-
     if config.max_shards is not None:
         todo = todo[: config.max_shards]
     rows_todo = sum(min(n, (i + 1) * config.shard_size) - i * config.shard_size for i in todo)
     stats = {"shards_run": 0, "rows_run": 0, "generate_seconds": 0.0}
     if not todo:
         return stats
-    import datasets
-
-    from vltool.io import decode_image
-
     gen = gen_factory()
     cols = ds.select_columns([C.ID, input_column])
     # images are decoded here, through the policy every command shares: an undecodable or oversized image
@@ -659,48 +667,23 @@ def run_shards(
     images = isinstance(cols.features[input_column], datasets.Image)
     if images:
         cols = cols.cast_column(input_column, datasets.Image(decode=False))
+    load = functools.partial(load_batch, cols, input_column, images, gen)
     stats["bad_images"] = 0
     unit = "images" if gen.kind == "captioner" else "captions"
     label = f"{config.mode}" + (f" [process {dist.rank}/{dist.world}]" if dist.world > 1 else "")
-    bs = config.batch_size
     t_start = time.perf_counter()
     with _progress() as progress, ThreadPoolExecutor(max_workers=1) as pool:
         task = progress.add_task(label, total=rows_todo, rate="")
+
+        def advance(rows: int) -> None:
+            stats["rows_run"] += rows
+            progress.update(task, advance=rows, rate=f"{stats['rows_run'] / (time.perf_counter() - t_start):.1f} {unit}/s")
+
         try:
             for i in todo:
-                lo, hi = i * config.shard_size, min(n, (i + 1) * config.shard_size)
                 t0 = time.perf_counter()
-                ids: list[str] = []
-                outputs: list[list[str]] = []
-                batches = [(b, min(hi, b + bs)) for b in range(lo, hi, bs)]
-
-                def load(span):
-                    rows = cols[span[0]:span[1]]
-                    values = rows[input_column]
-                    bad = 0
-                    if images:
-                        decoded = [decode_image(v) if v is not None else None for v in values]
-                        bad = sum(v is not None and d is None for v, d in zip(values, decoded))
-                        values = decoded
-                    keep = [j for j, x in enumerate(values) if _has_input(x)]
-                    items = [values[j] for j in keep]
-                    return rows[C.ID], keep, items, (gen.prepare(items) if items else None), bad
-
-                nxt = pool.submit(load, batches[0])
-                for bi in range(len(batches)):
-                    batch_ids, keep, items, prepared, bad = nxt.result()
-                    stats["bad_images"] += bad
-                    if bi + 1 < len(batches):
-                        nxt = pool.submit(load, batches[bi + 1])  # decode the next batch while this one runs
-                    got = gen(items, [batch_ids[j] for j in keep], prepared) if items else []
-                    per_row: list[list[str]] = [[] for _ in batch_ids]
-                    for j, caps in zip(keep, got):
-                        per_row[j] = caps
-                    ids.extend(batch_ids)
-                    outputs.extend(per_row)
-                    stats["rows_run"] += len(batch_ids)
-                    elapsed = time.perf_counter() - t_start
-                    progress.update(task, advance=len(batch_ids), rate=f"{stats['rows_run'] / elapsed:.1f} {unit}/s")
+                ids, outputs = generate_shard(i * config.shard_size, min(n, (i + 1) * config.shard_size), config.batch_size,
+                                              gen, load, pool, stats, advance)
                 work.write(i, ids, outputs, time.perf_counter() - t0)
                 stats["shards_run"] += 1
         except KeyboardInterrupt:
@@ -709,8 +692,6 @@ def run_shards(
                 "rerun the same command to continue"
             ) from None
     if stats["bad_images"]:
-        from vltool.topology import warn
-
         warn(f"{stats['bad_images']:,} images could not be decoded (corrupt, missing, or over the size limit); "
              "their rows get no new captions")
     stats["generate_seconds"] = round(time.perf_counter() - t_start, 3)
@@ -718,6 +699,44 @@ def run_shards(
     log(f"{config.mode}: {stats['rows_run']:,} rows in {stats['generate_seconds']:.1f}s "
         f"({stats['rows_per_second']:.1f} {unit}/s)")
     return stats
+
+
+def load_batch(cols, input_column: str, images: bool, gen: Generator, span: tuple[int, int]):
+    """Rows span[0]..span[1] of `cols`, ready for the generator: (ids, the positions of the rows with an
+    input, those inputs, the generator's prepared batch, the number of bad images)."""
+    rows = cols[span[0]:span[1]]
+    values = rows[input_column]
+    bad = 0
+    if images:
+        decoded = [decode_image(v) if v is not None else None for v in values]
+        bad = sum(v is not None and d is None for v, d in zip(values, decoded))
+        values = decoded
+    keep = [j for j, x in enumerate(values) if _has_input(x)]
+    items = [values[j] for j in keep]
+    return rows[C.ID], keep, items, (gen.prepare(items) if items else None), bad
+
+
+def generate_shard(lo: int, hi: int, batch_size: int, gen: Generator, load: Callable, pool: ThreadPoolExecutor, stats: dict,
+                   advance: Callable[[int], None]) -> tuple[list[str], list[list[str]]]:
+    """One shard, rows lo..hi in batches: (its ids, each row's new captions; none for a row without input).
+    The next batch is loaded (decoded, prepared) on `pool` while the generator runs on this one."""
+    ids: list[str] = []
+    outputs: list[list[str]] = []
+    batches = [(b, min(hi, b + batch_size)) for b in range(lo, hi, batch_size)]
+    nxt = pool.submit(load, batches[0])
+    for bi in range(len(batches)):
+        batch_ids, keep, items, prepared, bad = nxt.result()
+        stats["bad_images"] += bad
+        if bi + 1 < len(batches):
+            nxt = pool.submit(load, batches[bi + 1])  # decode the next batch while this one runs
+        got = gen(items, [batch_ids[j] for j in keep], prepared) if items else []
+        per_row: list[list[str]] = [[] for _ in batch_ids]
+        for j, caps in zip(keep, got):
+            per_row[j] = caps
+        ids.extend(batch_ids)
+        outputs.extend(per_row)
+        advance(len(batch_ids))
+    return ids, outputs
 
 
 def _has_input(x) -> bool:
@@ -740,8 +759,6 @@ def source_label(config: RecaptionConfig, model_info: dict) -> str:
 def assemble(ds, generated: list[list[str]], config: RecaptionConfig, label: str):
     """The output dataset: captions (existing + new, or new only), caption (with --set-caption) and
     caption_source {caption, captions}, the rest of the columns untouched."""
-    import datasets
-
     n = len(ds)
     names = ds.column_names
     existing = ds[C.CAPTIONS] if C.CAPTIONS in names else None
@@ -830,6 +847,35 @@ def generation_stats(ds, generated: list[list[str]], config: RecaptionConfig, in
     }
 
 
+@dataclass
+class Job:
+    """What one recaption run computes and where: the input, the model, this process's share, OUT.partial."""
+
+    src: LoadedDataset
+    out: Path
+    input_column: str  # the image column, or with --paraphrase the text column
+    info: dict  # inspect_model's
+    examples: tuple  # --paraphrase's (input, output) examples
+    dist: Dist
+    settings: dict  # config.settings(): the generation settings resolved
+    num_shards: int
+    work: WorkDir
+
+    def record(self, config: RecaptionConfig) -> dict:
+        """job.json: what the shards in OUT.partial were computed from (a different job is refused)."""
+        src = self.src
+        return {
+            "command": "recaption",
+            "input": {"path": str(src.path), "split": src.split, "where": src.where, "fingerprint": src.fingerprint,
+                      "rows": src.rows},
+            "model": {k: self.info[k] for k in ("path", "model_type", "fingerprint")},
+            "generation": self.settings,
+            "examples": [list(p) for p in self.examples],
+            "shard_size": config.shard_size,
+            "num_shards": self.num_shards,
+        }
+
+
 def recaption(
     data: str,
     out,
@@ -847,22 +893,42 @@ def recaption(
     Returns the `vltool.json` record, or, when this process does not write OUT (not process 0, stopped by
     --max-shards, other processes' shards missing), a status with "finished": False.
     `process_index` / `num_processes` run one process's share by hand (as `accelerate launch` would).
+    Stages: load_input -> plan_job -> WorkDir.open -> run_shards -> wait_for_shards -> read_generated -> write_output.
     """
-    from vltool import provenance
-    from vltool.console import log as console_log
-    from vltool.io import check_output, load_dataset, save_dataset
-    from vltool.topology import process_state
-
     log = log or console_log
     timer = provenance.Timer()
     config.validate()
     if config.restart and (num_processes or process_state().num_processes) > 1:
         raise UsageError("--restart with several processes is not supported: delete OUT.partial and relaunch")
+    src, out = load_input(data, out, config, where, split, overwrite)
+    job = plan_job(src, out, config, process_index, num_processes)
+    work, dist, num_shards = job.work, job.dist, job.num_shards
+    done_before = work.open(job.record(config), config.restart)
+    if done_before:
+        log(f"{config.mode}: resuming: {done_before} of {num_shards} shards already done in {work.root}")
+    todo = [i for i in range(num_shards) if i % dist.world == dist.rank and not work.done(i)]  # this process's share, not done
+    run = run_shards(src.dataset, work, todo, src.rows, config, lambda: load_generator(job.info, config, dist.device), job.input_column,
+                     dist, log)
+    status = {"finished": False, "work_dir": str(work.root), "num_shards": num_shards, "process_index": dist.rank,
+              "num_processes": dist.world, "shards_done_before": done_before, **run}
+    if dist.rank != 0:
+        log(f"{config.mode}: process {dist.rank}: share done; process 0 merges")
+        return status
+    missing = wait_for_shards(work, num_shards, config, dist, log)
+    if missing:
+        log(f"{config.mode}: {num_shards - len(missing)} of {num_shards} shards done; rerun the same command to continue")
+        return {**status, "shards_missing": len(missing)}
+    generated = read_generated(job, config, data, run)
+    prov = write_output(job, generated, config, run, done_before, timer, overwrite)
+    return {**prov, "finished": True}
+
+
+def load_input(data: str, out, config: RecaptionConfig, where: Sequence[str], split: str | None, overwrite: bool) -> tuple[LoadedDataset, Path]:
+    """Load the data and check it before any work: the input column (images with one that decodes, or with
+    --paraphrase texts with one that is not blank), the existing text columns the new captions join, and --out."""
     input_column = config.text_column if config.paraphrase else C.IMAGE
     src = load_dataset(data, split=split, where=where, required=[C.ID],
                        **({"texts": [input_column]} if config.paraphrase else {"images": [input_column]}))
-    from vltool.checks import clean_text, require_texts, text_column
-
     if config.paraphrase:
         require_texts(sum(clean_text(t) is not None for t in src.dataset[input_column]), src.rows, input_column, data)
     # the existing texts the new captions join (checked before the work, not when writing after it)
@@ -871,81 +937,72 @@ def recaption(
             text_column(src.dataset, column, data, option="the existing text column", list_only=lists)
     out = check_output(out, overwrite, inputs=[*src.reads, *[Path(f) for f in (config.model, config.lm, config.examples) if f]])
     if not config.paraphrase:
-        from vltool.io import require_a_decodable_image
-
         require_a_decodable_image(src.dataset.select_columns([input_column]), input_column, data)
+    return src, out
+
+
+def plan_job(src: LoadedDataset, out: Path, config: RecaptionConfig, process_index: int | None, num_processes: int | None) -> Job:
+    """The model (inspected, not loaded), the paraphrase examples, this process's rank and device, the shards."""
     info = inspect_model(config.model_path, config.paraphrase)
     examples = load_examples(config.examples) if config.paraphrase else ()
     dist = distributed(config, process_index, num_processes)
+    input_column = config.text_column if config.paraphrase else C.IMAGE
+    return Job(src, out, input_column, info, examples, dist, config.settings(), -(-src.rows // config.shard_size), WorkDir(work_dir_for(out)))
 
-    n = src.rows
-    num_shards = -(-n // config.shard_size)
-    settings = config.settings()
-    job = {
-        "command": "recaption",
-        "input": {"path": str(src.path), "split": src.split, "where": src.where, "fingerprint": src.fingerprint,
-                  "rows": n},
-        "model": {k: info[k] for k in ("path", "model_type", "fingerprint")},
-        "generation": settings,
-        "examples": [list(p) for p in examples],
-        "shard_size": config.shard_size,
-        "num_shards": num_shards,
-    }
-    work = WorkDir(work_dir_for(out))
-    done_before = work.open(job, config.restart)
-    if done_before:
-        log(f"{config.mode}: resuming: {done_before} of {num_shards} shards already done in {work.root}")
-    mine = [i for i in range(num_shards) if i % dist.world == dist.rank]
-    todo = [i for i in mine if not work.done(i)]
-    run = run_shards(
-        src.dataset, work, todo, n, config, lambda: load_generator(info, config, dist.device), input_column, dist, log
-    )
-    status = {"finished": False, "work_dir": str(work.root), "num_shards": num_shards, "process_index": dist.rank,
-              "num_processes": dist.world, "shards_done_before": done_before, **run}
-    if dist.rank != 0:
-        log(f"{config.mode}: process {dist.rank}: share done; process 0 merges")
-        return status
+
+def wait_for_shards(work: WorkDir, num_shards: int, config: RecaptionConfig, dist: Dist, log: Callable[[str], None]) -> list[int]:
+    """The shards still missing: under several processes (without --max-shards) none, once the others
+    have written theirs; otherwise those a rerun has to do."""
     missing = [i for i in range(num_shards) if not work.done(i)]
     if missing and config.max_shards is None and dist.world > 1:
         log(f"{config.mode}: waiting for {len(missing)} shard(s) from the other processes")
         while missing:
             time.sleep(2.0)
             missing = [i for i in missing if not work.done(i)]
-    if missing:
-        log(f"{config.mode}: {num_shards - len(missing)} of {num_shards} shards done; rerun the same command to continue")
-        return {**status, "shards_missing": len(missing)}
+    return missing
 
-    ds = src.dataset
+
+def read_generated(job: Job, config: RecaptionConfig, data: str, run: dict) -> list[list[str]]:
+    """Every row's new captions, read back from the shards; no new caption at all is an error (and the
+    shards, holding nothing worth resuming, are removed)."""
+    ds, n, input_column = job.src.dataset, job.src.rows, job.input_column
     ids = ds[C.ID]
     generated: list[list[str]] = []
-    for i in range(num_shards):
+    for i in range(job.num_shards):
         lo, hi = i * config.shard_size, min(n, (i + 1) * config.shard_size)
-        generated.extend(work.read(i, ids[lo:hi]))
+        generated.extend(job.work.read(i, ids[lo:hi]))
     if not any(generated):  # (the shards hold nothing worth resuming)
-        shutil.rmtree(work.root, ignore_errors=True)
+        shutil.rmtree(job.work.root, ignore_errors=True)
         raise VltoolError(
             f"no row of {data!r} got a new caption ({n:,} rows; {run.get('bad_images', 0):,} undecodable images, "
             f"{int(sum(not _has_input(x) for x in ds[input_column])) if input_column != C.IMAGE else 0:,} empty texts); nothing was written"
         )
-    label = source_label(config, info)
+    return generated
+
+
+def write_output(job: Job, generated: list[list[str]], config: RecaptionConfig, run: dict, done_before: int, timer: provenance.Timer,
+                 overwrite: bool) -> dict:
+    """The input with the new captions (assemble), written to OUT with its record; OUT.partial removed."""
+    ds, dist = job.src.dataset, job.dist
+    label = source_label(config, job.info)
     out_ds = assemble(ds, generated, config, label)
     stats = {
-        **generation_stats(ds, generated, config, input_column),
+        **generation_stats(ds, generated, config, job.input_column),
         "caption_source_label": label,
-        "generation": settings,
-        "model": info,
+        "generation": job.settings,
+        "model": job.info,
         "device": dist.device,
         "dtype": str(resolve_dtype(config.dtype, dist.device)).replace("torch.", ""),
         "num_processes": dist.world,
-        "shards": num_shards,
+        "shards": job.num_shards,
         "shards_done_before_this_run": done_before,
         "shards_run_by_process_0": run["shards_run"],
         "rows_per_second_process_0": run.get("rows_per_second"),
         "bad_images_this_run_process_0": run.get("bad_images", 0),  # undecodable: no new captions for them
     }
-    options = {**provenance.jsonable(config), "resolved": settings}
-    prov = provenance.make("recaption", options, [src, info], rows_in=n, rows_out=len(out_ds), stats=stats, timer=timer)
-    save_dataset(out_ds, out, prov, overwrite=overwrite)
-    shutil.rmtree(work.root, ignore_errors=True)
+    options = {**provenance.jsonable(config), "resolved": job.settings}
+    prov = provenance.make("recaption", options, [job.src, job.info], rows_in=job.src.rows, rows_out=len(out_ds), stats=stats, timer=timer)
+    save_dataset(out_ds, job.out, prov, overwrite=overwrite)
+    shutil.rmtree(job.work.root, ignore_errors=True)
     prov["wall_time_s"] = round(timer.seconds, 3)
-    return {**prov, "finished": True}
+    return prov

@@ -458,3 +458,24 @@ def test_cli_runs_and_prints(images, models, tmp_path):
             "--where", "split=test")
     assert r.exit_code == 0, r.stderr
     assert "paraphrase" in r.stdout and load(tmp_path / "p").num_rows == 3
+
+
+def test_a_captioner_from_the_hub_cache(images, models, tmp_path, monkeypatch):
+    """--model hf:ORG/NAME reads the captioner from huggingface_hub's cache (HF_HUB_OFFLINE=1) and the output
+    names the commit it resolved to; an id missing from the cache is one line."""
+    from tests._hf_models import put_in_hub_cache
+    from vltool.errors import UsageError
+
+    commit = "b1" * 20
+    put_in_hub_cache(tmp_path / "home", "testorg/tiny-blip", models["blip"], commit)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    out = tmp_path / "out"
+    prov = run(images, out, model="hf:testorg/tiny-blip", num_captions=1, batch_size=4, shard_size=8)
+    assert prov["finished"]
+    meta = json.loads((out / "vltool.json").read_text())
+    model = next(i for i in meta["inputs"] if i.get("kind") == "captioner")
+    assert model["revision"] == {"repo": "testorg/tiny-blip", "revision": "main", "commit": commit}
+    assert "recaption:nucleus:tiny-blip" in load(out)[0]["caption_source"]["captions"]
+    with pytest.raises(UsageError, match="testorg/nope cannot be loaded: it is not in the Hugging Face cache"):
+        run(images, tmp_path / "out2", model="hf:testorg/nope", num_captions=1)

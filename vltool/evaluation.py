@@ -47,7 +47,7 @@ class EvalCommon:
     def common_problems(self) -> list[str]:
         problems = []
         if not str(self.model or "").strip():
-            problems.append("--model is required (a vltool RUN_DIR, open_clip:ARCH with --pretrained FILE, local-dir:PATH, or hf:DIR)")
+            problems.append("--model is required (a vltool RUN_DIR, hf:ORG/NAME or hf:DIR, open_clip:ARCH/TAG, open_clip:hf-hub:ORG/NAME, or local-dir:PATH)")
         if self.bootstrap < 0:
             problems.append(f"--bootstrap must be >= 0, got {self.bootstrap}")
         if self.batch_size < 1:

@@ -111,7 +111,7 @@ class PseudolabelConfig:
     def validate(self) -> None:
         problems = []
         if not str(self.model or "").strip():
-            problems.append("--model is required (a vltool RUN_DIR, open_clip:ARCH with --pretrained FILE, local-dir:PATH, or hf:DIR)")
+            problems.append("--model is required (a vltool RUN_DIR, hf:ORG/NAME or hf:DIR, open_clip:ARCH/TAG, open_clip:hf-hub:ORG/NAME, or local-dir:PATH)")
         if self.strategy not in STRATEGIES:
             problems.append(f"--strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
         for name in ("crops", "neighbors", "words", "batch_size"):

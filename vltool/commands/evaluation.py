@@ -15,14 +15,16 @@ EvalModelOpt = Annotated[
     str,
     typer.Option(
         "--model",
-        help="The model: a vltool RUN_DIR (or RUN_DIR/model) from `vltool pretrain`, open_clip:ARCH with "
-        "--pretrained LOCAL_FILE, local-dir:PATH (open_clip's local-dir layout), or hf:DIR (a Hugging Face CLIPModel "
-        "or SiglipModel saved with save_pretrained, with its processor). Nothing is downloaded.",
+        help="The model: a vltool RUN_DIR (or RUN_DIR/model) from `vltool pretrain`; hf:ORG/NAME[@REVISION] or hf:DIR (a "
+        "Hugging Face CLIPModel or SiglipModel on the Hub or saved with save_pretrained, with its processor); "
+        "open_clip:ARCH/TAG (open_clip's pretrained tag, e.g. open_clip:ViT-B-32/laion2b_s34b_b79k), open_clip:ARCH/FILE, "
+        "open_clip:hf-hub:ORG/NAME, or local-dir:PATH (open_clip's local-dir layout). Hub files come through "
+        "huggingface_hub's cache (HF_HOME; HF_HUB_OFFLINE=1 reads only the cache); the output names the commit.",
         show_default=False,
     ),
 ]
 PretrainedOpt = Annotated[
-    Optional[str], typer.Option("--pretrained", help="Local open_clip weights file for --model open_clip:ARCH.")
+    Optional[str], typer.Option("--pretrained", help="For --model open_clip:ARCH: an open_clip pretrained tag or a local weights file (as open_clip's own --pretrained).")
 ]
 BootstrapOpt = Annotated[
     int, typer.Option("--bootstrap", min=0, help="Bootstrap resamples for the 95% intervals (0: none).", rich_help_panel=EVAL_PANEL)

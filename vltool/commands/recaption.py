@@ -61,13 +61,13 @@ def recaption_command(
     data: DataArg,
     out: OutOpt,
     model: Annotated[
-        Optional[Path], typer.Option("--model", help="A local image captioner directory (BLIP, BLIP-2, ...).")
+        Optional[Path], typer.Option("--model", help="An image captioner (BLIP, BLIP-2, ...): a local directory, or hf:ORG/NAME[@REVISION] from the Hugging Face Hub (through its cache).")
     ] = None,
     paraphrase: Annotated[
         bool, typer.Option("--paraphrase", help="Paraphrase each row's text with --lm instead of captioning images.")
     ] = False,
     lm: Annotated[
-        Optional[Path], typer.Option("--lm", help="A local causal (or seq2seq) language model directory (with --paraphrase).")
+        Optional[Path], typer.Option("--lm", help="A causal (or seq2seq) language model (with --paraphrase): a local directory, or hf:ORG/NAME[@REVISION].")
     ] = None,
     examples: Annotated[
         Optional[Path],

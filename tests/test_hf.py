@@ -232,3 +232,11 @@ def test_resume_from_hf_init_equals_uninterrupted(hf_dirs, colors, tmp_path):
     assert r["status"] == "finished" and r["stats"]["resumed_from_step"] == 2
     full, part = (load_file(str(tmp_path / d / "model" / "model.safetensors")) for d in ("full", "part"))
     assert full.keys() == part.keys() and all(torch.equal(full[k], part[k]) for k in full)
+
+
+def test_a_whole_clip_as_text_tower_is_one_line(hf_dirs, colors, cli, tmp_path):
+    """--text-tower hf:DIR with a CLIPModel folder (both towers) was an internal error ("'CLIPConfig' object
+    has no attribute 'hidden_size'"): one line pointing at --init, before RUN_DIR is made."""
+    r = cli("pretrain", colors, "--out", tmp_path / "run", "--text-tower", f"hf:{hf_dirs['clip']}", "--steps", "1", "--batch-size", "4")
+    assert r.exit_code == 2 and "is a whole CLIPModel (both towers), not a text encoder" in r.stderr, r.stderr
+    assert f"--init hf:{hf_dirs['clip']}" in r.stderr and "Traceback" not in r.stderr and not (tmp_path / "run").exists()

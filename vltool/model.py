@@ -790,6 +790,10 @@ class ModelSpec:
                 problems.append(f"--text-tower {self.text_tower!r}: expected hf:LOCAL_DIR")
             elif not (Path(path).expanduser() / "config.json").is_file():
                 problems.append(f"--text-tower {self.text_tower}: {path} is not a Hugging Face model directory (no config.json); {MINILM_HINT}")
+            elif _model_type(Path(path).expanduser()) in HF_DUAL_TYPES:  # both towers, not a text encoder
+                problems.append(f"--text-tower {self.text_tower}: {path} is a whole {HF_DUAL_TYPES[_model_type(Path(path).expanduser())]} "
+                                f"(both towers), not a text encoder; start from it with --init hf:{path} (--lock-image keeps "
+                                "its image tower), or give a text encoder such as all-MiniLM-L6-v2")
         if self.text_pooling not in TEXT_POOLINGS:
             problems.append(f"--text-pooling {self.text_pooling!r}: use mean or cls")
         for name in ("embed_dim", "image_size", "context_length"):
@@ -797,6 +801,13 @@ class ModelSpec:
             if v is not None and v < 1:
                 problems.append(f"--{name.replace('_', '-')} must be >= 1, got {v}")
         return problems
+
+
+def _model_type(path: Path) -> str | None:
+    try:
+        return json.loads((path / CONFIG_FILE).read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def new_model_config(spec: ModelSpec, logit_scale_init: float, logit_scale_learnable: bool) -> dict:

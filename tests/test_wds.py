@@ -165,17 +165,18 @@ def test_a_damaged_shard_is_read_up_to_the_damage_with_a_warning(tmp_path, capfd
     r = pretrain([pattern], tmp_path / "run", micro(steps=2, shuffle_buffer=1), progress=False)
     assert r["stats"]["steps"] == 2
     err = capfd.readouterr().err
-    assert err.count("00001.tar: unreadable after") == 1 and "the rest of this shard is skipped" in err
+    assert err.count("00001.tar: unreadable after 3 sample(s)") == 1 and "the rest of this shard is skipped" in err  # the stream's
+    assert err.count("its 3 readable samples are indexed") == 1  # the index's, which counted the samples of an epoch
 
 
 def test_what_streaming_refuses(tmp_path, shards):
     from vltool.pretrain import pretrain
 
     nostats = make_shards(tmp_path / "nostats", shards=2, per_shard=8, stats=False)
-    with pytest.raises(UsageError, match="give --steps"):
-        pretrain([nostats], tmp_path / "a", micro(steps=None, epochs=1), progress=False)
     r = pretrain([nostats], tmp_path / "b", micro(steps=1, data_format="wds"), progress=False)
-    assert r["stats"]["rows_used"] is None and r["stats"]["epochs"] is None
+    assert r["stats"]["rows_used"] is None and r["stats"]["epochs"] is None  # --steps: the samples are not counted
+    r = pretrain([nostats], tmp_path / "a", micro(steps=None, epochs=1), progress=False)  # --epochs: the index counts them
+    assert r["stats"]["rows_used"] == 16 and r["stats"]["steps"] == 2
     with pytest.raises(UsageError, match="--where and --split"):
         pretrain([shards], tmp_path / "c", micro(), where=["split=train"], progress=False)
     with pytest.raises(UsageError, match="at least as many shards"):
@@ -184,7 +185,33 @@ def test_what_streaming_refuses(tmp_path, shards):
         pretrain([shards, "emoji"], tmp_path / "e", micro(), progress=False)
     with pytest.raises(UsageError, match="--mined-positives"):
         pretrain([shards], tmp_path / "f", micro(loss="sigmoid", mined_positives=True), progress=False)
-    assert not any((tmp_path / x).exists() for x in "acdef")
+    assert not any((tmp_path / x).exists() for x in "cdef")
+
+
+def test_statistics_files_that_overcount_are_checked_against_the_index(tmp_path, capfd):
+    """img2dataset's *_stats.json claiming 40 samples a shard where there are 8: an epoch is the 16 samples
+    the shards hold (the index's count), with a warning; it ran 10 steps (5 passes) and logged epoch 0.2."""
+    from vltool.pretrain import pretrain
+
+    pattern = make_shards(tmp_path / "lying", shards=2, per_shard=8)
+    for stats in (tmp_path / "lying").glob("*_stats.json"):
+        stats.write_text(json.dumps({"successes": 40}))
+    r = pretrain([pattern], tmp_path / "run", micro(steps=None, epochs=1, shuffle_buffer=1), progress=False)
+    assert r["stats"]["steps"] == 2 and r["stats"]["rows_used"] == 16  # 16 samples / batch 8
+    err = capfd.readouterr().err
+    assert "count 80 samples, but the shards hold 16" in err and "an epoch is the 16" in err
+
+
+def test_eval_data_that_is_the_training_shards_is_refused(cli, tmp_path, shards):
+    """--eval-data naming the training shards (or a dataset holding their rows) evaluates on training rows:
+    refused as it is for datasets on disk, with the training ids from the shards' index."""
+    from vltool.pretrain import pretrain
+
+    with pytest.raises(UsageError, match="48 rows of --eval-data are also training rows"):
+        pretrain([shards], tmp_path / "run", micro(steps=1), eval_data=[shards], progress=False)
+    r = cli("pretrain", shards, "--eval-data", shards, "--out", tmp_path / "run", "--arch", "vltool-micro", "--steps", "1",
+            "--batch-size", "8", "--no-progress")
+    assert r.exit_code == 2 and "are also training rows" in r.stderr and not (tmp_path / "run").exists()
 
 
 def test_an_error_in_a_data_worker_is_one_line(cli, tmp_path):

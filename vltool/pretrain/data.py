@@ -544,7 +544,7 @@ class ShardData:
     inputs: list  # vltool.shards.ShardSource of each DATA argument
     shards: list  # every shard, in the order of the arguments
     text_column: str
-    rows: int | None  # samples, from img2dataset's statistics files (None when a shard has none)
+    rows: int | None  # samples with an image and a text, counted by the shards' index (None: not counted, below)
     empty_text_ids: list = field(default_factory=list)  # (samples without text are skipped in their batch, as bad images)
     positives: dict | None = None
     labels: Any = None
@@ -575,8 +575,30 @@ def load_shard_data(data: Sequence[str], config: PretrainConfig, where: Sequence
     lists = bool(config.caption_sampling) or config.captions_per_image > 1
     sources = [load_shards(spec) for spec in data]
     shards = [p for s in sources for p in s.shards]
+    if config.steps is None or all(s.rows is not None for s in sources):  # epochs, or statistics files to check
+        for source in sources:
+            source.rows = counted_samples(source, len(shard_samples_index(source)))
     rows = None if any(s.rows is None for s in sources) else sum(s.rows for s in sources)
     return ShardData(sources, shards, C.CAPTIONS if lists else config.text_column, rows)
+
+
+def shard_samples_index(source):
+    """The index of a DATA argument's shards (vltool.io.shard_index: built once, one pass over the shards'
+    headers and small members, then read from the cache): one row per sample with an image and a text."""
+    from vltool.io import read_from_disk, shard_index
+
+    return read_from_disk(shard_index(source.spec).path, source.spec)
+
+
+def counted_samples(source, indexed: int) -> int:
+    """The samples an epoch of `source` holds: the index's count. img2dataset's statistics files
+    (`successes`), when every shard has one, are only compared with it: a disagreement is a warning."""
+    from vltool.topology import warn
+
+    if source.rows is not None and source.rows != indexed:
+        warn(f"{source.spec}: img2dataset's statistics files (*_stats.json) count {source.rows:,} samples, but the shards "
+             f"hold {indexed:,} with an image and a text; an epoch is the {indexed:,}")
+    return indexed
 
 
 def substreams(batch: int, workers: int) -> list[int]:

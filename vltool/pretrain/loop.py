@@ -34,7 +34,7 @@ from vltool.errors import UsageError, VltoolError
 from vltool.pretrain import checkpoint as ckpt
 from vltool.pretrain.config import METRICS_FILE, PLOT_FILE, RUN_FILE, PretrainConfig, RunSpec
 from vltool.pretrain.data import (Collate, PairDataset, ShardData, ShardStream, TrainData, load_shard_data, load_train_data,
-                                  load_unicl_data, make_sampler, shard_batches, substreams)
+                                  load_unicl_data, make_sampler, shard_batches, shard_samples_index, substreams)
 from vltool.pretrain.evaluate import evaluate
 from vltool.pretrain.features import FrozenFeatures, frozen_features, model_inputs
 from vltool.pretrain.logs import MetricsLog, plot_curves
@@ -207,10 +207,7 @@ def setup(spec: RunSpec, run_dir: Path, config: PretrainConfig, *, overwrite: bo
             raise UsageError(
                 f"{len(train.shards)} shard(s) for {world} process(es) x {max(1, config.workers)} data stream(s) each: every "
                 "stream reads whole shards, so give at least as many shards as processes x max(1, --workers)")
-        epoch_rows = train.rows  # from img2dataset's statistics files, or None
-        if epoch_rows is None and config.steps is None:
-            raise UsageError("the shards' sample count is unknown (no img2dataset NNNNN_stats.json beside each shard), "
-                             "so an epoch has no length: give --steps")
+        epoch_rows = train.rows  # counted by the shards' index; None with --steps and no statistics files (not counted)
     else:
         epoch_rows = make_sampler(train, config, 1, 0, 0, 0).n  # rows an epoch draws (fewer with --balanced)
     per_epoch_micro = None
@@ -514,15 +511,8 @@ def _load_data(spec: RunSpec, config: PretrainConfig, run_dir: Path, overwrite: 
         from vltool.io import require_a_decodable_image
 
         require_a_decodable_image(evald.dataset, C.IMAGE, "--eval-data " + ", ".join(s.spec for s in evald.inputs))
-    if evald is not None and not isinstance(train, ShardData):  # (shards are not read before training)
-        from vltool.io import shared_ids
-
-        overlap = shared_ids(train.dataset, evald.dataset)
-        if overlap:
-            raise UsageError(
-                f"{len(overlap)} rows of --eval-data are also training rows (e.g. id {overlap[0]!r}); "
-                "evaluation rows must not reach training (e.g. --where split=train --eval-where split=test)"
-            )
+    if evald is not None:
+        _refuse_training_rows_in_eval(train, evald)
     final = final_of_work_dir(run_dir) or run_dir  # the output a run built beside it replaces when it finishes
     if resumed:
         if is_main():  # only the main process of a launch locks RUN_DIR (for the command's lifetime, in the CLI)
@@ -540,6 +530,20 @@ def _load_data(spec: RunSpec, config: PretrainConfig, run_dir: Path, overwrite: 
     inputs = [p for s in sources for p in s.reads] + model_inputs(config.init)
     check_output(final, overwrite, inputs=inputs, lock=is_main())
     return train, evald
+
+
+def _refuse_training_rows_in_eval(train, evald) -> None:
+    """Evaluation rows never reach training: an id of --eval-data among the training rows' ids (streamed
+    shards: their index's) is refused."""
+    from vltool.io import shared_ids
+
+    tables = [shard_samples_index(s) for s in train.inputs] if isinstance(train, ShardData) else [train.dataset]
+    overlap = sorted({i for table in tables for i in shared_ids(table, evald.dataset)})
+    if overlap:
+        raise UsageError(
+            f"{len(overlap)} rows of --eval-data are also training rows (e.g. id {overlap[0]!r}); "
+            "evaluation rows must not reach training (e.g. --where split=train --eval-where split=test)"
+        )
 
 
 def _is_shards(data: Sequence[str], config: PretrainConfig) -> bool:

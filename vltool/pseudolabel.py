@@ -21,12 +21,22 @@ from __future__ import annotations
 import random
 from collections import Counter
 from dataclasses import dataclass
-
-import numpy as np
+from pathlib import Path
 from typing import Sequence
 
+import datasets
+import faiss
+import numpy as np
+
+from vltool import columns as C
+from vltool import provenance
+from vltool.cache import EmbeddingCache
+from vltool.checks import clean_texts, missing_text_warning, require_decoded, text_column
+from vltool.encode import encode_texts, load_eval_model, model_record
 from vltool.errors import UsageError
+from vltool.io import LoadedDataset, check_output, load_dataset, model_inputs, save_dataset, shared_ids
 from vltool.text import english_stopwords, tokenize
+from vltool.topology import warn
 
 STRATEGIES = ("maxcount", "rmtop-maxcount", "rmtop-rand", "weighted-count")
 
@@ -216,6 +226,17 @@ def encode_views(m, src, config: PseudolabelConfig, cache) -> tuple[np.ndarray, 
     return emb, np.isnan(emb).any(axis=(1, 2))
 
 
+@dataclass
+class PseudoCaptions:
+    """The pseudo-captions of the unaligned rows that got words."""
+
+    keep: list[int]  # the unaligned rows kept (their image decoded and they got at least one word)
+    pseudo: list[str]  # per kept row, its words joined by spaces
+    scored: list[list[dict]]  # per kept row, [{"word", "score"}] in rank order
+    empty_ids: list[str]  # ids of the rows that got no word
+    words_fit: AlignedWords
+
+
 def pseudolabel(
     unaligned: str,
     aligned: str,
@@ -228,21 +249,41 @@ def pseudolabel(
     aligned_split=None,
     overwrite: bool = False,
 ) -> dict:
-    """Pseudo bag-of-words captions for the images of `unaligned` from the captions of `aligned`."""
-    import datasets
-    import faiss
-    import numpy as np
+    """Pseudo bag-of-words captions for the images of `unaligned` from the captions of `aligned`.
 
-    from vltool import columns as C
-    from vltool import provenance
-    from vltool.cache import EmbeddingCache
-    from vltool.encode import encode_texts, load_eval_model, model_record
-    from vltool.checks import clean_texts, missing_text_warning, require_decoded, text_column
-    from vltool.io import check_output, load_dataset, model_inputs, save_dataset, shared_ids
-    from vltool.topology import warn
-
+    Stages: load_inputs -> encode (aligned captions; encode_views of the unaligned images) ->
+    nearest_captions -> pseudo_captions -> withheld_check -> output_dataset -> pseudolabel_stats -> save.
+    """
     timer = provenance.Timer()
     config.validate()
+    usrc, asrc, text_col, out = load_inputs(unaligned, aligned, out, config, where, split, aligned_where, aligned_split, overwrite)
+
+    m = load_eval_model(config.model, config.pretrained, config.cache_dir)
+    cache = EmbeddingCache(config.cache_dir)
+    captions = clean_texts(asrc.dataset[text_col])
+    txt = encode_texts(m, asrc, column=text_col, cache=cache)  # (empty captions are left out)
+    no_text = missing_text_warning(sum(c_ is None for c_ in captions), len(captions), text_col)
+    if no_text:
+        warn(no_text)
+    views, bad = encode_views(m, usrc, config, cache)  # (N, c, D), (N,)
+    require_decoded(bad, unaligned)
+
+    nn_rows = nearest_captions(views, txt, config.neighbors)  # (N, c*k)
+    ids = usrc.dataset[C.ID]
+    made = pseudo_captions(nn_rows, bad, ids, captions, config)
+    check = withheld_check(usrc.dataset, made, config.seed)
+    ds = output_dataset(usrc.dataset, made)
+    stats = pseudolabel_stats(made, ids, len(views), bad, captions, text_col, check, config)
+    prov = provenance.make("pseudolabel", config, [usrc, asrc], rows_in=len(views), rows_out=len(made.keep), stats=stats, timer=timer)
+    prov["model"] = model_record(m, config.model, config.pretrained)
+    save_dataset(ds, out, prov, overwrite=overwrite)
+    return prov
+
+
+def load_inputs(unaligned: str, aligned: str, out, config: PseudolabelConfig, where, split, aligned_where, aligned_split,
+                overwrite: bool) -> tuple[LoadedDataset, LoadedDataset, str, Path]:
+    """Load both sets and check them before any work: the aligned caption column (caption_original, else
+    caption), no image in both sets, --out, and rows in both."""
     usrc = load_dataset(unaligned, split=split, where=where, required=[C.ID], images=[C.IMAGE], cache_dir=config.cache_dir)
     asrc = load_dataset(aligned, split=aligned_split, where=aligned_where, required=[C.ID], cache_dir=config.cache_dir)
     text_col = C.CAPTION_ORIGINAL if C.CAPTION_ORIGINAL in asrc.dataset.column_names else C.CAPTION
@@ -256,74 +297,79 @@ def pseudolabel(
     out = check_output(out, overwrite, inputs=[*usrc.reads, *asrc.reads, *model_inputs(config.model, config.pretrained)])
     if len(asrc.dataset) == 0 or len(usrc.dataset) == 0:
         raise UsageError("the unaligned and the aligned data both need rows after their filters")
+    return usrc, asrc, text_col, out
 
-    m = load_eval_model(config.model, config.pretrained, config.cache_dir)
-    cache = EmbeddingCache(config.cache_dir)
-    captions = clean_texts(asrc.dataset[text_col])
-    txt = encode_texts(m, asrc, column=text_col, cache=cache)  # (empty captions are left out)
-    no_text = missing_text_warning(sum(c_ is None for c_ in captions), len(captions), text_col)
-    if no_text:
-        warn(no_text)
-    views, bad = encode_views(m, usrc, config, cache)  # (N, c, D)
-    require_decoded(bad, unaligned)
+
+def nearest_captions(views: np.ndarray, txt, neighbors: int) -> np.ndarray:
+    """The aligned row of each of the `neighbors` captions nearest to every view, over the whole aligned
+    set (cosine, exact): (N, c*k) from the views (N, c, D) and the encoded captions."""
     n, c, d = views.shape
-
-    # nearest aligned captions of every view, over the whole aligned set
     index = faiss.IndexFlatIP(d)
-    t = txt.embeddings.astype(np.float32)
+    t = txt.embeddings.astype(np.float32)  # (T, D)
     index.add(t / np.maximum(np.linalg.norm(t, axis=1, keepdims=True), 1e-12))
-    q = np.nan_to_num(views.reshape(n * c, d)).astype(np.float32)
+    q = np.nan_to_num(views.reshape(n * c, d)).astype(np.float32)  # (N*c, D)
     q /= np.maximum(np.linalg.norm(q, axis=1, keepdims=True), 1e-12)
-    k = min(config.neighbors, len(t))
+    k = min(neighbors, len(t))
     _, nn = index.search(q, k)  # (N*c, k) caption indices (text rows map to aligned rows via owner)
-    nn_rows = txt.owner[nn].reshape(n, c * k)  # (N, c*k) aligned row of each retrieved caption
+    return txt.owner[nn].reshape(n, c * k)  # (N, c*k) aligned row of each retrieved caption
 
+
+def pseudo_captions(nn_rows: np.ndarray, bad: np.ndarray, ids: list[str], captions: list, config: PseudolabelConfig) -> PseudoCaptions:
+    """Each decoded unaligned image's words: the aligned words its retrieved captions vote for (rank_words
+    with --strategy), at most --words of them; a row that gets none is dropped."""
     words_fit = AlignedWords.fit(captions, config.top_t)
-    ids = usrc.dataset[C.ID]
-    pseudo, scored, keep, empty_ids = [], [], [], []
-    for i in range(n):
+    made = PseudoCaptions([], [], [], [], words_fit)
+    for i in range(len(nn_rows)):
         if bad[i]:
             continue
         rng = random.Random(view_seed(config.seed, ids[i])) if config.strategy == "rmtop-rand" else None
         ranked = rank_words(nn_rows[i].tolist(), words_fit, config.strategy, rng)[: config.words]
         if not ranked:
-            empty_ids.append(ids[i])
+            made.empty_ids.append(ids[i])
             continue
-        keep.append(i)
-        pseudo.append(" ".join(w for w, _ in ranked))
-        scored.append([{"word": w, "score": float(s)} for w, s in ranked])
+        made.keep.append(i)
+        made.pseudo.append(" ".join(w for w, _ in ranked))
+        made.scored.append([{"word": w, "score": float(s)} for w, s in ranked])
+    return made
 
-    check = None
-    if C.CAPTION in usrc.dataset.column_names and keep:
-        truth = [content_words(t if isinstance(t, str) else "", english_stopwords()[0]) for t in usrc.dataset.select(keep)[C.CAPTION]]
-        check = agreement_with_withheld(pseudo, truth, config.seed)
 
-    ds = usrc.dataset.select(keep)
+def withheld_check(ds, made: PseudoCaptions, seed: int) -> dict | None:
+    """How the pseudo-captions agree with the unaligned rows' own (withheld) captions, when they have them."""
+    if C.CAPTION not in ds.column_names or not made.keep:
+        return None
+    truth = [content_words(t if isinstance(t, str) else "", english_stopwords()[0]) for t in ds.select(made.keep)[C.CAPTION]]
+    return agreement_with_withheld(made.pseudo, truth, seed)
+
+
+def output_dataset(ds, made: PseudoCaptions):
+    """The kept unaligned rows, their own texts removed, with caption, pseudo_words and is_pseudo."""
+    ds = ds.select(made.keep)
     withheld = [col for col in (C.CAPTION, C.CAPTIONS, C.CAPTION_ORIGINAL, C.IS_BASE, PSEUDO_WORDS, IS_PSEUDO) if col in ds.column_names]
     ds = ds.remove_columns(withheld)  # an unaligned image's own texts never reach the output
-    ds = ds.add_column(C.CAPTION, pseudo, feature=datasets.Value("string"))
-    ds = ds.add_column(PSEUDO_WORDS, scored, feature=datasets.List({"word": datasets.Value("string"), "score": datasets.Value("float32")}))
-    ds = ds.add_column(IS_PSEUDO, [True] * len(keep), feature=datasets.Value("bool"))
+    ds = ds.add_column(C.CAPTION, made.pseudo, feature=datasets.Value("string"))
+    ds = ds.add_column(PSEUDO_WORDS, made.scored, feature=datasets.List({"word": datasets.Value("string"), "score": datasets.Value("float32")}))
+    return ds.add_column(IS_PSEUDO, [True] * len(made.keep), feature=datasets.Value("bool"))
 
+
+def pseudolabel_stats(made: PseudoCaptions, ids: list[str], n: int, bad: np.ndarray, captions: list, text_col: str, check: dict | None,
+                      config: PseudolabelConfig) -> dict:
+    """The record's "stats": rows kept and dropped, words per caption, the commonest words, examples, the check."""
+    pseudo, keep = made.pseudo, made.keep
     lengths = [len(p.split()) for p in pseudo]
     freq = Counter(w for p in pseudo for w in p.split())
-    stats = {
+    return {
         "rows_in": n,
         "rows_out": len(keep),
         "bad_images": int(bad.sum()),
-        "dropped_no_words": len(empty_ids),
-        "dropped_ids": empty_ids[:50],
+        "dropped_no_words": len(made.empty_ids),
+        "dropped_ids": made.empty_ids[:50],
         "aligned_rows": len(captions),
         "aligned_text_column": text_col,
         "words_per_caption": round(sum(lengths) / len(lengths), 3) if lengths else 0.0,
         "top_pseudo_words": [[w, c_] for w, c_ in freq.most_common(20)],
         "examples": [{"id": ids[i], "caption": p} for i, p in zip(keep[:8], pseudo[:8])],
-        "removed_top_words": len(words_fit.top) if config.strategy.startswith("rmtop") else 0,
+        "removed_top_words": len(made.words_fit.top) if config.strategy.startswith("rmtop") else 0,
         "crop": {"scale": CROP_SCALE, "ratio": CROP_RATIO},
         "stopwords": english_stopwords()[1],
         "withheld_caption_check": check,
     }
-    prov = provenance.make("pseudolabel", config, [usrc, asrc], rows_in=n, rows_out=len(keep), stats=stats, timer=timer)
-    prov["model"] = model_record(m, config.model, config.pretrained)
-    save_dataset(ds, out, prov, overwrite=overwrite)
-    return prov

@@ -84,7 +84,7 @@ def print_table(record: dict) -> None:
     # in a narrow terminal the dataset paths fold; the metric names (image_to_text_R@1 / @5) and the numbers
     # are never cut
     metric_width = max([len("metric"), *(len(r["metric"]) for r in record["table"])])
-    t.add_column("dataset", overflow="fold")
+    t.add_column("dataset", overflow="fold", min_width=len("dataset"))
     t.add_column("task", no_wrap=True)
     t.add_column("metric", no_wrap=True, min_width=metric_width)
     for c in ("value", "95% CI", "chance"):

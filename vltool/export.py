@@ -20,17 +20,24 @@ for byte and re-encodes the others (transparent pixels composited on white); `pn
 
 from __future__ import annotations
 
+import csv
 import io
 import json
+import multiprocessing as mp
 import re
 import tarfile
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+import datasets
+
 from vltool import columns as C
+from vltool import provenance
+from vltool.console import Bar
 from vltool.errors import UsageError, VltoolError
+from vltool.io import atomic_output, check_output, column_values, load_dataset, write_json_atomic
 
 TARGETS = ("webdataset", "csv", "hf")
 DATASET_TARGETS = ("webdataset", "csv")
@@ -189,6 +196,30 @@ def _keys(ids: list[str]) -> tuple[list[str], str]:
     return [f"{i:0{width}d}" for i in range(len(ids))], "row number"
 
 
+@dataclass
+class Shards:
+    """How the rows are cut into shards (webdataset) or image folders (csv), and named."""
+
+    keys: list[str]  # each row's sample key
+    key_from: str  # "id", or "row number" when the ids are not unique safe names
+    spans: list[tuple[int, int, int]]  # (shard, first row, end row)
+    width: int  # digits of a shard's name
+    label_names: dict  # ClassLabel column -> its names
+
+    @property
+    def count(self) -> int:
+        return len(self.spans)
+
+
+@dataclass
+class Written:
+    """What the shards hold: samples per shard file, what was skipped and why, images re-encoded."""
+
+    sizes: dict = field(default_factory=dict)
+    skipped: Counter = field(default_factory=Counter)
+    reencoded: int = 0
+
+
 def export(
     data: str,
     out,
@@ -198,113 +229,132 @@ def export(
     split: str | None = None,
     overwrite: bool = False,
 ) -> dict:
-    """Write `data` to `out` as WebDataset shards or open_clip's CSV layout; return the provenance record."""
-    import datasets
+    """Write `data` to `out` as WebDataset shards or open_clip's CSV layout; return the provenance record.
 
-    from vltool import provenance
-    from vltool.io import atomic_output, check_output, column_values, load_dataset, write_json_atomic
-
+    Stages: load_input -> plan_shards -> write_shards -> train_command -> export_stats -> write the record.
+    """
     timer = provenance.Timer()
     config.validate()
     if config.to not in DATASET_TARGETS:
         raise UsageError(f"--to {config.to} writes a model; call export_hf_model")
-    src = load_dataset(data, split=split, where=where, required=[C.ID], images=[C.IMAGE], texts=[C.CAPTION], text_option="the caption column")
-    out = check_output(out, overwrite, inputs=[*src.reads])
-    ds = src.dataset
+    src, ds, out = load_input(data, out, config, where, split, overwrite)
     n = len(ds)
-    if n == 0:
-        raise UsageError(f"{data!r} has no rows to export{' after --where' if where else ''}")
-    ds = ds.cast_column(C.IMAGE, datasets.Image(decode=False))
-    label_names = {c: f.names for c, f in ds.features.items() if isinstance(f, datasets.ClassLabel)}
-    keys, key_from = _keys([str(i) for i in column_values(ds, C.ID)])
-    n_shards = -(-n // config.shard_size)
-    width = max(5, len(str(n_shards - 1)))
-    shards = [(s, s * config.shard_size, min(n, (s + 1) * config.shard_size)) for s in range(n_shards)]
+    shards = plan_shards(ds, config)
     final = out.expanduser().resolve()
-
-    sizes: dict[str, int] = {}
-    skipped: Counter = Counter()
-    reencoded = 0
     with atomic_output(out, overwrite) as tmp:
-        _WORK.update(ds=ds, keys=keys, label_names=label_names, config=config, tmp=str(tmp), final=str(final), width=width)
-        csv_file = open(tmp / CSV_FILE, "w", encoding="utf-8", newline="") if config.to == "csv" else None
-        try:
-            import csv
-
-            writer = None
-            if csv_file is not None:
-                writer = csv.writer(csv_file, delimiter="\t", lineterminator="\n")
-                writer.writerow(["filepath", "title", C.ID, C.LABEL])
-            num_proc = min(config.num_proc, n_shards)
-            if num_proc > 1:
-                import multiprocessing as mp
-
-                pool = mp.get_context("fork").Pool(num_proc)
-                results = pool.imap(_write_shard, shards)
-            else:
-                pool, results = None, map(_write_shard, shards)
-            from vltool.console import Bar
-
-            bar = Bar(f"export ({config.to})", n, unit="rows")
-            try:
-                for (_, lo, hi), r in zip(shards, results):
-                    sizes[f"{r['name']}.tar"] = r["written"]
-                    skipped.update(r["skipped"])
-                    reencoded += r["reencoded"]
-                    if writer is not None:
-                        writer.writerows(r["csv_rows"])
-                    bar.advance(hi - lo)
-            finally:
-                bar.close()
-                if pool is not None:
-                    pool.close()
-                    pool.join()
-        finally:
-            _WORK.clear()
-            if csv_file is not None:
-                csv_file.close()
-        rows_out = sum(sizes.values())
+        written = write_shards(ds, shards, config, tmp, final)
+        rows_out = sum(written.sizes.values())
         if rows_out == 0:  # nothing to train on: no output, and no open_clip command
-            why = ", ".join(f"{k}: {v:,}" for k, v in sorted(skipped.items()))
+            why = ", ".join(f"{k}: {v:,}" for k, v in sorted(written.skipped.items()))
             raise VltoolError(f"no sample of {data!r} could be exported: all {n:,} rows were skipped ({why}); nothing was written")
         if config.to == "webdataset":
-            write_json_atomic(tmp / SIZES_FILE, sizes)
-            pattern = f"{final}/{{{0:0{width}d}..{n_shards - 1:0{width}d}}}.tar"
-            train = (
-                f"python -m open_clip_train.main --dataset-type webdataset --train-data '{pattern}' "
-                f"--train-num-samples {rows_out}"
-            )
-        else:
-            pattern = str(final / CSV_FILE)
-            train = (
-                f"python -m open_clip_train.main --dataset-type csv --train-data {pattern} "
-                "--csv-img-key filepath --csv-caption-key title"
-            )
-        stats = {
-            "to": config.to,
-            "rows_in": n,
-            "rows_out": rows_out,
-            "rows_skipped": n - rows_out,
-            "skipped": dict(sorted(skipped.items())),
-            "shards": n_shards if config.to == "webdataset" else None,
-            "image_folders": n_shards if config.to == "csv" else None,
-            "images_reencoded": reencoded,
-            "image_format": config.image_format,
-            "keys_from": key_from,
-            "train_data": pattern,
-            "open_clip_command": train,
-        }
+            write_json_atomic(tmp / SIZES_FILE, written.sizes)
+        pattern, train = train_command(config, final, shards, rows_out)
+        stats = export_stats(config, n, rows_out, written, shards, pattern, train)
         prov = provenance.make("export", config, [src], rows_in=n, rows_out=rows_out, stats=stats, timer=timer)
         write_json_atomic(tmp / C.PROVENANCE_FILE, prov)
     prov["wall_time_s"] = round(timer.seconds, 3)
     return prov
 
 
+def load_input(data: str, out, config: ExportConfig, where: Sequence[str], split: str | None, overwrite: bool):
+    """The data (id, image and caption checked), refused when no row is selected, its images as bytes
+    (never decoded here: the workers re-encode them); and --out, checked."""
+    src = load_dataset(data, split=split, where=where, required=[C.ID], images=[C.IMAGE], texts=[C.CAPTION], text_option="the caption column")
+    out = check_output(out, overwrite, inputs=[*src.reads])
+    ds = src.dataset
+    if len(ds) == 0:
+        raise UsageError(f"{data!r} has no rows to export{' after --where' if where else ''}")
+    return src, ds.cast_column(C.IMAGE, datasets.Image(decode=False)), out
+
+
+def plan_shards(ds, config: ExportConfig) -> Shards:
+    """Sample keys (the ids when they are unique safe names, else row numbers), the shards' spans and names."""
+    n = len(ds)
+    label_names = {c: f.names for c, f in ds.features.items() if isinstance(f, datasets.ClassLabel)}
+    keys, key_from = _keys([str(i) for i in column_values(ds, C.ID)])
+    n_shards = -(-n // config.shard_size)
+    width = max(5, len(str(n_shards - 1)))
+    spans = [(s, s * config.shard_size, min(n, (s + 1) * config.shard_size)) for s in range(n_shards)]
+    return Shards(keys, key_from, spans, width, label_names)
+
+
+def write_shards(ds, shards: Shards, config: ExportConfig, tmp: Path, final: Path) -> Written:
+    """Every shard written into `tmp` (_write_shard; --num-proc forked workers, each writing whole shards),
+    with open_clip's CSV (--to csv) written in shard order as they finish."""
+    written = Written()
+    _WORK.update(ds=ds, keys=shards.keys, label_names=shards.label_names, config=config, tmp=str(tmp), final=str(final), width=shards.width)
+    csv_file = open(tmp / CSV_FILE, "w", encoding="utf-8", newline="") if config.to == "csv" else None
+    try:
+        writer = None
+        if csv_file is not None:
+            writer = csv.writer(csv_file, delimiter="\t", lineterminator="\n")
+            writer.writerow(["filepath", "title", C.ID, C.LABEL])
+        num_proc = min(config.num_proc, shards.count)
+        if num_proc > 1:
+            pool = mp.get_context("fork").Pool(num_proc)
+            results = pool.imap(_write_shard, shards.spans)
+        else:
+            pool, results = None, map(_write_shard, shards.spans)
+        bar = Bar(f"export ({config.to})", len(ds), unit="rows")
+        try:
+            for (_, lo, hi), r in zip(shards.spans, results):
+                written.sizes[f"{r['name']}.tar"] = r["written"]
+                written.skipped.update(r["skipped"])
+                written.reencoded += r["reencoded"]
+                if writer is not None:
+                    writer.writerows(r["csv_rows"])
+                bar.advance(hi - lo)
+        finally:
+            bar.close()
+            if pool is not None:
+                pool.close()
+                pool.join()
+    finally:
+        _WORK.clear()
+        if csv_file is not None:
+            csv_file.close()
+    return written
+
+
+def train_command(config: ExportConfig, final: Path, shards: Shards, rows_out: int) -> tuple[str, str]:
+    """The --train-data of open_clip for the output, and the whole open_clip_train command."""
+    if config.to == "webdataset":
+        width = shards.width
+        pattern = f"{final}/{{{0:0{width}d}..{shards.count - 1:0{width}d}}}.tar"
+        return pattern, (
+            f"python -m open_clip_train.main --dataset-type webdataset --train-data '{pattern}' "
+            f"--train-num-samples {rows_out}"
+        )
+    pattern = str(final / CSV_FILE)
+    return pattern, (
+        f"python -m open_clip_train.main --dataset-type csv --train-data {pattern} "
+        "--csv-img-key filepath --csv-caption-key title"
+    )
+
+
+def export_stats(config: ExportConfig, n: int, rows_out: int, written: Written, shards: Shards, pattern: str, train: str) -> dict:
+    """The record's "stats": rows written and skipped (and why), shards, keys, the open_clip command."""
+    return {
+        "to": config.to,
+        "rows_in": n,
+        "rows_out": rows_out,
+        "rows_skipped": n - rows_out,
+        "skipped": dict(sorted(written.skipped.items())),
+        "shards": shards.count if config.to == "webdataset" else None,
+        "image_folders": shards.count if config.to == "csv" else None,
+        "images_reencoded": written.reencoded,
+        "image_format": config.image_format,
+        "keys_from": shards.key_from,
+        "train_data": pattern,
+        "open_clip_command": train,
+    }
+
+
 def export_hf_model(model: str, out, *, overwrite: bool = False) -> dict:
     """Write the vltool model `model` (a RUN_DIR or RUN_DIR/model started from hf:DIR) to `out` in
     transformers' layout, with vltool.json beside; return the provenance record."""
-    from vltool import provenance
-    from vltool.io import atomic_output, check_output, write_json_atomic
+    # lazy: vltool.model imports torch and transformers, which exporting a dataset never needs
     from vltool.model import HF_DUAL_TYPES, export_hf, fingerprint, read_model_dir, resolve_model_dir
     from vltool.topology import warn
 

@@ -248,6 +248,20 @@ def test_command_errors(tmp_path, cli):
     assert not (tmp_path / "o").exists()
 
 
+def test_duplicate_ids_are_refused(tmp_path, cli):
+    """`positives` names rows by id: with ids repeated every row's positives read ['same', ...]. Refused
+    before any encoding, as pretrain refuses them."""
+    import datasets
+
+    from tests._eval_helpers import make_colors, make_model
+
+    ds = datasets.load_from_disk(make_colors(tmp_path / "colors", per_class=2))
+    ds.remove_columns("id").add_column("id", ["same"] * len(ds)).save_to_disk(str(tmp_path / "dup"))
+    r = cli("mine-positives", tmp_path / "dup", "--model", make_model(tmp_path / "run"), "--out", tmp_path / "o")
+    assert r.exit_code == 2 and "has duplicate ids (e.g. 'same'); ids must be unique" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "o").exists()
+
+
 @pytest.mark.slow
 def test_the_command_under_two_processes_writes_once(tmp_path):
     """`accelerate launch -m vltool mine-positives --index blocked` with 2 processes: exit 0, one report,

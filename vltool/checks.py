@@ -5,11 +5,12 @@ text, and results that would be meaningless (docs/conventions.md, "Bad input").
     image_column(ds, "image", spec)           # a datasets.Image column; path strings are named as such
     clean_text(value) / clean_texts(values)   # None, "" and whitespace are all "no text"
     require_rows(n, "...")                    # an error with the reason when nothing is left to compute on
+    require_unique_ids(ids, spec)             # an error naming a repeated id (ids identify rows)
     finite(x, "...")                          # an error instead of a NaN metric
     read_json(path, "...")                    # a JSON object a command reads (a model config, run.json):
                                               # unreadable or malformed is one line, not a traceback
 
-A leaf module: it imports only vltool.errors (and `datasets` inside the functions).
+A leaf module: it imports only vltool.errors (and `datasets`, and the leaf vltool.distinct, inside the functions).
 """
 
 from __future__ import annotations
@@ -171,6 +172,16 @@ def require_rows(n: int, message: str, error: type[VltoolError] = VltoolError) -
     """An error with `message` when `n` is zero: nothing to compute a result on."""
     if n == 0:
         raise error(message)
+
+
+def require_unique_ids(ids, what: str) -> None:
+    """A usage error naming one repeated id when the Arrow id column `ids` of `what` holds a value twice: a
+    row's id names it in `positives`, provenance and every later command (vltool.distinct: 8 bytes a row)."""
+    from vltool.distinct import duplicate
+
+    repeated, an_id = duplicate(ids)
+    if repeated:
+        raise UsageError(f"{what!r} has duplicate ids (e.g. {an_id!r}); ids must be unique")
 
 
 def finite(value: float | None, what: str) -> float | None:

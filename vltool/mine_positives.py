@@ -655,13 +655,15 @@ def mine_positives(data: str, out, config: MinePositivesConfig, *, where=(), spl
     that memory grows with the embeddings, not with the pairs."""
     from vltool import columns as C
     from vltool import provenance
+    from vltool.checks import require_unique_ids
     from vltool.derived import spill_beside
-    from vltool.io import check_output, load_dataset, model_inputs, output_scope
+    from vltool.io import arrow_column, check_output, load_dataset, model_inputs, output_scope
     timer = provenance.Timer()
     config.validate()
     required = [C.ID] + ([config.group_column] if config.group_column else [])
     src = load_dataset(data, split=split, where=where, required=required, images=[C.IMAGE], texts=[config.text_column], text_lists=True,
                        cache_dir=config.cache_dir)
+    require_unique_ids(arrow_column(src.dataset, C.ID), data)  # `positives` names rows by id
     if not config.dry_run and out is None:
         raise UsageError("--out is required (or pass --dry-run)")
     with contextlib.ExitStack() as scope:

@@ -353,6 +353,7 @@ def test_pretrain_init_from_an_open_clip_tag_and_a_file_fine_tunes(hub, built, m
         assert options["init"] == init and options["init_revision"]["sha256"]
         if name == "tag":
             assert options["init_revision"]["commit"] == SHA["oc"] and options["init_revision"]["tag"] == "testtag"
+        assert (run / "open_clip" / "open_clip_config.json").is_file()  # still an open_clip model
     r = cli("pretrain", "emoji", "--where", "split=train", "--init", "open_clip:vltool-micro", "--steps", "1", "--out", tmp_path / "bare")
     assert r.exit_code == 2 and "open_clip:vltool-micro/TAG" in r.stderr and not (tmp_path / "bare").exists()
 

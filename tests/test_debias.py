@@ -179,3 +179,23 @@ def test_pairs_that_vanish_or_coincide_once_tokenised(tmp_path, cli):
     r = cli("debias", "--model", model, "--pairs", p, "--out", tmp_path / "s")
     assert r.exit_code == 2 and "'&nbsp;' reduces to nothing once tokenised" in r.stderr
     assert not (tmp_path / "s").exists()
+
+
+def test_the_gap_is_reported_by_its_size_and_top_by_the_images_there_are(tmp_path, cli, monkeypatch):
+    """A gap of -0.0001 that becomes 0.0003 grew: it was printed "reduced by 350.0%" (1 - after/before); and
+    --top 100000 over 12 images a group printed "top 100000 images"."""
+    import vltool.debias
+
+    data, model, _ = _setup(tmp_path)
+    assert cli("debias", "--model", model, "--out", tmp_path / "sub").exit_code == 0
+    gaps = iter([-0.0001, 0.0003])
+    monkeypatch.setattr(vltool.debias, "own_other_gap", lambda cells: next(gaps))
+    r = cli("debias", "--model", model, "--subspace", tmp_path / "sub", "--eval-data", data, "--top", "100000",
+            "--zeroshot-label", "")
+    assert r.exit_code == 0, r.stderr
+    out = " ".join(r.stdout.split())
+    assert "gap: -0.0001 -> +0.0003; its size 0.0001 -> 0.0003 (+0.0002, larger)" in out and "reduced by" not in out
+    assert "the top 12 images of each group" in out and "100000" not in out
+    s = vltool.debias.gap_change(-0.0001, 0.0003)
+    assert s["abs_gap_change"] == 0.0002 and s["gap_reduction"] == -2.0  # its size tripled
+    assert vltool.debias.gap_change(0.06, 0.0001)["gap_reduction"] == pytest.approx(0.9983, abs=1e-4)

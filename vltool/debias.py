@@ -94,6 +94,21 @@ def own_other_gap(cells: dict) -> float:
     return float(np.mean(gaps)) if gaps else float("nan")
 
 
+def gap_change(before: float, after: float) -> dict:
+    """The own-minus-other gap before and after the edit, and the change of its size: a gap whose sign
+    flips, or that starts near 0, makes 1 - after/before meaningless (-0.0001 -> 0.0003 read "reduced by
+    350%"), so the absolute gaps are compared. `gap_reduction`: 1 - |after| / |before| (None when before is 0)."""
+    size_before, size_after = abs(before), abs(after)
+    return {
+        "gap_before": round(before, 5),
+        "gap_after": round(after, 5),
+        "abs_gap_before": round(size_before, 5),
+        "abs_gap_after": round(size_after, 5),
+        "abs_gap_change": round(size_after - size_before, 5),
+        "gap_reduction": round(1 - size_after / size_before, 4) if size_before else None,
+    }
+
+
 # ----------------------------------------------------------------------------------------------------
 # Saving a subspace (vltool.subspace.load_subspace reads it back); the command's two modes
 # ----------------------------------------------------------------------------------------------------
@@ -275,10 +290,9 @@ def measure(config: DebiasConfig, out=None, *, where=(), split=None, overwrite: 
         "images_per_group": {g: ig.count(g) for g in sorted(set(ig))},
         "queries_per_group": {g: qg.count(g) for g in sorted(set(qg))},
         "top": config.top,
+        "top_used": {g: min(config.top, ig.count(g)) for g in sorted(set(ig))},  # a group with fewer images: all of them
         "cells": cells,
-        "gap_before": round(gap_b, 5),
-        "gap_after": round(gap_a, 5),
-        "gap_reduction": round(1 - gap_a / gap_b, 4) if gap_b else None,
+        **gap_change(gap_b, gap_a),
     }
     if zs_label:
         from vltool.zeroshot import ZeroshotConfig, zeroshot

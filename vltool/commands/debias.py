@@ -22,7 +22,7 @@ principal components are saved to --out as the subspace V. Evaluation commands t
 
 With --subspace and --eval-data: Table 6's measurement. For queries naming one group or the other, the --top
 most aligned images of each group of --group-column; the mean alignment of each (query group, image
-group) cell before and after the edit, the own-minus-other gap and its reduction, and the zero-shot
+group) cell before and after the edit, the own-minus-other gap and the change of its size, and the zero-shot
 accuracy on --zeroshot-label before and after. --out is then a results JSON.
 
 Examples:
@@ -92,20 +92,37 @@ def debias_command(
         return
     from rich.table import Table
 
-    t = Table(title=f"mean alignment of the top {s['top']} images ({s['group_column']})")
+    t = Table(title=f"mean alignment of {top_images(s['top_used'])} ({s['group_column']})")
     for col in ("query group", "image group", "before", "after", "change"):
         t.add_column(col, justify="right")
     for gq, row in s["cells"].items():
         for gi, c in row.items():
             t.add_row(gq, gi, f"{c['before']:.4f}", f"{c['after']:.4f}", f"{c['delta']:+.4f}")
     stdout.print(t)
-    red = "-" if s["gap_reduction"] is None else f"{100 * s['gap_reduction']:.1f}%"
-    stdout.print(f"own-group minus other-group gap: {s['gap_before']:.4f} -> {s['gap_after']:.4f} (reduced by {red})")
+    stdout.print(gap_line(s), highlight=False)
     if "zeroshot" in s:
         z = s["zeroshot"]
         b, a = z["before"], z["after"]
         stdout.print(f"zero-shot top-1 on {z['label']!r}: {100 * b['value']:.2f}% [{100 * b['ci_low']:.2f}, {100 * b['ci_high']:.2f}] -> "
                      f"{100 * a['value']:.2f}% [{100 * a['ci_low']:.2f}, {100 * a['ci_high']:.2f}] (chance {100 * b['chance']:.2f}%)")
+
+
+def top_images(top_used: dict) -> str:
+    """The images each cell averages: "the top 10 images of each group", or per group when a group has
+    fewer images than --top (then all of them)."""
+    counts = set(top_used.values())
+    if len(counts) == 1:
+        return f"the top {counts.pop()} images of each group"
+    return "the top images of each group (" + ", ".join(f"{g}: {n}" for g, n in top_used.items()) + ")"
+
+
+def gap_line(s: dict) -> str:
+    """The own-minus-other gap before and after, and the change of its size (never 1 - after/before, which
+    a sign flip or a gap near 0 makes meaningless)."""
+    change = s["abs_gap_change"]
+    word = "smaller" if change < 0 else "larger" if change > 0 else "unchanged"
+    return (f"own-group minus other-group gap: {s['gap_before']:+.4f} -> {s['gap_after']:+.4f}; its size "
+            f"{s['abs_gap_before']:.4f} -> {s['abs_gap_after']:.4f} ({change:+.4f}, {word})")
 
 
 def register(app: typer.Typer) -> None:

@@ -181,7 +181,26 @@ def machine() -> dict:
 
 
 def build_report(runs_dir: str | Path, config: ReportConfig) -> dict:
+    """The report of the runs under `runs_dir`: every number per seed, summarised per variant, and the
+    differences from the baseline (paired where the runs kept their per-example outcomes).
+
+    Stages: find_variants -> read_runs -> keep_complete_seeds -> summarise -> paired_comparisons -> report_record.
+    """
     runs_dir = Path(runs_dir)
+    found, order = find_variants(runs_dir, config)
+    variants, sources = read_runs(found, order, config)
+    incomplete = keep_complete_seeds(variants, runs_dir, order)
+    base = next((v for v in variants if v["name"] == config.baseline), None)
+    for v in variants:
+        v["summary"] = {m.name: s for m in config.metrics if (s := summarise(v, base, m)) is not None}
+    paired_notes = paired_comparisons(variants, base, config, sources) if base is not None else []
+    units = sorted({u for _, r in sources.values() if (u := _bootstrap_unit(r))})
+    return report_record(runs_dir, config, variants, incomplete, paired_notes, units)
+
+
+def find_variants(runs_dir: Path, config: ReportConfig) -> tuple[dict[str, dict[int, Path]], list[tuple[str, str]]]:
+    """The run directories <variant>/seed<N> under `runs_dir`, and the variants reported (directory, label)
+    in table order: --variant's, else every one found; each must have runs, the baseline among them."""
     if not runs_dir.is_dir():
         raise UsageError(f"{runs_dir}: no such directory")
     if not config.metrics:
@@ -195,9 +214,14 @@ def build_report(runs_dir: str | Path, config: ReportConfig) -> dict:
         raise VltoolError(f"{runs_dir}: no runs of variant(s) {', '.join(missing)} (found: {', '.join(sorted(found))})")
     if config.baseline is not None and config.baseline not in dict(order):
         raise UsageError(f"--baseline {config.baseline!r} is not one of the variants ({', '.join(v for v, _ in order)})")
+    return found, order
 
+
+def read_runs(found: dict[str, dict[int, Path]], order: list[tuple[str, str]], config: ReportConfig) -> tuple[list[dict], dict]:
+    """Each variant {"name", "label", "paper", "runs": {seed: {metric: entry}}}, and where each number
+    came from: (variant, seed, metric) -> (its JSON file, the record)."""
     variants = []
-    sources: dict[tuple[str, str, str], tuple[Path, dict]] = {}  # (variant, seed, metric) -> its JSON file and record
+    sources: dict[tuple[str, str, str], tuple[Path, dict]] = {}
     for name, label in order:
         runs: dict[str, dict] = {}
         for seed, d in sorted(found[name].items()):
@@ -215,46 +239,54 @@ def build_report(runs_dir: str | Path, config: ReportConfig) -> dict:
                     sources[(name, str(seed), m.name)] = (p, record)
             runs[str(seed)] = row
         variants.append({"name": name, "label": label, "paper": config.paper.get(name), "runs": runs})
+    return variants, sources
 
-    # Paired comparisons need the same seeds everywhere: keep the seeds every variant has numbers for
-    # (a recipe stopped part-way leaves a seed with some variants only; it is listed, not averaged).
+
+def keep_complete_seeds(variants: list[dict], runs_dir: Path, order: list[tuple[str, str]]) -> list[int]:
+    """Paired comparisons need the same seeds everywhere: keep the seeds every variant has numbers for
+    (a recipe stopped part-way leaves a seed with some variants only; it is listed, not averaged).
+    Returns the seeds left out."""
     complete = set.intersection(*[{k for k, r in v["runs"].items() if r} for v in variants])
     incomplete = sorted({int(k) for v in variants for k in v["runs"]} - {int(k) for k in complete})
     for v in variants:
         v["runs"] = {k: r for k, r in v["runs"].items() if k in complete}
     if not complete:
         raise VltoolError(f"{runs_dir}: no seed has results for every variant ({', '.join(n for n, _ in order)})")
+    return incomplete
 
-    base = next((v for v in variants if v["name"] == config.baseline), None)
-    for v in variants:
-        summary = {}
-        for m in config.metrics:
-            per_seed = {s: r[m.name] for s, r in v["runs"].items() if m.name in r}
-            if not per_seed:
-                continue
-            vals = [e["value"] for e in per_seed.values()]
-            mean, sd = _mean_sd(vals)
-            halfs = [(e["ci_high"] - e["ci_low"]) / 2 for e in per_seed.values() if e["ci_low"] is not None and e["ci_high"] is not None]
-            chances = [e["chance"] for e in per_seed.values() if e["chance"] is not None]
-            s = {"mean": mean, "sd": sd, "seeds": len(vals), "values": {k: e["value"] for k, e in per_seed.items()},
-                 "ci_halfwidth_mean": sum(halfs) / len(halfs) if halfs else None,
-                 "chance": sum(chances) / len(chances) if chances else None,
-                 "kind": next(iter(per_seed.values()))["kind"]}
-            if base is not None and v is not base:
-                pairs = [(e["value"], base["runs"][k][m.name]["value"]) for k, e in per_seed.items()
-                         if k in base["runs"] and m.name in base["runs"][k]]
-                if pairs:
-                    diffs = [a - b for a, b in pairs]
-                    dm, dsd = _mean_sd(diffs)
-                    s["delta_vs_baseline"] = {"mean": dm, "sd": dsd, "seeds": len(diffs),
-                                              "positive_seeds": sum(d > 0 for d in diffs), "per_seed": diffs}
-            summary[m.name] = s
-        v["summary"] = summary
 
-    paired_notes = paired_comparisons(variants, base, config, sources) if base is not None else []
-    units = sorted({u for _, r in sources.values() if (u := _bootstrap_unit(r))})
+def summarise(v: dict, base: dict | None, m: Metric) -> dict | None:
+    """One variant's metric over its seeds: mean, sd, the mean interval half-width, chance, and the
+    difference from the baseline seed by seed (None when no seed has the metric)."""
+    per_seed = {s: r[m.name] for s, r in v["runs"].items() if m.name in r}
+    if not per_seed:
+        return None
+    vals = [e["value"] for e in per_seed.values()]
+    mean, sd = _mean_sd(vals)
+    halfs = [(e["ci_high"] - e["ci_low"]) / 2 for e in per_seed.values() if e["ci_low"] is not None and e["ci_high"] is not None]
+    chances = [e["chance"] for e in per_seed.values() if e["chance"] is not None]
+    s = {"mean": mean, "sd": sd, "seeds": len(vals), "values": {k: e["value"] for k, e in per_seed.items()},
+         "ci_halfwidth_mean": sum(halfs) / len(halfs) if halfs else None,
+         "chance": sum(chances) / len(chances) if chances else None,
+         "kind": next(iter(per_seed.values()))["kind"]}
+    if base is not None and v is not base:
+        pairs = [(e["value"], base["runs"][k][m.name]["value"]) for k, e in per_seed.items()
+                 if k in base["runs"] and m.name in base["runs"][k]]
+        if pairs:
+            diffs = [a - b for a, b in pairs]
+            dm, dsd = _mean_sd(diffs)
+            s["delta_vs_baseline"] = {"mean": dm, "sd": dsd, "seeds": len(diffs),
+                                      "positive_seeds": sum(d > 0 for d in diffs), "per_seed": diffs}
+    return s
+
+
+def report_record(runs_dir: Path, config: ReportConfig, variants: list[dict], incomplete: list[int], paired_notes: list[str],
+                  units: list[str]) -> dict:
+    """STEM.json: the variants' numbers and summaries, how the paired intervals were made, the machine, and
+    every command that made the runs with its wall time."""
     commands, wall = collect_commands(runs_dir)
     seeds = sorted({int(s) for v in variants for s in v["runs"]})
+    has_base = any(v["name"] == config.baseline for v in variants)
     return {
         "title": config.title,
         "recipe": config.recipe,
@@ -276,7 +308,7 @@ def build_report(runs_dir: str | Path, config: ReportConfig) -> dict:
                       "of their test sets, groups drawn within the set of seeds that test them); 95% percentile interval; "
                       "'differs' when it excludes 0",
             "resamples": config.bootstrap, "seed": config.seed, "level": 0.95,
-        } if base is not None else None,
+        } if has_base else None,
         "paired_notes": paired_notes,
         "notes": config.notes,
         "wall_time_s": {**wall, "total": round(sum(wall.values()), 1)},
@@ -398,7 +430,16 @@ def _units_in_words(units: list[str]) -> str:
 
 
 def render_markdown(report: dict) -> str:
-    metrics = report["metrics"]
+    """STEM.md: what a cell holds, the results table, the differences from the baseline, the notes, and how
+    the numbers were made (machine, wall time, recipe)."""
+    lines = _md_intro(report) + _md_results_table(report)
+    if report["baseline"] is not None and len(report["variants"]) > 1:
+        lines += _md_baseline_table(report)
+    return "\n".join(lines + _md_footer(report)) + "\n"
+
+
+def _md_intro(report: dict) -> list[str]:
+    """The title, and what a cell holds: the seeds, their mean and sd, one run's interval."""
     lines = []
     if report["title"]:
         lines += [f"# {report['title']}", ""]
@@ -409,11 +450,15 @@ def render_markdown(report: dict) -> str:
     if report.get("incomplete_seeds"):
         lines.append(f"Seed{'s' if len(report['incomplete_seeds']) > 1 else ''} {', '.join(map(str, report['incomplete_seeds']))} "
                      "left out: not every variant has results for it (the recipe was stopped part-way).")
-    lines.append("")
+    return lines + [""]
+
+
+def _md_results_table(report: dict) -> list[str]:
+    """A row per variant (mean ± sd, ±h below), the paper's finding when given, and the chance row."""
+    metrics = report["metrics"]
     has_paper = any(v["paper"] for v in report["variants"])
     head = ["Variant"] + [m["label"] for m in metrics] + (["Paper"] if has_paper else [])
-    lines.append("| " + " | ".join(head) + " |")
-    lines.append("|" + "|".join(["---"] + ["---:"] * len(metrics) + (["---"] if has_paper else [])) + "|")
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * len(metrics) + (["---"] if has_paper else [])) + "|"]
     chance_row = {}
     for v in report["variants"]:
         cells = [v["label"]]
@@ -435,46 +480,55 @@ def render_markdown(report: dict) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     if chance_row:
         lines.append("| *chance* | " + " | ".join(chance_row.get(m["name"], "") for m in metrics) + (" | |" if has_paper else " |"))
-    base = report["baseline"]
-    if base is not None and len(report["variants"]) > 1:
-        blabel = next(v["label"] for v in report["variants"] if v["name"] == base)
-        seeds = ", ".join(map(str, report["seeds"]))
-        paired = [s["paired"] for v in report["variants"] for s in v["summary"].values() if s.get("paired")]
-        unit = _units_in_words(sorted({p["unit"] for p in paired})) if paired else "the test images"
-        lines += ["", f"Difference from **{blabel}** on the same test examples, Δ = the mean over seeds {seeds} of "
-                      f"(variant − {blabel}), with its 95% paired bootstrap interval (resampling {unit}, the same draw for "
-                      "every seed and both variants): **differs** when the interval excludes 0, else *within noise*. "
-                      "Below it, the sd of the per-seed differences (training noise, which the interval does not include)."
-                  + (" Where each seed tests its own examples (" + ", ".join(sorted({m["label"] for v in report["variants"]
-                     for m in metrics if "union" in ((v["summary"].get(m["name"]) or {}).get("paired") or {}).get("unit", "")}))
-                     + "), one draw over the union of the seeds' test sets serves every seed, the groups drawn within the set "
-                     "of seeds that test them." if any("union" in p["unit"] for p in paired) else ""), ""]
-        lines.append("| Variant | " + " | ".join(m["label"] for m in metrics) + " |")
-        lines.append("|---|" + "---:|" * len(metrics))
-        for v in report["variants"]:
-            if v["name"] == base:
-                continue
-            cells = [v["label"]]
-            for m in metrics:
-                s = v["summary"].get(m["name"], {})
-                d = s.get("delta_vs_baseline")
-                if d is None:
-                    cells.append("-")
-                    continue
-                sc = _scale(s["kind"], m["key"])
-                pl = s["kind"] == "value"
-                pr = s.get("paired")
-                if pr is not None and pr["ci_low"] is not None:
-                    cell = (f"{_signed(pr['delta'], sc, pl)} [{_signed(pr['ci_low'], sc, pl)}, {_signed(pr['ci_high'], sc, pl)}] "
-                            + ("**differs**" if pr["differs"] else "*within noise*"))
-                else:
-                    cell = f"{_signed(d['mean'], sc, pl)} [-]"
-                if d["sd"] is not None:
-                    cell += f"<br>sd {_fmt(d['sd'], sc, plain=pl)}"
-                cells.append(cell)
-            lines.append("| " + " | ".join(cells) + " |")
-        if any(s.get("paired") is None and s.get("delta_vs_baseline") for v in report["variants"] for s in v["summary"].values()):
-            lines += ["", "[-]: no paired interval. " + " ".join(report.get("paired_notes") or [])]
+    return lines
+
+
+def _md_baseline_table(report: dict) -> list[str]:
+    """The difference of every other variant from the baseline, with its paired interval and verdict."""
+    metrics, base = report["metrics"], report["baseline"]
+    blabel = next(v["label"] for v in report["variants"] if v["name"] == base)
+    seeds = ", ".join(map(str, report["seeds"]))
+    paired = [s["paired"] for v in report["variants"] for s in v["summary"].values() if s.get("paired")]
+    unit = _units_in_words(sorted({p["unit"] for p in paired})) if paired else "the test images"
+    lines = ["", f"Difference from **{blabel}** on the same test examples, Δ = the mean over seeds {seeds} of "
+                 f"(variant − {blabel}), with its 95% paired bootstrap interval (resampling {unit}, the same draw for "
+                 "every seed and both variants): **differs** when the interval excludes 0, else *within noise*. "
+                 "Below it, the sd of the per-seed differences (training noise, which the interval does not include)."
+             + (" Where each seed tests its own examples (" + ", ".join(sorted({m["label"] for v in report["variants"]
+                for m in metrics if "union" in ((v["summary"].get(m["name"]) or {}).get("paired") or {}).get("unit", "")}))
+                + "), one draw over the union of the seeds' test sets serves every seed, the groups drawn within the set "
+                "of seeds that test them." if any("union" in p["unit"] for p in paired) else ""), ""]
+    lines.append("| Variant | " + " | ".join(m["label"] for m in metrics) + " |")
+    lines.append("|---|" + "---:|" * len(metrics))
+    for v in report["variants"]:
+        if v["name"] != base:
+            lines.append("| " + " | ".join([v["label"]] + [_delta_cell(v["summary"].get(m["name"], {}), m) for m in metrics]) + " |")
+    if any(s.get("paired") is None and s.get("delta_vs_baseline") for v in report["variants"] for s in v["summary"].values()):
+        lines += ["", "[-]: no paired interval. " + " ".join(report.get("paired_notes") or [])]
+    return lines
+
+
+def _delta_cell(s: dict, m: dict) -> str:
+    """Δ [paired interval] and the verdict ([-] without an interval), the sd of the per-seed differences below."""
+    d = s.get("delta_vs_baseline")
+    if d is None:
+        return "-"
+    sc = _scale(s["kind"], m["key"])
+    pl = s["kind"] == "value"
+    pr = s.get("paired")
+    if pr is not None and pr["ci_low"] is not None:
+        cell = (f"{_signed(pr['delta'], sc, pl)} [{_signed(pr['ci_low'], sc, pl)}, {_signed(pr['ci_high'], sc, pl)}] "
+                + ("**differs**" if pr["differs"] else "*within noise*"))
+    else:
+        cell = f"{_signed(d['mean'], sc, pl)} [-]"
+    if d["sd"] is not None:
+        cell += f"<br>sd {_fmt(d['sd'], sc, plain=pl)}"
+    return cell
+
+
+def _md_footer(report: dict) -> list[str]:
+    """The notes, the machine and wall time, and the recipe that made the report."""
+    lines = []
     if report["notes"]:
         lines.append("")
         lines += [f"{note}" if note.startswith(("- ", "* ")) else f"- {note}" for note in report["notes"]]
@@ -487,7 +541,7 @@ def render_markdown(report: dict) -> str:
                   + f"; {len(report['commands'])} commands, listed in the JSON."]
     if report["recipe"]:
         lines.append(f"Made by `{report['recipe']}` with vltool {report['vltool_version']} on {report['created'][:10]}.")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def render_chart(report: dict, path: Path) -> str | None:

@@ -106,6 +106,26 @@ def test_csv_open_clip_layout(tmp_path):
     assert prov["inputs"][0]["format"] == "csv"
 
 
+def test_csv_rows_over_several_lines_or_with_extra_fields_are_skipped_and_named(tmp_path):
+    """A quote never closed: csv reads the rest of the file as one caption ("rows skipped 0", and one row
+    that holds three). Such a row, and a row with more fields than the header, are unreadable rows, named
+    by their lines in skipped.jsonl and on stderr; the rows around them are imported."""
+    write_images(tmp_path / "imgs", 3)
+    (tmp_path / "t.csv").write_text("filepath,title\nimgs/img0.jpg,a cat\nimgs/img1.jpg,a dog,and more\n"
+                                    'imgs/img2.jpg,"a bird\nimgs/img0.jpg,a cow\nimgs/img1.jpg,a hen\n')
+    out = tmp_path / "data"
+    result = runner.invoke(app, ["import", str(tmp_path / "t.csv"), "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.stderr
+    s = json.loads(result.stdout)
+    assert (s["rows_out"], s["rows_skipped"], s["skipped"]) == (1, 2, {"unreadable row": 2})
+    assert load(out)["caption"] == ["a cat"]
+    rep = report(out)
+    assert [(r["source"], r["reason"]) for r in rep] == [("t.csv row 1", "unreadable row"), ("t.csv row 2", "unreadable row")]
+    assert rep[0]["detail"].startswith("line 3 has 3 fields where the header has 2")
+    assert rep[1]["detail"].startswith("lines 4-6 were read as one row: a quote is not closed")
+    assert "lines 4-6 were read as one row" in result.stderr
+
+
 def test_tsv_named_columns_labels_ids_extras(tmp_path):
     write_images(tmp_path / "root" / "pic", 4)
     lines = ["key\tpic\ttext\tcls\tsource", "k0\tpic/img0.jpg\tone\tdog\tweb", "k1\tpic/img1.jpg\ttwo\tcat\tbook",

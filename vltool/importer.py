@@ -578,6 +578,38 @@ def _csv_separator(path: Path, fmt: str) -> str:
     return "\t" if "\t" in header else ","
 
 
+def _csv_records(reader, header: list[str], path: Path, skips: _Skips) -> Iterator[tuple[int, dict]]:
+    """(row number, {column: value}) of each data row of a CSV / TSV read by `reader` (after its header).
+    A row that is not one line with at most the header's fields is an unreadable row, skipped and named
+    with its lines (csv reads a quote that is never closed as one field running over the rows after it)."""
+    from vltool.topology import warn
+
+    line, spans = reader.line_num, []
+    for r, values in enumerate(reader):
+        first, line = line + 1, reader.line_num
+        if not values:
+            continue
+        problem = _csv_row_problem(len(values), len(header), first, line)
+        if problem:
+            skips.add(f"{path.name} row {r}", None, BAD_ROW, problem)
+            spans += [(first, line)] if line > first else []
+            continue
+        yield r, dict(zip(header, values))
+    if spans:  # the lines such a row took in are not counted as rows: say where they are
+        (a, b), more = spans[0], f" (and {len(spans) - 1} more)" if len(spans) > 1 else ""
+        warn(f"{path}: lines {a}-{b} were read as one row{more}, skipped: a quote is not closed, or a quoted field holds line breaks")
+
+
+def _csv_row_problem(fields: int, columns: int, first: int, last: int) -> str | None:
+    """Why a CSV row read from lines first..last is not a row of the table (None when it is)."""
+    if last > first:
+        return (f"lines {first}-{last} were read as one row: a quote is not closed, or a quoted field holds line breaks; "
+                "close the quote, or keep each row on one line")
+    if fields > columns:
+        return f"line {first} has {fields} fields where the header has {columns}: quote the fields that hold the separator"
+    return None
+
+
 def _scan_tables(files: Sequence[Path], fmt: str, config: ImportConfig, writer: _ChunkWriter, skips: _Skips) -> dict:
     """Stream every table once, writing the rows into chunks; return which columns were used."""
     import pyarrow.parquet as pq
@@ -606,10 +638,8 @@ def _scan_tables(files: Sequence[Path], fmt: str, config: ImportConfig, writer: 
                     raise UsageError(f"{path} is empty (no header line)")
                 header = [h.strip() for h in header]
                 cols = _table_columns(header, config, str(path))
-                for r, values in enumerate(reader):
-                    if not values:
-                        continue
-                    add(r, dict(zip(header, values)), cols)
+                for r, rec in _csv_records(reader, header, path, skips):
+                    add(r, rec, cols)
         elif fmt == "jsonl":
             cols = None
             with open(path, encoding="utf-8-sig", errors="replace") as f:

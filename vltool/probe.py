@@ -23,15 +23,31 @@ embedding) or `pre` it (the image tower's pooled features). Protocols (docs/eval
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+import torch
+from joblib import Parallel, delayed
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.model_selection import cross_val_score
+from sklearn.svm import LinearSVC
 
 from vltool import columns as C
+from vltool import provenance
+from vltool.cache import EmbeddingCache
+from vltool.checks import image_column, require_decoded
+from vltool.console import log as console_log
 from vltool.errors import UsageError, check
-from vltool.evaluation import EvalCommon
+from vltool.evaluation import (EvalCommon, Edit, bootstrap_record, check_out, classification_chance, debias_edit, encode_eval_images, entry,
+                               load_eval_input, open_model, write_results)
+from vltool.io import LoadedDataset, rows_in_both
+from vltool.metrics import AveragePrecision, ClassificationItems, Resampling, bootstrap, per_class_recall
+from vltool.outcomes import base_arrays, example_ids, read_groups
+from vltool.topology import is_main, process_state, warn
+from vltool.zeroshot import LabelInfo, read_labels
 
 PROTOCOLS = ("clip-benchmark", "santurkar", "fff", "voc07-svm")
 
@@ -140,8 +156,6 @@ def train_linear(
     Runs on one intra-op thread: the matrices are tiny, and more threads only add synchronisation (5x
     slower per step on a busy 2-core machine).
     """
-    import torch
-
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -152,8 +166,6 @@ def train_linear(
 
 
 def _train_linear(x, y, num_classes, *, optimizer, lr, epochs, batch_size, weight_decay, schedule, momentum, class_weight, seed):
-    import torch
-
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = torch.nn.Linear(x.shape[1], num_classes)
@@ -188,8 +200,6 @@ def _train_linear(x, y, num_classes, *, optimizer, lr, epochs, batch_size, weigh
 
 
 def predict(model, x: np.ndarray) -> np.ndarray:
-    import torch
-
     with torch.no_grad():
         return model(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))).double().numpy()
 
@@ -252,8 +262,6 @@ class Fit:
 
 
 def _val_metric(scores: np.ndarray, y: np.ndarray, num_classes: int, name: str) -> float:
-    from vltool.metrics import ClassificationItems
-
     return ClassificationItems.from_scores(scores, y, num_classes).metrics()[name]
 
 
@@ -317,18 +325,10 @@ def fit_softmax(x_tr, y_tr, x_ev, classnames: Sequence[str], preset: Preset, con
 def fit_svm(x_tr, y_tr, x_ev, classnames: Sequence[str], preset: Preset, config: ProbeConfig, log) -> Fit:
     """One LinearSVC per class (VirTex's VOC07 protocol); y_tr (N, C) bool. Classes without both a positive
     and a negative training row get no classifier (their eval scores are NaN and they are left out)."""
-    import warnings
-
-    from joblib import Parallel, delayed
-
     costs = preset.svm_costs
     num_classes = len(classnames)
 
     def one(c):
-        from sklearn.exceptions import ConvergenceWarning
-        from sklearn.model_selection import cross_val_score
-        from sklearn.svm import LinearSVC
-
         y = y_tr[:, c].astype(int)
         if y.sum() == 0 or y.sum() == len(y):
             return c, None, None, []
@@ -365,6 +365,52 @@ def fit_svm(x_tr, y_tr, x_ev, classnames: Sequence[str], preset: Preset, config:
 # ----------------------------------------------------------------------------------------------------
 
 
+# ----------------------------------------------------------------------------------------------------
+# The command: load and check the inputs -> features -> fit and score -> the record
+# ----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ProbeInputs:
+    """The training and eval data, checked (rows selected, disjoint, the same classes), with their labels."""
+
+    train: LoadedDataset
+    evald: LoadedDataset
+    out_path: Path | None
+    lab_tr: LabelInfo
+    lab_ev: LabelInfo
+    groups: np.ndarray | None  # (N_eval,) --group-column values, or None
+
+
+@dataclass
+class ProbeFeatures:
+    """The image features the probe fits and scores on, the decodable rows only."""
+
+    x_tr: np.ndarray  # (N_train, D) float32
+    x_ev: np.ndarray  # (N_eval, D)
+    y_tr: np.ndarray  # (N_train,) class index, or (N_train, C) bool when multi-label
+    y_ev: np.ndarray
+    keep_tr: np.ndarray  # (rows,) bool: decoded
+    keep_ev: np.ndarray
+    cache: dict  # the embedding cache's summary of each side
+    features: str  # post | pre
+    normalize: bool
+    edit: Edit | None  # --debias
+
+
+@dataclass
+class ProbeScores:
+    """The fitted probe's metrics with intervals and chance, per class, and the per-example outcomes."""
+
+    fit: Fit
+    metrics: dict
+    chance: dict
+    per_class: list[dict]
+    note: str
+    examples: dict
+    plan: Resampling
+
+
 def probe(
     train_data: str,
     eval_data: str,
@@ -379,40 +425,28 @@ def probe(
     argv: Sequence[str] | None = None,
 ) -> dict:
     """Fit a linear probe on `train_data`'s image features and evaluate it on `eval_data`."""
-    from vltool import provenance
-    from vltool.cache import EmbeddingCache
-    from vltool.checks import image_column, require_decoded
-    from vltool.encode import encode_images, load_eval_model, model_record
-    from vltool.evaluation import bootstrap_record, check_out, debias_edit, entry, finish
-    from vltool.topology import is_main, process_state, warn
-    from vltool.io import load_dataset, rows_in_both
-    from vltool.metrics import AveragePrecision, ClassificationItems, Resampling, bootstrap, majority_rate, per_class_recall, topk_chance
-    from vltool.outcomes import base_arrays, example_ids, read_groups
-    from vltool.zeroshot import read_labels
-
     timer = provenance.Timer()
     preset = config.validate()
-    features = config.features or preset.features
-    normalize = preset.normalize if config.normalize is None else config.normalize
-    from vltool.importer import clip_benchmark_input
+    inputs = load_probe_inputs(train_data, eval_data, config, preset, where, split, eval_where, eval_split, out, overwrite)
+    m, cache = open_model(config)
+    feats = probe_features(m, cache, inputs, config, preset)
+    score = score_svm if preset.optimizer == "svm" else score_softmax
+    scores = score(feats, inputs, config, preset)
+    return write_probe_record(m, inputs, feats, scores, config, timer, argv, overwrite)
 
-    train = load_dataset(clip_benchmark_input(train_data, config.cache_dir), split=split, where=where, required=[C.IMAGE],
-                         cache_dir=config.cache_dir)
-    evald = load_dataset(clip_benchmark_input(eval_data, config.cache_dir), split=eval_split, where=eval_where, required=[C.IMAGE],
-                         cache_dir=config.cache_dir)
-    train.spec, evald.spec = train_data, eval_data
+
+def load_probe_inputs(train_data: str, eval_data: str, config: ProbeConfig, preset: Preset, where, split, eval_where, eval_split,
+                      out, overwrite: bool) -> ProbeInputs:
+    """Both datasets (or CLIP_benchmark folders) loaded; --out checked against every input; no rows, rows in
+    both, labels that differ between the two, or multi-label data without the SVM protocol refused."""
+    train = load_eval_input(train_data, config, where, split, required=[C.IMAGE])
+    evald = load_eval_input(eval_data, config, eval_where, eval_split, required=[C.IMAGE])
     image_column(train.dataset, C.IMAGE, train_data)
     image_column(evald.dataset, C.IMAGE, eval_data)
     out_path = check_out(out, overwrite, [*train.reads, *evald.reads, Path(train_data).expanduser(), Path(eval_data).expanduser()], config)
     if train.rows == 0 or evald.rows == 0:
         raise UsageError(f"no rows selected: {train.rows} training rows (--where {list(where)}), {evald.rows} eval rows (--eval-where {list(eval_where)})")
-    if C.ID in train.dataset.column_names and C.ID in evald.dataset.column_names:
-        shared = rows_in_both(train, evald)  # (two splits of one dataset may number their rows alike)
-        if shared:
-            raise UsageError(
-                f"{len(shared)} rows are in both the training and the eval data (e.g. id {shared[0]!r}); "
-                "evaluation rows never reach training: select disjoint rows (e.g. --where split=train --eval-where split=test)"
-            )
+    refuse_rows_in_both(train, evald)
     lab_tr = read_labels(train.dataset, config.label_column, None, train_data)
     lab_ev = read_labels(evald.dataset, lab_tr.column, None, eval_data)
     groups = read_groups(evald.dataset, config.group_column, eval_data)
@@ -420,19 +454,35 @@ def probe(
         raise UsageError(f"the label column {lab_tr.column!r} has different classes in the training and the eval data")
     if lab_tr.multilabel and preset.optimizer != "svm":
         raise UsageError(f"{lab_tr.column!r} is multi-label; use --protocol voc07-svm (mean average precision)")
-    classnames = lab_tr.classnames
-    n_cls = len(classnames)
+    return ProbeInputs(train, evald, out_path, lab_tr, lab_ev, groups)
 
-    m = load_eval_model(config.model, config.pretrained, config.cache_dir)
-    cache = EmbeddingCache(config.cache_dir)
-    enc_tr = encode_images(m, train, features=features, cache=cache, batch_size=config.batch_size, workers=config.workers, progress=config.progress)
-    enc_ev = encode_images(m, evald, features=features, cache=cache, batch_size=config.batch_size, workers=config.workers, progress=config.progress)
-    k_tr, k_ev = ~enc_tr.bad, ~enc_ev.bad
-    require_decoded(enc_tr.bad, train_data)
-    require_decoded(enc_ev.bad, eval_data)
-    if (~k_tr).any() or (~k_ev).any():
-        warn(f"{int((~k_tr).sum())} training and {int((~k_ev).sum())} eval images could not be decoded and are left out")
-    x_tr, x_ev = enc_tr.embeddings[k_tr], enc_ev.embeddings[k_ev]
+
+def refuse_rows_in_both(train: LoadedDataset, evald: LoadedDataset) -> None:
+    """Evaluation rows never reach training (two splits of one dataset may number their rows alike:
+    vltool.io.rows_in_both compares their images there)."""
+    if C.ID not in train.dataset.column_names or C.ID not in evald.dataset.column_names:
+        return
+    shared = rows_in_both(train, evald)
+    if shared:
+        raise UsageError(
+            f"{len(shared)} rows are in both the training and the eval data (e.g. id {shared[0]!r}); "
+            "evaluation rows never reach training: select disjoint rows (e.g. --where split=train --eval-where split=test)"
+        )
+
+
+def probe_features(m, cache: EmbeddingCache, inputs: ProbeInputs, config: ProbeConfig, preset: Preset) -> ProbeFeatures:
+    """Both sides' image features (through the cache), undecodable images left out (with a warning), the
+    --debias edit applied, L2-normalised when the protocol asks."""
+    features = config.features or preset.features
+    normalize = preset.normalize if config.normalize is None else config.normalize
+    enc_tr = encode_eval_images(m, inputs.train, cache, config, features=features)
+    enc_ev = encode_eval_images(m, inputs.evald, cache, config, features=features)
+    keep_tr, keep_ev = ~enc_tr.bad, ~enc_ev.bad
+    require_decoded(enc_tr.bad, inputs.train.spec)
+    require_decoded(enc_ev.bad, inputs.evald.spec)
+    if (~keep_tr).any() or (~keep_ev).any():
+        warn(f"{int((~keep_tr).sum())} training and {int((~keep_ev).sum())} eval images could not be decoded and are left out")
+    x_tr, x_ev = enc_tr.embeddings[keep_tr], enc_ev.embeddings[keep_ev]  # (N_train, D), (N_eval, D)
     edit = debias_edit(m, config)
     if edit is not None:
         if features != "post":
@@ -441,107 +491,117 @@ def probe(
     if normalize:
         x_tr = x_tr / np.maximum(np.linalg.norm(x_tr, axis=1, keepdims=True), 1e-12)
         x_ev = x_ev / np.maximum(np.linalg.norm(x_ev, axis=1, keepdims=True), 1e-12)
-    y_tr, y_ev = lab_tr.target[k_tr], lab_ev.target[k_ev]
+    return ProbeFeatures(x_tr, x_ev, inputs.lab_tr.target[keep_tr], inputs.lab_ev.target[keep_ev], keep_tr, keep_ev,
+                         {"train": enc_tr.summary(), "eval": enc_ev.summary()}, features, normalize, edit)
+
+
+def _progress_log(config: ProbeConfig):
+    """The search's progress lines (main process, with --progress)."""
 
     def log(msg):
         if config.progress and is_main():
-            from vltool.console import log as _log
+            console_log(msg)
 
-            _log(msg)
+    return log
 
-    n = len(x_ev)
-    kept_groups = groups[k_ev] if groups is not None else None
-    plan = Resampling.make(n, None if lab_ev.multilabel else y_ev, kept_groups)
-    examples = base_arrays("linear-probe", "map" if preset.optimizer == "svm" else "classification", example_ids(evald.dataset)[k_ev], kept_groups, config.group_column)
-    if preset.optimizer == "svm":
-        yt = y_tr if lab_tr.multilabel else np.eye(n_cls, dtype=bool)[y_tr]
-        ye = y_ev if lab_ev.multilabel else np.eye(n_cls, dtype=bool)[y_ev]
-        fit = fit_svm(x_tr, yt, x_ev, classnames, preset, config, log)
-        has_clf = np.isfinite(fit.scores[0]).all(axis=0)
-        ap = AveragePrecision(np.nan_to_num(fit.scores[0][:, has_clf], nan=0.0), ye[:, has_clf])
-        value = ap.mean()
-        iv = bootstrap(n, lambda w: {"mAP": ap.mean(w)}, config.bootstrap, config.seed, resampling=plan)
-        examples.update(scores=np.nan_to_num(fit.scores[0][:, has_clf], nan=0.0), targets=ye[:, has_clf])
-        if not lab_ev.multilabel:
-            examples["class"] = y_ev
-        prevalence = ye[:, has_clf].mean(axis=0)
-        present = ye[:, has_clf].any(axis=0)
-        chance = {"mAP": float(prevalence[present].mean()) if present.any() else None}
-        metrics = {"mAP": entry(value, iv["mAP"], chance["mAP"])}
-        per_ap = np.full(n_cls, np.nan)
-        per_ap[has_clf] = ap.per_class()
-        per_class = [{"class": c, "positives": int(ye[:, j].sum()), "ap": None if np.isnan(per_ap[j]) else float(per_ap[j])} for j, c in enumerate(classnames)]
-        metric_note = "mean average precision over the classes with an SVM and an eval positive (scikit-learn's AP)"
-    else:
-        fit = fit_softmax(x_tr, y_tr, x_ev, classnames, preset, config, log)
-        items = [ClassificationItems.from_scores(s, y_ev, n_cls) for s in fit.scores]
-        names = list(items[0].metrics().keys())
 
-        def point(w=None):
-            vals = [it.metrics(w) for it in items]
-            return {k: float(np.mean([v[k] for v in vals])) for k in names}
+def _resampling_and_examples(feats: ProbeFeatures, inputs: ProbeInputs, config: ProbeConfig, kind: str) -> tuple[Resampling, dict]:
+    """How the bootstrap resamples the eval images (by --group-column groups, within classes), and the
+    per-example file's common arrays."""
+    kept_groups = inputs.groups[feats.keep_ev] if inputs.groups is not None else None
+    plan = Resampling.make(len(feats.x_ev), None if inputs.lab_ev.multilabel else feats.y_ev, kept_groups)
+    ids = example_ids(inputs.evald.dataset)[feats.keep_ev]
+    return plan, base_arrays("linear-probe", kind, ids, kept_groups, config.group_column)
 
-        seed_rng = np.random.default_rng([config.seed, 3])
 
-        def replicate(w):
-            if w is None:
-                return point()
-            if len(items) == 1:
-                return items[0].metrics(w)
-            return items[int(seed_rng.integers(len(items)))].metrics(w)  # resample the seeds too
+def score_svm(feats: ProbeFeatures, inputs: ProbeInputs, config: ProbeConfig, preset: Preset) -> ProbeScores:
+    """voc07-svm: one SVM per class, mean average precision over the classes with an SVM and a positive."""
+    classnames, n_cls = inputs.lab_tr.classnames, len(inputs.lab_tr.classnames)
+    plan, examples = _resampling_and_examples(feats, inputs, config, "map")
+    yt = feats.y_tr if inputs.lab_tr.multilabel else np.eye(n_cls, dtype=bool)[feats.y_tr]  # (N_train, C) bool
+    ye = feats.y_ev if inputs.lab_ev.multilabel else np.eye(n_cls, dtype=bool)[feats.y_ev]  # (N_eval, C) bool
+    fit = fit_svm(feats.x_tr, yt, feats.x_ev, classnames, preset, config, _progress_log(config))
+    has_clf = np.isfinite(fit.scores[0]).all(axis=0)  # (C,) classes with an SVM
+    scores = np.nan_to_num(fit.scores[0][:, has_clf], nan=0.0)  # (N_eval, C')
+    ap = AveragePrecision(scores, ye[:, has_clf])
+    iv = bootstrap(len(feats.x_ev), lambda w: {"mAP": ap.mean(w)}, config.bootstrap, config.seed, resampling=plan)
+    examples.update(scores=scores, targets=ye[:, has_clf])
+    if not inputs.lab_ev.multilabel:
+        examples["class"] = feats.y_ev
+    prevalence, present = ye[:, has_clf].mean(axis=0), ye[:, has_clf].any(axis=0)
+    chance = {"mAP": float(prevalence[present].mean()) if present.any() else None}
+    per_ap = np.full(n_cls, np.nan)
+    per_ap[has_clf] = ap.per_class()
+    per_class = [{"class": c, "positives": int(ye[:, j].sum()), "ap": None if np.isnan(per_ap[j]) else float(per_ap[j])} for j, c in enumerate(classnames)]
+    return ProbeScores(fit, {"mAP": entry(ap.mean(), iv["mAP"], chance["mAP"])}, chance, per_class,
+                       "mean average precision over the classes with an SVM and an eval positive (scikit-learn's AP)", examples, plan)
 
-        value = point()
-        iv = bootstrap(n, replicate, config.bootstrap, config.seed, resampling=plan)
-        examples.update({"class": y_ev, "greater": np.stack([it.greater for it in items]).astype(np.int32),
-                         "tied": np.stack([it.tied for it in items]).astype(np.int32), "num_classes": np.asarray(n_cls, dtype=np.int64)})
-        chance = {
-            "top1": 1 / n_cls,
-            "top5": topk_chance(n_cls, 5) if n_cls >= 5 else None,
-            "mean_per_class_recall": 1 / n_cls,
-            "majority_class": majority_rate(y_ev, n_cls),
-        }
-        metrics = {k: entry(v, iv[k], chance[k]) for k, v in value.items()}
-        recall, support = per_class_recall(np.mean([it.top1 for it in items], axis=0), y_ev, n_cls)
-        per_class = [{"class": c, "support": int(support[j]), "top1": None if np.isnan(recall[j]) else float(recall[j])} for j, c in enumerate(classnames)]
-        metric_note = "top-1, top-5 (>= 5 classes), mean per-class recall (CLIP_benchmark's); the mean over seeds"
 
+def score_softmax(feats: ProbeFeatures, inputs: ProbeInputs, config: ProbeConfig, preset: Preset) -> ProbeScores:
+    """A softmax probe per seed: top-1, top-5, mean per-class recall, the mean over seeds; the bootstrap
+    resamples the eval images and, with several seeds, the seeds too."""
+    classnames, n_cls = inputs.lab_tr.classnames, len(inputs.lab_tr.classnames)
+    plan, examples = _resampling_and_examples(feats, inputs, config, "classification")
+    fit = fit_softmax(feats.x_tr, feats.y_tr, feats.x_ev, classnames, preset, config, _progress_log(config))
+    items = [ClassificationItems.from_scores(s, feats.y_ev, n_cls) for s in fit.scores]  # one per seed
+    names = list(items[0].metrics().keys())
+
+    def point(w=None):
+        vals = [it.metrics(w) for it in items]
+        return {k: float(np.mean([v[k] for v in vals])) for k in names}
+
+    seed_rng = np.random.default_rng([config.seed, 3])
+
+    def replicate(w):
+        if w is None:
+            return point()
+        if len(items) == 1:
+            return items[0].metrics(w)
+        return items[int(seed_rng.integers(len(items)))].metrics(w)  # resample the seeds too
+
+    value = point()
+    iv = bootstrap(len(feats.x_ev), replicate, config.bootstrap, config.seed, resampling=plan)
+    examples.update({"class": feats.y_ev, "greater": np.stack([it.greater for it in items]).astype(np.int32),
+                     "tied": np.stack([it.tied for it in items]).astype(np.int32), "num_classes": np.asarray(n_cls, dtype=np.int64)})
+    chance = classification_chance(feats.y_ev, n_cls)
+    metrics = {k: entry(v, iv[k], chance[k]) for k, v in value.items()}
+    recall, support = per_class_recall(np.mean([it.top1 for it in items], axis=0), feats.y_ev, n_cls)
+    per_class = [{"class": c, "support": int(support[j]), "top1": None if np.isnan(recall[j]) else float(recall[j])} for j, c in enumerate(classnames)]
+    return ProbeScores(fit, metrics, chance, per_class,
+                       "top-1, top-5 (>= 5 classes), mean per-class recall (CLIP_benchmark's); the mean over seeds", examples, plan)
+
+
+def write_probe_record(m, inputs: ProbeInputs, feats: ProbeFeatures, scores: ProbeScores, config: ProbeConfig, timer, argv,
+                       overwrite: bool) -> dict:
+    """The results record (provenance, model, data, protocol, metrics), written to --out with the examples."""
+    train, evald, n = inputs.train, inputs.evald, int(len(feats.x_ev))
     stats = {
-        "train_rows": int(len(x_tr)),
-        "eval_rows": int(n),
-        "classes": n_cls,
-        "bad_images": int((~k_tr).sum() + (~k_ev).sum()),
-        "feature_dim": int(x_tr.shape[1]),
+        "train_rows": int(len(feats.x_tr)),
+        "eval_rows": n,
+        "classes": len(inputs.lab_tr.classnames),
+        "bad_images": int((~feats.keep_tr).sum() + (~feats.keep_ev).sum()),
+        "feature_dim": int(feats.x_tr.shape[1]),
         "processes": process_state().num_processes,
-        "cache": {"train": enc_tr.summary(), "eval": enc_ev.summary()},
+        "cache": feats.cache,
     }
-    record = provenance.make("probe", config, [train, evald], rows_in=train.rows + evald.rows, rows_out=int(n), stats=stats, timer=timer, argv=argv)
-    record.update({
-        "task": "linear-probe",
-        "model": model_record(m, config.model, config.pretrained),
-        "data": {
-            "train": {"spec": train_data, "fingerprint": train.fingerprint, "split": train.split, "where": train.where, "rows": int(len(x_tr))},
-            "eval": {"spec": eval_data, "fingerprint": evald.fingerprint, "split": evald.split, "where": evald.where, "rows": int(n)},
-            "label_column": lab_tr.column,
-        },
-        "protocol": {
-            "name": config.protocol,
-            "debias": edit.record if edit is not None else None,
-            "features": features,
-            "normalize": normalize,
-            "val_frac": config.val_frac,
-            "fewshot_k": config.fewshot_k,
-            "chosen": fit.chosen,
-            "search": fit.search,
-            "metrics": metric_note,
-            "bootstrap": bootstrap_record(
-                config.bootstrap, config.seed,
-                plan.unit("eval image", config.group_column) + (", and seed" if len(fit.scores) > 1 else ""), plan, config.group_column,
-            ),
-        },
-        "classnames": classnames,
-        "metrics": metrics,
-        "chance": chance,
-        "per_class": per_class,
-    })
-    record["wall_time_s"] = round(timer.seconds, 3)
-    return finish(record, out_path, overwrite, examples)
+    data = {
+        "train": {"spec": train.spec, "fingerprint": train.fingerprint, "split": train.split, "where": train.where, "rows": int(len(feats.x_tr))},
+        "eval": {"spec": evald.spec, "fingerprint": evald.fingerprint, "split": evald.split, "where": evald.where, "rows": n},
+        "label_column": inputs.lab_tr.column,
+    }
+    unit = scores.plan.unit("eval image", config.group_column) + (", and seed" if len(scores.fit.scores) > 1 else "")
+    protocol = {
+        "name": config.protocol,
+        "debias": feats.edit.record if feats.edit is not None else None,
+        "features": feats.features,
+        "normalize": feats.normalize,
+        "val_frac": config.val_frac,
+        "fewshot_k": config.fewshot_k,
+        "chosen": scores.fit.chosen,
+        "search": scores.fit.search,
+        "metrics": scores.note,
+        "bootstrap": bootstrap_record(config.bootstrap, config.seed, unit, scores.plan, config.group_column),
+    }
+    results = {"classnames": inputs.lab_tr.classnames, "metrics": scores.metrics, "chance": scores.chance, "per_class": scores.per_class}
+    return write_results("probe", config, [train, evald], m, task="linear-probe", data=data, protocol=protocol, results=results,
+                         rows_out=n, stats=stats, timer=timer, argv=argv, out=inputs.out_path, overwrite=overwrite, examples=scores.examples)

@@ -28,9 +28,10 @@ import numpy as np
 
 from vltool import columns as C
 from vltool.checks import has_text
+from vltool.console import Bar
 from vltool.derived import ColumnSpill, replace_text_column, spill_beside
 from vltool.errors import UsageError
-from vltool.io import arrow_column
+from vltool.io import arrow_column, require_columns
 from vltool.text import english_stopwords, tokenize
 
 DEFAULT_OPS = "shuffle,rmstop,basevocab,rmtopfreq1000,keep4"
@@ -357,8 +358,6 @@ def deform_texts(
     (`workers(...)` with this ops, vocab and seed); `label`: the progress bar's (None: none).
 
     Returns (texts, removed words, words of the input, words of the output)."""
-    from vltool.console import Bar
-
     idx = np.flatnonzero(~is_base).tolist()
     sub_texts = [texts[i] for i in idx]
     sub_ids = [ids[i] for i in idx]
@@ -394,42 +393,81 @@ def _fingerprint(parent: str, config: DeformConfig) -> str:
     return hashlib.blake2b(f"{parent}|deform|{config}".encode(), digest_size=8).hexdigest()
 
 
+@dataclass
+class Deformed:
+    """The deformed column, chunk by chunk: the new texts and is_base (a table, in memory or spilled), the
+    rows kept, and what the operations removed."""
+
+    columns: Any  # pyarrow.Table: (text column, is_base), one row per input row
+    keep: np.ndarray  # (n,) bool: a base row with text, a deformed row left non-empty
+    removed: Counter  # word -> times removed
+    words_in: int
+    words_out: int
+
+
 def deform_dataset(ds, config: DeformConfig, spill: Path | None = None) -> tuple[object, dict]:
     """Deform `ds[config.text_column]`; return the new dataset (empty rows dropped) and its statistics.
 
     `spill`: a directory for the new columns and the kept rows' indices, written there TEXT_CHUNK rows at
     a time and memory-mapped back, so that memory stays O(TEXT_CHUNK) at any number of rows; it must
-    outlive the returned dataset's use. None: they are held in memory."""
-    import datasets
-    import pyarrow as pa
-
-    from vltool.io import require_columns
+    outlive the returned dataset's use. None: they are held in memory.
+    Stages: text_feature -> choose_base -> fit_base_vocabulary -> deform_column -> replace_text_column -> deform_stats.
+    """
+    import datasets  # (lazy, as in every function here: commands/deform.py imports this module, and `vltool --help` stays fast)
 
     ops = config.validate()
-    require_columns(ds, [C.ID, config.text_column], "the input")
-    feature = ds.features[config.text_column]
-    if not (isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")):
-        raise UsageError(f"--text-column {config.text_column!r} is not a text column (its type is {feature})")
-    col_type = ds.data.schema.field(config.text_column).type
+    feature = text_feature(ds, config.text_column)
     texts_col, ids_col = arrow_column(ds, config.text_column), arrow_column(ds, C.ID)  # Arrow: no Python objects
     n = len(texts_col)
     stopwords, stop_source = english_stopwords()
     is_base = choose_base(n, config.base_frac, config.seed)  # (n,) bool
-    with workers(config.num_proc, int(is_base.sum())) as pool:
-        vocab = fit_vocabulary_chunks(  # the base texts of TEXT_CHUNK rows at a time (a take over the whole column would copy it)
+    vocab = fit_base_vocabulary(texts_col, is_base, ops, stopwords, config.num_proc)
+    col_type = ds.data.schema.field(config.text_column).type
+    done = deform_column(texts_col, ids_col, is_base, ops, vocab, config, col_type, spill)
+    # The output is the input's memory-mapped table beside the new columns, with the kept rows as an indices
+    # mapping (vltool.derived): neither the images nor the new texts are copied into memory.
+    original_col = C.CAPTION_ORIGINAL if config.text_column == C.CAPTION else f"{config.text_column}_original"
+    out = replace_text_column(
+        ds, config.text_column, original_col, done.columns, {config.text_column: feature, C.IS_BASE: datasets.Value("bool")}, done.keep,
+        fingerprint=_fingerprint(ds._fingerprint, config), spill=spill, chunk=TEXT_CHUNK,
+    )
+    return out, deform_stats(done, is_base, vocab, ops, stopwords, stop_source)
+
+
+def text_feature(ds, text_column: str):
+    """The feature of --text-column, which must hold strings (and the data an id column)."""
+    import datasets
+
+    require_columns(ds, [C.ID, text_column], "the input")
+    feature = ds.features[text_column]
+    if not (isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")):
+        raise UsageError(f"--text-column {text_column!r} is not a text column (its type is {feature})")
+    return feature
+
+
+def fit_base_vocabulary(texts_col, is_base: np.ndarray, ops: Ops, stopwords: frozenset[str], num_proc: int) -> Vocabulary:
+    """The vocabulary of the base rows' texts, TEXT_CHUNK rows at a time (a take over the whole column would copy it)."""
+    import pyarrow as pa
+
+    n = len(texts_col)
+    with workers(num_proc, int(is_base.sum())) as pool:
+        return fit_vocabulary_chunks(
             (texts_col.slice(a, TEXT_CHUNK).filter(pa.array(is_base[a : a + TEXT_CHUNK])).to_pylist() for a in range(0, n, TEXT_CHUNK)),
             ops, stopwords, pool,
         )
 
-    # The texts are deformed TEXT_CHUNK rows at a time (a row's result depends on its own text, its id and
-    # the seed only), so Python holds one chunk of strings, not the whole column; the new column is Arrow,
-    # in memory or spilled to a file.
-    # (a base row stays intact, but a row without text, base or not, is dropped: None, "" and whitespace are no text)
-    from vltool.console import Bar
 
+def deform_column(texts_col, ids_col, is_base: np.ndarray, ops: Ops, vocab: Vocabulary, config: DeformConfig, col_type,
+                  spill: Path | None) -> Deformed:
+    """The texts deformed TEXT_CHUNK rows at a time (a row's result depends on its own text, its id and the
+    seed only), so Python holds one chunk of strings, not the whole column; the new column is Arrow, in
+    memory or spilled to a file. A base row stays intact, but a row without text, base or not, is dropped
+    (None, "" and whitespace are no text)."""
+    import pyarrow as pa
+
+    n = len(texts_col)
     new_cols = ColumnSpill(spill and spill / "columns.arrow", pa.schema([(config.text_column, col_type), (C.IS_BASE, pa.bool_())]))
-    removed, words_in, words_out = Counter(), 0, 0
-    keep = np.zeros(n, dtype=bool)  # (n,) the rows written: a base row with text, a deformed row left non-empty
+    done = Deformed(None, np.zeros(n, dtype=bool), Counter(), 0, 0)
     with Bar("deform", n, unit="rows", enabled=n > PROGRESS_ROWS) as bar, \
             workers(config.num_proc, n, ops=ops, vocab=vocab, seed=config.seed) as pool:  # one pool for every chunk
         for a in range(0, n, TEXT_CHUNK):
@@ -437,22 +475,21 @@ def deform_dataset(ds, config: DeformConfig, spill: Path | None = None) -> tuple
             texts = texts_col.slice(a, b - a).to_pylist()
             ids = ids_col.slice(a, b - a).to_pylist()
             new, r, w_in, w_out = deform_texts(texts, ids, is_base[a:b], ops, vocab, config.seed, pool, label=None)
-            removed.update(r)
-            words_in, words_out = words_in + w_in, words_out + w_out
-            keep[a:b] = np.where(is_base[a:b], has_text(texts_col.slice(a, b - a), lists=False), np.fromiter(map(bool, new), dtype=bool, count=b - a))
+            done.removed.update(r)
+            done.words_in, done.words_out = done.words_in + w_in, done.words_out + w_out
+            done.keep[a:b] = np.where(is_base[a:b], has_text(texts_col.slice(a, b - a), lists=False),
+                                      np.fromiter(map(bool, new), dtype=bool, count=b - a))
             new_cols.add([pa.array(new, type=col_type), pa.array(is_base[a:b])])
             bar.advance(b - a)
-    new_cols = new_cols.table()
+    done.columns = new_cols.table()
+    return done
+
+
+def deform_stats(done: Deformed, is_base: np.ndarray, vocab: Vocabulary, ops: Ops, stopwords: frozenset[str], stop_source: str) -> dict:
+    """The statistics: rows kept and dropped, caption lengths before and after, the vocabulary's sizes,
+    the words removed most, and a warning when rmtopfreq removes the whole base vocabulary."""
+    n, keep = len(is_base), done.keep
     rows_out = int(keep.sum())
-
-    # The output is the input's memory-mapped table beside the new columns, with the kept rows as an indices
-    # mapping (vltool.derived): neither the images nor the new texts are copied into memory.
-    original_col = C.CAPTION_ORIGINAL if config.text_column == C.CAPTION else f"{config.text_column}_original"
-    out = replace_text_column(
-        ds, config.text_column, original_col, new_cols, {config.text_column: feature, C.IS_BASE: datasets.Value("bool")}, keep,
-        fingerprint=_fingerprint(ds._fingerprint, config), spill=spill, chunk=TEXT_CHUNK,
-    )
-
     warnings = []
     if ops.rmtopfreq is not None and len(vocab.top_words) < ops.rmtopfreq:
         warnings.append(
@@ -461,17 +498,17 @@ def deform_dataset(ds, config: DeformConfig, spill: Path | None = None) -> tuple
             "(none, with basevocab); the paper's t=1000 is for millions of captions: choose a smaller t here"
         )
     top_removed = [
-        [w, c] for w, c in sorted(removed.items(), key=lambda kv: (-kv[1], kv[0])) if w.isalpha() and w not in stopwords
+        [w, c] for w, c in sorted(done.removed.items(), key=lambda kv: (-kv[1], kv[0])) if w.isalpha() and w not in stopwords
     ][:20]
-    stats = {
+    return {
         "ops": str(ops),
         "rows_in": n,
         "rows_out": rows_out,
         "rows_dropped_empty": n - rows_out,
         "base_rows": int((is_base & keep).sum()),  # in the output (a base row without text is dropped too)
         "deformed_rows": int((~is_base & keep).sum()),
-        "avg_caption_len_before": round(words_in / n, 3) if n else 0.0,
-        "avg_caption_len_after": round(words_out / rows_out, 3) if rows_out else 0.0,
+        "avg_caption_len_before": round(done.words_in / n, 3) if n else 0.0,
+        "avg_caption_len_after": round(done.words_out / rows_out, 3) if rows_out else 0.0,
         "dataset_size_change_pct": round(100.0 * (rows_out - n) / n, 2) if n else 0.0,
         "base_vocab_size": len(vocab.base_vocab) if vocab.base_vocab is not None else None,
         "rmtopfreq_words": [[w, c] for w, c in zip(vocab.top_words[:20], vocab.top_counts[:20])],
@@ -479,7 +516,6 @@ def deform_dataset(ds, config: DeformConfig, spill: Path | None = None) -> tuple
         "stopwords": stop_source,
         "warnings": warnings,
     }
-    return out, stats
 
 
 def deform(

@@ -81,6 +81,9 @@ def test_bad_samples_counted_and_bad_layouts_refused(tmp_path, cli):
     _tar(root / "test" / "0.tar", [("a.png", b"x"), ("b.png", b"y"), ("b.cls", b"9")])  # a: no label; b: class 9 of 6
     (root / "test" / "nshards.txt").write_text("1")
     r = cli("import", root, "--out", tmp_path / "o", "--json", "--no-progress")
+    assert r.exit_code == 2 and "names 6 classes, but 1 sample(s) of split 'test' have a class index beyond them" in r.stderr
+    _tar(root / "test" / "0.tar", [("a.png", b"x"), ("b.png", b"y")])  # a, b: no label
+    r = cli("import", root, "--out", tmp_path / "o", "--json", "--no-progress")
     assert r.exit_code == 1 and "split 'test'" in r.stderr and "no sample could be read" in r.stderr
     _tar(root / "test" / "0.tar", [("a.png", b"x"), ("c.png", b"z"), ("c.cls", b"1")])
     r = cli("import", root, "--out", tmp_path / "o", "--json", "--no-progress")
@@ -92,6 +95,19 @@ def test_bad_samples_counted_and_bad_layouts_refused(tmp_path, cli):
     (root / "dataset_type.txt").write_text("segmentation")
     r = cli("import", root, "--out", tmp_path / "o2", "--no-progress")
     assert r.exit_code == 2 and "not one of classification, multilabel, retrieval" in r.stderr
+
+
+def test_a_short_classnames_file_is_refused_not_evaluated_on_the_rest(tmp_path, cli):
+    """classnames.txt naming 2 of the 6 classes: benchmark dropped the 8 samples of the other 4 as "missing
+    label" (shown only in the cached copy's provenance) and printed zero-shot on the 4 left, against 2 class
+    names, as the dataset's result. Refused, naming the file."""
+    root = make_cb_classification(tmp_path / "wds_colors", per_class=(2, 2), shards=1)
+    (root / "classnames.txt").write_text("red\ngreen\n")
+    model = make_model(tmp_path / "run")
+    r = cli("benchmark", "--model", model, "--datasets", root, "--tasks", "zeroshot", "--bootstrap", "0", "--no-progress")
+    assert r.exit_code == 2, r.stdout
+    assert f"{root / 'classnames.txt'} names 2 classes, but 8 sample(s) of split" in r.stderr and "have a class index beyond them" in r.stderr
+    assert "Traceback" not in r.stderr and "top1" not in r.stdout
 
 
 def test_multilabel(tmp_path, cli):

@@ -65,6 +65,7 @@ MISSING_FILE = "missing file"
 UNDECODABLE = "undecodable image"
 TOO_LARGE = "image over the size limit"  # PIL's MAX_IMAGE_PIXELS (DecompressionBomb): vltool.io.image_size_policy
 MISSING_LABEL = "missing label"
+LABEL_BEYOND_CLASSES = "label beyond the class names"  # clip_benchmark: a class index classnames.txt does not name (refused)
 BAD_ROW = "unreadable row"
 
 
@@ -1073,7 +1074,7 @@ def _cb_rows(shards: Sequence[Path], kind: str, n_classes: int | None, skipped: 
                     skipped[MISSING_LABEL] += 1
                     return None
                 if not 0 <= label < n_classes:
-                    skipped[MISSING_LABEL] += 1
+                    skipped[LABEL_BEYOND_CLASSES] += 1
                     return None
                 out[C.LABEL] = label
             return out
@@ -1144,7 +1145,9 @@ def import_clip_benchmark(root: Path, out, config: ImportConfig, *, overwrite: b
             except ValueError as e:  # every sample skipped: datasets refuses an empty split
                 if "corresponds to no data" not in str(e):
                     raise
+                _refuse_unnamed_labels(root, name, skipped[name], len(classnames or ()))
                 raise VltoolError(f"split {name!r} of {root}: no sample could be read ({dict(skipped[name]) or 'no samples'})") from None
+            _refuse_unnamed_labels(root, name, skipped[name], len(classnames or ()))
             ids = ds[C.ID]
             if len(set(ids)) != len(ids):
                 raise VltoolError(f"split {name!r} of {root}: sample keys repeat, so they cannot be the ids")
@@ -1179,6 +1182,15 @@ def import_clip_benchmark(root: Path, out, config: ImportConfig, *, overwrite: b
         if not bars_were_on:
             datasets.disable_progress_bars()
     return prov
+
+
+def _refuse_unnamed_labels(root: Path, split: str, skipped: Counter, n_classes: int) -> None:
+    """A class index classnames.txt does not name: every number computed on the split would be on the
+    samples left and against the wrong class list (a short classnames.txt dropped 24 of 36 samples)."""
+    n = skipped.get(LABEL_BEYOND_CLASSES, 0)
+    if n:
+        raise UsageError(f"{root / CB_CLASSNAMES} names {n_classes} classes, but {n} sample(s) of split {split!r} have a "
+                         f"class index beyond them (0 to {n_classes - 1}); give every class of the .cls files a name")
 
 
 CB_CACHE = "clip_benchmark"  # <cache-dir>/clip_benchmark/<name>-<digest>: CLIP_benchmark layouts given directly

@@ -373,77 +373,123 @@ def _config_summary(cfg: dict) -> dict:
     return out
 
 
+@dataclass
+class Weights:
+    """What the weight files hold, read from their headers only (no tensor is loaded)."""
+
+    files: list[dict]  # per file: its parameters and tensors, or why they are not counted
+    tensors: dict[str, list]  # tensor name -> shape
+    dtypes: dict[str, int]  # dtype -> parameters
+
+
 def model_info(path: Path) -> dict:
+    """A model directory's weights, parameters (by tower and by module), embedding size, towers, config,
+    and, when it holds one, the provenance of the run that trained it.
+
+    Stages: read_weights -> count_parameters -> embedding_size -> tower_configs -> training_record.
+    """
     mdir = model_dir(path)
     assert mdir is not None
     cfg = _read_json(mdir / "config.json") or {}
     report: dict = {"kind": "model", "path": str(path), "model_dir": str(mdir), "bytes_on_disk": _dir_size(mdir)}
-    weights = []
-    params_by_module: dict[str, int] = {}
-    params_by_tower: dict[str, int] = {}
-    dtypes: dict[str, int] = {}
-    tensors: dict[str, list] = {}
+    weights = read_weights(mdir)
+    by_module, by_tower = count_parameters(weights.tensors)
+    report["weights"] = weights.files
+    report["parameters"] = sum(by_module.values()) if weights.tensors else None
+    report["parameters_by_tower"] = dict(sorted(by_tower.items()))
+    report["parameters_by_module"] = dict(sorted(by_module.items(), key=lambda kv: -kv[1]))
+    report["dtypes"] = weights.dtypes
+    report["embedding_size"] = embedding_size(cfg, weights.tensors)
+    report["towers"] = tower_configs(cfg)
+    report["config"] = _config_summary(cfg)
+    report.update(training_record(mdir))
+    return report
+
+
+def _numel(shape: list) -> int:
+    size = 1
+    for d in shape:
+        size *= int(d)
+    return size
+
+
+def read_weights(mdir: Path) -> Weights:
+    """Every *.safetensors file's tensors (from its header) and parameters by dtype; *.pt and *.bin files
+    are listed with their size only."""
+    weights = Weights([], {}, {})
     for f in sorted(mdir.glob("*.safetensors")):
         try:
             header = safetensors_header(f)
         except (OSError, ValueError) as e:
-            weights.append({"file": f.name, "error": f"unreadable header: {e}"})
+            weights.files.append({"file": f.name, "error": f"unreadable header: {e}"})
             continue
         count = 0
         for name, t in header.items():
             if name == "__metadata__" or not isinstance(t, dict):
                 continue
             shape = t.get("shape") or []
-            size = 1
-            for d in shape:
-                size *= int(d)
+            size = _numel(shape)
             count += size
-            tensors[name] = shape
-            dtypes[t.get("dtype", "?")] = dtypes.get(t.get("dtype", "?"), 0) + size
-        weights.append({"file": f.name, "parameters": count, "tensors": sum(1 for k in header if k != "__metadata__")})
+            weights.tensors[name] = shape
+            weights.dtypes[t.get("dtype", "?")] = weights.dtypes.get(t.get("dtype", "?"), 0) + size
+        weights.files.append({"file": f.name, "parameters": count, "tensors": sum(1 for k in header if k != "__metadata__")})
     for f in sorted(list(mdir.glob("*.pt")) + list(mdir.glob("*.bin"))):
-        weights.append({"file": f.name, "bytes": f.stat().st_size, "note": "parameters not counted (not safetensors)"})
-    # A common prefix (`model.`, `module.`) would put every tensor in one module; strip it.
+        weights.files.append({"file": f.name, "bytes": f.stat().st_size, "note": "parameters not counted (not safetensors)"})
+    return weights
+
+
+def count_parameters(tensors: dict[str, list]) -> tuple[dict[str, int], dict[str, int]]:
+    """Parameters by top-level module and by tower (_tower_of). A common prefix (`model.`, `module.`)
+    would put every tensor in one module; it is stripped."""
     names = list(tensors)
     prefix = ""
     if names and all("." in n for n in names):
         firsts = {n.split(".")[0] for n in names}
         if len(firsts) == 1 and len(names) > 1:
             prefix = firsts.pop() + "."
+    by_module: dict[str, int] = {}
+    by_tower: dict[str, int] = {}
     for name, shape in tensors.items():
-        size = 1
-        for d in shape:
-            size *= int(d)
+        size = _numel(shape)
         short = name[len(prefix):] if prefix and name.startswith(prefix) else name
         module = short.split(".")[0]
-        params_by_module[module] = params_by_module.get(module, 0) + size
+        by_module[module] = by_module.get(module, 0) + size
         tower = _tower_of(short)
-        params_by_tower[tower] = params_by_tower.get(tower, 0) + size
-    report["weights"] = weights
-    report["parameters"] = sum(params_by_module.values()) if tensors else None
-    report["parameters_by_tower"] = dict(sorted(params_by_tower.items()))
-    report["parameters_by_module"] = dict(sorted(params_by_module.items(), key=lambda kv: -kv[1]))
-    report["dtypes"] = dtypes
+        by_tower[tower] = by_tower.get(tower, 0) + size
+    return by_module, by_tower
+
+
+def embedding_size(cfg: dict, tensors: dict[str, list]) -> int | None:
+    """The shared embedding size: from the config, else from open_clip's text_projection (width, embed_dim)."""
     embed = _find_key(cfg, EMBED_KEYS)
-    if embed is None:  # open_clip's text_projection is (width, embed_dim)
+    if embed is None:
         embed = next((int(shape[-1]) for name, shape in tensors.items() if "text_projection" in name and len(shape) == 2), None)
-    report["embedding_size"] = embed
+    return embed
+
+
+def tower_configs(cfg: dict) -> dict:
+    """The config's entries that describe a tower (vision, image, visual, text, tower), summarised."""
     towers = {}
     for k, v in cfg.items():
         low = k.lower()
         if isinstance(v, (dict, str)) and any(h in low for h in ("vision", "image", "visual", "text", "tower")):
             towers[k] = _config_summary(v) if isinstance(v, dict) else v
-    report["towers"] = towers
-    report["config"] = _config_summary(cfg)
+    return towers
+
+
+def training_record(mdir: Path) -> dict:
+    """The run that made the model, from the vltool.json in the model directory or its parent: the file,
+    its provenance chain, and the training command, options, data and scalar statistics ({} without one)."""
+    out: dict = {}
     prov = None
     for d in (mdir, mdir.parent):
         if (d / C.PROVENANCE_FILE).is_file():
             prov = _read_json(d / C.PROVENANCE_FILE)
-            report["provenance_file"] = str(d / C.PROVENANCE_FILE)
-            report["provenance"] = provenance_chain(d)
+            out["provenance_file"] = str(d / C.PROVENANCE_FILE)
+            out["provenance"] = provenance_chain(d)
             break
     if prov:
-        report["training"] = {
+        out["training"] = {
             "command": prov.get("command"),
             "command_line": prov.get("command_line"),
             "created": prov.get("created"),
@@ -455,7 +501,7 @@ def model_info(path: Path) -> dict:
             ],
             "stats": {k: v for k, v in (prov.get("stats") or {}).items() if isinstance(v, (str, int, float, bool)) or v is None},
         }
-    return report
+    return out
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,15 +1,17 @@
-"""Copy the committed recipe tables (results/*.md) into the README's Reproductions section.
+"""Copy the committed recipe tables (results/*.md) into the pages that show them.
 
-Every table in the README's Reproductions section starts with a line
+The pages are README.md and docs/*.md; today the tables are on docs/reproductions.md, and the README holds a
+hand-written summary of them (tests/test_readme_results.py checks its numbers). Every table on a page starts
+with a line
 
     **<title>** (`results/<name>.md`, chart `results/<name>.png`)
 
 and runs to its "Machine: ..." line. This script replaces each such block with the body of
 `results/<name>.md` (everything between its "# title" line and its "Machine: ..." line, inclusive), so that
-the README shows exactly what `vltool report` wrote. The commentary around the tables is left alone.
+the page shows exactly what `vltool report` wrote. The commentary around the tables is left alone.
 
-    python scripts/readme_results.py           # rewrite README.md in place
-    python scripts/readme_results.py --check   # exit 1 if README.md and results/ disagree
+    python scripts/readme_results.py           # rewrite the pages in place
+    python scripts/readme_results.py --check   # exit 1 if a page and results/ disagree
 """
 
 from __future__ import annotations
@@ -33,8 +35,19 @@ def table_block(md: str) -> tuple[str, list[str]]:
     return lines[0][2:], lines[1:end + 1]
 
 
-def sync(readme: str, results: Path) -> str:
-    """The README text with every results table replaced by the current results/<name>.md."""
+def table_names(page: str) -> list[str]:
+    """The results/<name>.md tables a page holds, in order."""
+    return [m["name"] for m in map(HEADER.match, page.splitlines()) if m]
+
+
+def pages(root: Path = ROOT) -> list[Path]:
+    """README.md and every docs/*.md page that holds at least one results table."""
+    candidates = [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    return [p for p in candidates if p.exists() and table_names(p.read_text())]
+
+
+def sync(readme: str, results: Path, page: str = "README") -> str:
+    """The page's text with every results table replaced by the current results/<name>.md."""
     lines = readme.splitlines()
     out: list[str] = []
     i = 0
@@ -49,24 +62,27 @@ def sync(readme: str, results: Path) -> str:
         out.append(f"**{title}** (`results/{name}.md`{match['rest']})")
         end = next((j for j in range(i + 1, len(lines)) if lines[j].startswith("Machine: ")), None)
         if end is None:
-            raise ValueError(f"README: the table of results/{name}.md has no 'Machine: ...' line")
+            raise ValueError(f"{page}: the table of results/{name}.md has no 'Machine: ...' line")
         out.extend(body)
         i = end + 1
     return "\n".join(out) + ("\n" if readme.endswith("\n") else "")
 
 
 def main(argv: list[str]) -> int:
-    readme_path = ROOT / "README.md"
-    readme = readme_path.read_text()
-    new = sync(readme, ROOT / "results")
-    if "--check" in argv:
-        if new != readme:
-            print("README.md's Reproductions tables differ from results/*.md: run python scripts/readme_results.py")
-            return 1
-        return 0
-    if new != readme:
-        readme_path.write_text(new)
-        print("README.md: tables updated from results/")
+    stale = []
+    for path in pages():
+        rel = path.relative_to(ROOT)
+        text = path.read_text()
+        new = sync(text, ROOT / "results", str(rel))
+        if new == text:
+            continue
+        stale.append(rel)
+        if "--check" not in argv:
+            path.write_text(new)
+            print(f"{rel}: tables updated from results/")
+    if "--check" in argv and stale:
+        print(f"{', '.join(map(str, stale))}: tables differ from results/*.md: run python scripts/readme_results.py")
+        return 1
     return 0
 
 

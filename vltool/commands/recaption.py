@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.table import Table
 
 from vltool.commands.common import (
     NoProgressOpt,
@@ -20,6 +22,7 @@ from vltool.commands.common import (
     handle_errors,
     renamed,
 )
+from vltool.console import out as stdout, print_json
 
 HELP = """New captions for every row: re-caption the images with a captioning model, or paraphrase the
 captions with a language model (Santurkar et al., sections 3.2, 3.3, 4, appendices A.5, A.8; FFF 4.2).
@@ -60,50 +63,26 @@ def recaption_command(
     ctx: typer.Context,
     data: DataArg,
     out: OutOpt,
-    model: Annotated[
-        Optional[Path], typer.Option("--model", help="An image captioner (BLIP, BLIP-2, ...): a local directory, or hf:ORG/NAME[@REVISION] from the Hugging Face Hub (through its cache).")
-    ] = None,
-    paraphrase: Annotated[
-        bool, typer.Option("--paraphrase", help="Paraphrase each row's text with --lm instead of captioning images.")
-    ] = False,
-    lm: Annotated[
-        Optional[Path], typer.Option("--lm", help="A causal (or seq2seq) language model (with --paraphrase): a local directory, or hf:ORG/NAME[@REVISION].")
-    ] = None,
-    examples: Annotated[
-        Optional[Path],
-        typer.Option("--examples", help='JSON file of [input, output] pairs for the paraphrase prompt [default: the paper\'s four].'),
-    ] = None,
+    model: Annotated[Optional[Path], typer.Option(
+        "--model", help="An image captioner (BLIP, BLIP-2, ...): a local directory, or hf:ORG/NAME[@REVISION] from the Hugging Face Hub (through its cache).")] = None,
+    paraphrase: Annotated[bool, typer.Option("--paraphrase", help="Paraphrase each row's text with --lm instead of captioning images.")] = False,
+    lm: Annotated[Optional[Path], typer.Option("--lm", help="A causal (or seq2seq) language model (with --paraphrase): a local directory, or hf:ORG/NAME[@REVISION].")] = None,
+    examples: Annotated[Optional[Path], typer.Option("--examples", help='JSON file of [input, output] pairs for the paraphrase prompt [default: the paper\'s four].')] = None,
     text_column: Annotated[str, typer.Option("--text-column", help="The text column paraphrased (with --paraphrase).")] = "caption",
     num_captions: Annotated[int, typer.Option("--num-captions", min=1, help="New captions (or paraphrases) per row.")] = 5,
-    strategy: Annotated[
-        str, typer.Option("--strategy", help="nucleus: sampling, one seed per caption (Santurkar); beam: k best beams (FFF).")
-    ] = "nucleus",
-    top_p: Annotated[
-        Optional[float], typer.Option("--top-p", help="Nucleus mass [default: 0.9; 1.0 (temperature only) with --paraphrase].")
-    ] = None,
-    temperature: Annotated[
-        Optional[float], typer.Option("--temperature", help="Sampling temperature [default: 1.0; 0.8 with --paraphrase].")
-    ] = None,
-    repetition_penalty: Annotated[
-        Optional[float], typer.Option("--repetition-penalty", help="[default: 1.1 for nucleus captioning, else 1.0].")
-    ] = None,
-    min_new_tokens: Annotated[
-        Optional[int], typer.Option("--min-new-tokens", help="Shortest output in tokens [default: 5; 1 with --paraphrase].")
-    ] = None,
+    strategy: Annotated[str, typer.Option("--strategy", help="nucleus: sampling, one seed per caption (Santurkar); beam: k best beams (FFF).")] = "nucleus",
+    top_p: Annotated[Optional[float], typer.Option("--top-p", help="Nucleus mass [default: 0.9; 1.0 (temperature only) with --paraphrase].")] = None,
+    temperature: Annotated[Optional[float], typer.Option("--temperature", help="Sampling temperature [default: 1.0; 0.8 with --paraphrase].")] = None,
+    repetition_penalty: Annotated[Optional[float], typer.Option("--repetition-penalty", help="[default: 1.1 for nucleus captioning, else 1.0].")] = None,
+    min_new_tokens: Annotated[Optional[int], typer.Option("--min-new-tokens", help="Shortest output in tokens [default: 5; 1 with --paraphrase].")] = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Longest output in tokens.")] = 40,
-    num_beams: Annotated[
-        Optional[int], typer.Option("--num-beams", help="Beam width with --strategy beam [default: --num-captions].")
-    ] = None,
-    prompt: Annotated[
-        Optional[str], typer.Option("--prompt", help='Text the captions continue (conditional captioning), e.g. "a picture of".')
-    ] = None,
+    num_beams: Annotated[Optional[int], typer.Option("--num-beams", help="Beam width with --strategy beam [default: --num-captions].")] = None,
+    prompt: Annotated[Optional[str], typer.Option("--prompt", help='Text the captions continue (conditional captioning), e.g. "a picture of".')] = None,
     keep_prompt: Annotated[bool, typer.Option("--keep-prompt", help="Keep --prompt at the start of each caption.")] = False,
     replace: Annotated[bool, typer.Option("--replace", help="captions = the new texts only (drop the existing ones).")] = False,
     set_caption: Annotated[bool, typer.Option("--set-caption", help="caption = the row's first new text.")] = False,
     shard_size: Annotated[int, typer.Option("--shard-size", min=1, help="Rows per checkpoint shard (part of the job: a resumed run keeps it).")] = 1024,
-    max_shards: Annotated[
-        Optional[int], typer.Option("--max-shards", min=1, help="Stop after this many new shards; rerun to continue.")
-    ] = None,
+    max_shards: Annotated[Optional[int], typer.Option("--max-shards", min=1, help="Stop after this many new shards; rerun to continue.")] = None,
     restart: Annotated[bool, typer.Option("--restart", help="Discard unfinished work in OUT.partial instead of resuming.")] = False,
     device: Annotated[str, typer.Option("--device", help="auto (cuda if available; under accelerate, the process's device), cpu, cuda, cuda:N or mps.")] = "auto",
     dtype: Annotated[str, typer.Option("--dtype", help="The model's weights: auto (float16 on cuda, float32 on cpu), float32, float16, bfloat16.")] = "auto",
@@ -116,36 +95,31 @@ def recaption_command(
     column: OldColumnOpt = None,
     no_progress: NoProgressOpt = False,
 ) -> None:
+    """One parameter per option (Typer reads them from the signature); the body: options -> config -> recaption -> print_result."""
+    # vltool.recaption (datasets) is imported here, not at the top: commands/*.py stay light so `vltool --help` answers at once
     from vltool.recaption import RecaptionConfig, recaption
 
     text_column = renamed(ctx, "--column", "--text-column", column, text_column)
-    config = RecaptionConfig(
-        model=model, paraphrase=paraphrase, lm=lm, examples=examples, text_column=text_column, num_captions=num_captions,
-        strategy=strategy, top_p=top_p, temperature=temperature, repetition_penalty=repetition_penalty,
-        min_new_tokens=min_new_tokens, max_new_tokens=max_new_tokens, num_beams=num_beams, prompt=prompt,
-        keep_prompt=keep_prompt, replace=replace, set_caption=set_caption, seed=seed, batch_size=batch_size,
-        shard_size=shard_size, device=device, dtype=dtype, max_shards=max_shards, restart=restart,
-    )
+    options = locals()
+    # every RecaptionConfig field is the option of the same name (tests/test_options.py keeps them in step)
+    config = RecaptionConfig(**{f.name: options[f.name] for f in fields(RecaptionConfig)})
     result = recaption(data, out, config, where=where or [], split=split, overwrite=overwrite)
+    print_result(result, out, as_json)
+
+
+def print_result(result: dict, out, as_json: bool) -> None:
+    """A finished run's statistics (a table, or JSON with --json); an unfinished one's status with --json only."""
     if not result.get("finished"):
         if as_json:
-            from vltool.console import print_json
-
             print_json(result)
         return
     if as_json:
-        from vltool.console import print_json
-
         print_json(result["stats"] | {"out": str(out)})
     else:
         print_stats(result["stats"], out)
 
 
 def print_stats(s: dict, out) -> None:
-    from rich.table import Table
-
-    from vltool.console import out as stdout
-
     g = s["generation"]
     t = Table(title=f"{g['mode']} ({g['strategy']}, k={g['num_captions']}) -> {out}")
     t.add_column("statistic")

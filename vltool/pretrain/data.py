@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from vltool import columns as C
-from vltool.checks import has_text, require_unique_ids
+from vltool.checks import has_text
 from vltool.derived import add_columns
 from vltool.distinct import duplicate
 from vltool.errors import UsageError, VltoolError
@@ -151,7 +151,9 @@ def check_ids(named_ids: list, prefixed: bool, hint: str = "") -> None:
     import pyarrow.compute as pc
 
     for spec_, ids in named_ids:
-        require_unique_ids(ids, spec_)
+        repeated, an_id = duplicate(ids)
+        if repeated:
+            raise UsageError(f"{spec_!r} has duplicate ids (e.g. {an_id!r}); ids must be unique")
     if len(named_ids) > 1 and not prefixed:
         columns = [ids for _, ids in named_ids]
         clashes, clash = duplicate(pa.chunked_array([c for ids in columns for c in ids.chunks], type=columns[0].type))

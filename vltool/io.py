@@ -491,6 +491,8 @@ def model_inputs(spec: str | Path | None, pretrained: str | Path | None = None) 
         files = [pretrained] if pretrained else [s[len("open_clip:"):].partition("/")[2]]
         return [Path(f).expanduser() for f in files if f and Path(f).expanduser().is_file()]
     if s.startswith("local-dir:"):
+        if not s[len("local-dir:"):].strip():  # (Path("") is the current directory, which --out would then "overwrite")
+            raise UsageError(f"{s!r} names no directory: expected local-dir:PATH (open_clip's local-dir layout)")
         return [Path(s[len("local-dir:"):]).expanduser()]
     if s.startswith("hf:"):  # a local folder; hf:ORG/NAME's files are in the Hub cache
         path = Path(s[len("hf:"):]).expanduser()
@@ -537,6 +539,7 @@ def check_output(
     if resolved == ASSETS or ASSETS in resolved.parents:
         raise UsageError(f"--out {out} is inside vltool's built-in data; choose another --out")
     check_writable(out)
+    refuse_if_busy(out)
     not_ours = _not_replaceable(out, kind)
     if not_ours:
         raise UsageError(f"--out {out} {not_ours}; vltool replaces only what it wrote (even with --overwrite): choose another --out")
@@ -731,17 +734,10 @@ def _acquire(out: Path) -> _Lock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
-            holder = ""
-            try:
-                holder = os.pread(fd, 32, 0).decode().strip()
-            except OSError:
-                pass
+            busy = _busy_error(out, fd) if e.errno in LOCK_HELD_ERRNOS else None
             os.close(fd)
-            if e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                raise OutputBusy(
-                    f"{out} is being written by another vltool process{f' (pid {holder})' if holder.isdigit() else ''}; "
-                    "wait for it to finish or choose another --out"
-                ) from None
+            if busy is not None:
+                raise busy from None
             raise
         try:
             same = os.stat(path).st_ino == os.fstat(fd).st_ino
@@ -754,6 +750,41 @@ def _acquire(out: Path) -> _Lock:
     lk = _Lock(out, path, fd)
     _HELD[str(out.resolve())] = lk
     return lk
+
+
+LOCK_HELD_ERRNOS = (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK)  # flock(LOCK_NB) on a lock another process holds
+
+
+def _busy_error(out: Path, fd: int) -> OutputBusy:
+    """The error for a second writer of `out`, naming the holder's pid from the lock file (`fd`) when readable."""
+    try:
+        holder = os.pread(fd, 32, 0).decode().strip()
+    except (OSError, UnicodeDecodeError):
+        holder = ""
+    return OutputBusy(f"{out} is being written by another vltool process{f' (pid {holder})' if holder.isdigit() else ''}; "
+                      "wait for it to finish or choose another --out")
+
+
+def refuse_if_busy(out: Path | str) -> None:
+    """Raise OutputBusy when another live process holds `out`'s lock (looked at without taking it): a second
+    writer of `out` is told that, not what the first one's output looks like half made (a run directory
+    with run.json only, a directory vltool "did not write")."""
+    import fcntl
+
+    out = Path(out).expanduser()
+    if str(out.resolve()) in _HELD:
+        return
+    try:
+        fd = os.open(lock_file(out), os.O_RDONLY)
+    except OSError:  # no lock file: nobody writes `out`
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno in LOCK_HELD_ERRNOS:
+            raise _busy_error(out, fd) from None
+    finally:
+        os.close(fd)
 
 
 def _write_holder(fd: int, path: Path, out: Path) -> None:

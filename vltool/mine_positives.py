@@ -326,7 +326,7 @@ class _Collector:
             return
         self.parts.append((part[0],))  # the counts (per query) stay in memory, the pairs go to the files
         for f, a in zip(self.FIELDS, part[1:]):
-            a.tofile(self.handles[f])
+            self._append(f, a)
 
     def _pairs(self) -> dict:
         """Every block's pairs, one flat array per field (memory-mapped from the files when spilled)."""
@@ -362,7 +362,12 @@ class _Collector:
         for part in parts:
             self.parts.append((part[0],))
             for f, a in zip(self.FIELDS, part[1:]):
-                a.tofile(self.handles[f])
+                self._append(f, a)
+
+    def _append(self, field: str, a: np.ndarray) -> None:
+        """`a`'s bytes at the end of the field's file, written through the file object: a full disk is then an
+        OSError(ENOSPC) (where ndarray.tofile says only "N requested and M written")."""
+        self.handles[field].write(np.ascontiguousarray(a).data)
 
     def result(self, stats: dict) -> Mined:
         counts = np.concatenate([p[0] for p in self.parts]) if self.parts else np.zeros(0, np.int64)
@@ -597,7 +602,7 @@ class MinePositivesConfig:
     def validate(self) -> None:
         problems = []
         if not str(self.model or "").strip():
-            problems.append("--model is required (a vltool RUN_DIR, open_clip:ARCH with --pretrained FILE, local-dir:PATH, or hf:DIR)")
+            problems.append("--model is required (a vltool RUN_DIR, hf:ORG/NAME or hf:DIR, open_clip:ARCH/TAG, open_clip:hf-hub:ORG/NAME, or local-dir:PATH)")
         try:
             self.thresholds.validate()
         except UsageError as e:

@@ -936,9 +936,23 @@ def resolve_model_dir(path: Path | str) -> Path:
         return p / MODEL_DIR
     if not p.exists():
         raise UsageError(f"model {str(path)!r} does not exist (give a vltool RUN_DIR, RUN_DIR/model, open_clip:ARCH, local-dir:PATH or hf:DIR)")
+    incomplete = _incomplete_model(p)
+    if incomplete:
+        raise UsageError(incomplete)
     if (p / "checkpoints").is_dir():
         raise UsageError(f"{p} is an unfinished training run (no model/ yet); finish it with `vltool pretrain --resume {p}`")
     raise UsageError(f"{p} is not a vltool model (no {CONFIG_FILE} and {WEIGHTS_FILE}, nor {MODEL_DIR}/ holding them)")
+
+
+def _incomplete_model(p: Path) -> str | None:
+    """Why `p` (RUN_DIR or a model directory) holds a model with files missing, or None: a finished run
+    (RUN_DIR/vltool.json), or a model directory holding some of its files, is not an unfinished run."""
+    model_dir = p / MODEL_DIR if (p / MODEL_DIR).is_dir() or (p / "vltool.json").is_file() else p
+    missing = [f for f in (CONFIG_FILE, WEIGHTS_FILE) if not (model_dir / f).is_file()]
+    if model_dir == p and len(missing) == 2:  # neither file: not a model at all
+        return None
+    return (f"{model_dir} is an incomplete model (no {' nor '.join(missing)}): its files were removed or damaged after "
+            "it was written; restore them, or train it again")
 
 
 def load_weights(model: nn.Module, path: Path) -> None:

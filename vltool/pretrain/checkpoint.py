@@ -9,11 +9,15 @@ import json
 import os
 import random
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import torch
 
+from vltool.errors import DiskFull, VltoolError, disk_full_cause, disk_full_message
+from vltool.io import final_of_work_dir
 from vltool.pretrain.config import CHECKPOINTS, METRICS_FILE
 
 
@@ -74,10 +78,6 @@ def save_checkpoint(run_dir: Path, step: int, model, loss_fn, optimizer, acceler
     """RUN_DIR/checkpoints/step_NNNNNNNN/, written to a temporary directory and renamed when complete.
     `data_positions` (streamed shards): this process's stream -> (epoch, samples of it consumed), as
     data_<rank>.json."""
-    from safetensors.torch import save_file
-
-    from vltool.model import state_dict_for_save
-
     rank = accelerator.process_index
     base = run_dir / CHECKPOINTS
     final = base / f"step_{step:08d}"
@@ -85,8 +85,33 @@ def save_checkpoint(run_dir: Path, step: int, model, loss_fn, optimizer, acceler
     bad_all = gather_set(bad_ids, accelerator)
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+    with _partial_removed(tmp, run_dir, step):
+        if accelerator.is_main_process:
+            tmp.mkdir(parents=True)
+        accelerator.wait_for_everyone()
+        _write_checkpoint(tmp, rank, model, loss_fn, optimizer, accelerator, data_positions)
     accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        state = {"step": step, "samples_seen": samples_seen, "bad_image_ids": sorted(bad_all), "first_loss": first_loss,
+                 "num_processes": accelerator.num_processes}
+        with _partial_removed(tmp, run_dir, step):
+            (tmp / "state.json").write_text(json.dumps(state))
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        for old in list_checkpoints(run_dir)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def _write_checkpoint(tmp: Path, rank: int, model, loss_fn, optimizer, accelerator, data_positions: dict | None) -> None:
+    """This process's files of a checkpoint into `tmp`: its RNG states (and stream positions), and on the main
+    process the model, the objective's state, the optimizer and the grad scaler."""
+    from safetensors.torch import save_file
+
+    from vltool.model import state_dict_for_save
+
     torch.save(_rng_state(), tmp / f"rng_{rank}.pt")
     if data_positions is not None:
         (tmp / f"data_{rank}.json").write_text(json.dumps({"streams": {str(k): list(v) for k, v in sorted(data_positions.items())}}))
@@ -99,18 +124,30 @@ def save_checkpoint(run_dir: Path, step: int, model, loss_fn, optimizer, acceler
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         if accelerator.scaler is not None:
             torch.save(accelerator.scaler.state_dict(), tmp / "scaler.pt")
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        state = {"step": step, "samples_seen": samples_seen, "bad_image_ids": sorted(bad_all), "first_loss": first_loss,
-                 "num_processes": accelerator.num_processes}
-        (tmp / "state.json").write_text(json.dumps(state))
-        if final.exists():
-            shutil.rmtree(final)
-        os.rename(tmp, final)
-        for old in list_checkpoints(run_dir)[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
-    accelerator.wait_for_everyone()
-    return final
+
+
+@contextmanager
+def _partial_removed(tmp: Path, run_dir: Path, step: int) -> Iterator[None]:
+    """A checkpoint whose writing fails is removed (never half a checkpoint, nor the space it took); a full
+    disk is one line naming the run and the checkpoint it keeps (DiskFull)."""
+    try:
+        yield
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, VltoolError) or disk_full_cause(e) is None:
+            raise
+        raise DiskFull(_disk_full_message(run_dir, step)) from e
+
+
+def _disk_full_message(run_dir: Path, step: int) -> str:
+    """The run's --out (RUN_DIR, also for a run built beside the one it replaces), and what is kept."""
+    kept = list_checkpoints(run_dir)
+    out = final_of_work_dir(run_dir) or run_dir
+    if not kept:
+        return disk_full_message(out, f"the checkpoint of step {step} could not be written, and the run had none yet, so "
+                                 "nothing is kept: free some space there or choose another --out")
+    return disk_full_message(out, f"the checkpoint of step {step} could not be written; the last complete one, "
+                             f"{kept[-1].name}, is kept: free some space and continue with `vltool pretrain --resume {run_dir}`")
 
 
 def load_checkpoint(ckpt: Path, model, loss_fn, optimizer, accelerator, rank: int):

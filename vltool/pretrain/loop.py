@@ -492,7 +492,7 @@ def _accelerator(config: PretrainConfig):
 
 
 def _load_data(spec: RunSpec, config: PretrainConfig, run_dir: Path, overwrite: bool, resumed: bool):
-    from vltool.io import check_output, final_of_work_dir, hold_output_lock, model_inputs
+    from vltool.io import check_output, final_of_work_dir, hold_output_lock, model_inputs, refuse_if_busy
     from vltool.topology import is_main
 
     if _is_shards(spec.data, config):
@@ -518,6 +518,7 @@ def _load_data(spec: RunSpec, config: PretrainConfig, run_dir: Path, overwrite: 
         if is_main():  # only the main process of a launch locks RUN_DIR (for the command's lifetime, in the CLI)
             hold_output_lock(final, keep=[run_dir])
         return train, evald
+    refuse_if_busy(final)  # a run another process is starting or training is "in use", not "unfinished"
     if not overwrite and (final / RUN_FILE).is_file() and not (final / C.PROVENANCE_FILE).is_file():
         found = ckpt.list_checkpoints(final)
         at = f"its last checkpoint is {found[-1].name}" if found else "it has no checkpoint yet"

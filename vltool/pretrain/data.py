@@ -23,7 +23,7 @@ from vltool.checks import has_text
 from vltool.derived import add_columns
 from vltool.distinct import duplicate
 from vltool.errors import UsageError, VltoolError
-from vltool.io import decode_image
+from vltool.io import arrow_column, decode_image
 from vltool.pretrain.config import PretrainConfig
 
 
@@ -92,6 +92,8 @@ def load_train_data(
     from vltool.checks import text_column
 
     for src in loaded:
+        if src.index is not None:  # shards read through their index, which left out the samples repeating an id
+            refuse_repeated_ids(src.spec, src.index.path)
         if lists:
             text_column(src.dataset, text_col, src.spec, option="the column --caption-sampling and --captions-per-image read,", list_only=True)
         else:
@@ -436,7 +438,7 @@ class PairDataset:
         k = self.captions_per_image
         texts = texts_of(text, self.sampling or ("first" if k > 1 else None))
         if not texts:  # a streamed sample without text (a dataset's rows without text were dropped at load time)
-            return {**out, "bad": True}
+            return {**out, "bad": True, "no_text": True}
         if k > 1:
             if self.sampling == "random":
                 texts = random.Random(s).sample(texts, len(texts))
@@ -465,7 +467,8 @@ class PairDataset:
 class Collate:
     """Items -> a batch: "rows" (B,), "images" (B, 3, H, W) [and "images2"], "tokens" of the texts (or
     "text_index" into a frozen text tower's feature table), "text_rows" (B*k,) with k captions per image,
-    and "bad_ids", the ids of the rows left out because their image could not be decoded."""
+    "bad_ids", the ids of the rows left out because their image could not be decoded (or, streamed, they have
+    no text: "no_text" counts those)."""
 
     def __init__(self, tokenizer, tokenize: bool = True, text_index: dict | None = None, bad_rows=frozenset()):
         self.tokenizer = tokenizer
@@ -481,6 +484,7 @@ class Collate:
         batch = {
             "rows": torch.tensor([it["row"] for it in good], dtype=torch.long),
             "bad_ids": [it["id"] for it, b in zip(items, bad) if b],
+            "no_text": sum(1 for it in items if it.get("no_text")),
             "n": len(good),
         }
         if good and "image" in good[0]:
@@ -575,19 +579,35 @@ def load_shard_data(data: Sequence[str], config: PretrainConfig, where: Sequence
     lists = bool(config.caption_sampling) or config.captions_per_image > 1
     sources = [load_shards(spec) for spec in data]
     shards = [p for s in sources for p in s.shards]
-    if config.steps is None or all(s.rows is not None for s in sources):  # epochs, or statistics files to check
-        for source in sources:
-            source.rows = counted_samples(source, len(shard_samples_index(source)))
-    rows = None if any(s.rows is None for s in sources) else sum(s.rows for s in sources)
-    return ShardData(sources, shards, C.CAPTIONS if lists else config.text_column, rows)
+    indexes = [shard_samples_index(source) for source in sources]  # counted and their ids checked, as a dataset's
+    for source, index in zip(sources, indexes):
+        source.rows = counted_samples(source, len(index))
+    if len(sources) > 1:
+        check_ids([(s.spec, arrow_column(index, C.ID)) for s, index in zip(sources, indexes)], config.prefix_ids)
+    return ShardData(sources, shards, C.CAPTIONS if lists else config.text_column, sum(s.rows for s in sources))
 
 
 def shard_samples_index(source):
     """The index of a DATA argument's shards (vltool.io.shard_index: built once, one pass over the shards'
-    headers and small members, then read from the cache): one row per sample with an image and a text."""
+    headers and small members, then read from the cache): one row per sample with an image and a text.
+    Shards whose samples repeat an id are refused, as a dataset whose ids repeat is (check_ids)."""
     from vltool.io import read_from_disk, shard_index
 
-    return read_from_disk(shard_index(source.spec).path, source.spec)
+    path = shard_index(source.spec).path
+    refuse_repeated_ids(source.spec, path)
+    return read_from_disk(path, source.spec)
+
+
+def refuse_repeated_ids(spec: str, index_path) -> None:
+    """The rule of check_ids for shards: ids are unique. Their index keeps the first sample of a repeated id
+    and counts the others (its vltool.json, stats.skipped), which a stream would train on too."""
+    from vltool.io import read_provenance
+    from vltool.shards import DUPLICATE_ID
+
+    repeated = ((read_provenance(index_path) or {}).get("stats") or {}).get("skipped", {}).get(DUPLICATE_ID, 0)
+    if repeated:
+        raise UsageError(f"{spec!r} has duplicate ids ({repeated:,} samples repeat the id, json 'id' or key, of an earlier "
+                         "one); ids must be unique")
 
 
 def counted_samples(source, indexed: int) -> int:

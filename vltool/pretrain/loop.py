@@ -323,12 +323,7 @@ def step(run: RunState, batches) -> tuple[dict, float]:
     for batch in micro:
         run.bad_ids.update(batch["bad_ids"])
     if run.accelerator.num_processes == 1 and sum(b["n"] for b in micro) == 0:  # nothing to compute a loss on
-        example = sorted(run.bad_ids)[0] if run.bad_ids else None
-        raise VltoolError(
-            f"step {run.step + 1}: not one image of the batch could be decoded ({len(run.bad_ids)} undecodable images "
-            f"so far{f', e.g. id {example!r}' if example is not None else ''}); the training data's images are corrupt "
-            "or missing"
-        )
+        raise VltoolError(_nothing_to_train_on(run, micro))
     with _attention_kernel(run):  # also over backward: --grad-checkpointing recomputes with the same kernel
         if len(micro) == 1:
             with _autocast(run):
@@ -349,6 +344,23 @@ def step(run: RunState, batches) -> tuple[dict, float]:
     objective.after_step(model)
     run.step += 1
     return {k: v.detach() for k, v in out.items()}, lr
+
+
+def _nothing_to_train_on(run: RunState, micro: list[dict]) -> str:
+    """Why a step's batch holds no sample: its texts are missing (streamed samples without text), its images
+    do not decode, or both, with the counts and an example id."""
+    no_text = sum(b.get("no_text", 0) for b in micro)
+    undecodable = sum(len(b["bad_ids"]) for b in micro) - no_text
+    example = sorted(run.bad_ids)[0] if run.bad_ids else None
+    e_g = f", e.g. id {example!r}" if example is not None else ""
+    if undecodable == 0:
+        return (f"step {run.step + 1}: not one sample of the batch has a text in {run.train.text_column!r} ({no_text} without "
+                f"one{e_g}); the training data's texts are missing")
+    if no_text == 0:
+        return (f"step {run.step + 1}: not one image of the batch could be decoded ({len(run.bad_ids)} undecodable images "
+                f"so far{e_g}); the training data's images are corrupt or missing")
+    return (f"step {run.step + 1}: not one sample of the batch has both a text and a decodable image ({no_text} without a "
+            f"text, {undecodable} undecodable images{e_g})")
 
 
 def _autocast(run: RunState):

@@ -207,7 +207,7 @@ def setup(spec: RunSpec, run_dir: Path, config: PretrainConfig, *, overwrite: bo
             raise UsageError(
                 f"{len(train.shards)} shard(s) for {world} process(es) x {max(1, config.workers)} data stream(s) each: every "
                 "stream reads whole shards, so give at least as many shards as processes x max(1, --workers)")
-        epoch_rows = train.rows  # counted by the shards' index; None with --steps and no statistics files (not counted)
+        epoch_rows = train.rows  # counted by the shards' index
     else:
         epoch_rows = make_sampler(train, config, 1, 0, 0, 0).n  # rows an epoch draws (fewer with --balanced)
     per_epoch_micro = None

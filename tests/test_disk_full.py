@@ -1,0 +1,159 @@
+"""A full disk is one line naming what was being written, exit 1, and nothing partial left (issue 35).
+
+Each test writes onto a small tmpfs (mounted here: root only; skipped where mounting is not permitted), or,
+for what a tmpfs cannot reach in time (pretrain's second checkpoint), through a writer that fails as a full
+disk does. docs/conventions.md, "Writes": an OSError while writing (disk full) is one line, exit 1.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_pretrain import make_pairs, micro  # noqa: E402
+
+from vltool.errors import DiskFull, disk_full_cause  # noqa: E402
+
+FULL = "the disk is full (no space left on device)"
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """`mount_disk(size)`: a tmpfs of `size` (e.g. "300k") at a new folder, unmounted after the test."""
+    mounted = []
+
+    def mount_disk(size: str, name: str = "disk") -> Path:
+        where = tmp_path / name
+        where.mkdir()
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip() or r.returncode})")
+        mounted.append(where)
+        return where
+
+    yield mount_disk
+    for where in mounted:
+        subprocess.run(["umount", str(where)], check=False)
+
+
+def fill(disk: Path) -> None:
+    """Leave no free byte on `disk`."""
+    with open(disk / "fill", "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError as e:
+            assert e.errno == errno.ENOSPC
+
+
+def leftovers(disk: Path) -> list[str]:
+    return sorted(p.name for p in disk.iterdir() if p.name != "fill")
+
+
+def one_error_line(r) -> str:
+    lines = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in r.stderr and "internal error" not in r.stderr, r.stderr
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    from vltool.pretrain import pretrain
+
+    root = tmp_path_factory.mktemp("disk_full_model")
+    pretrain([make_pairs(root / "pairs", n=16)], root / "run", micro(steps=1), progress=False)
+    return root / "run"
+
+
+def test_the_cause_is_found_through_wrapping_errors():
+    """datasets wraps the OSError (DatasetGenerationError from it); safetensors says it in its text only."""
+    from safetensors import SafetensorError
+
+    wrapped = RuntimeError("An error occurred while generating the dataset")
+    wrapped.__cause__ = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    assert disk_full_cause(wrapped) is wrapped.__cause__
+    assert disk_full_cause(SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)"))
+    assert disk_full_cause(OSError(errno.EACCES, "Permission denied")) is None
+
+
+def test_pretrain_on_a_full_disk_is_one_line_and_leaves_nothing(cli, small_disk):
+    """The first checkpoint's model.safetensors does not fit: safetensors' SafetensorError was an internal
+    error; now one line naming RUN_DIR, and no run directory (it had no checkpoint) nor lock left."""
+    disk = small_disk("200k")
+    r = cli("pretrain", "emoji", "--where", "split=train", "--arch", "vltool-micro", "--steps", "2", "--batch-size", "8",
+            "--out", disk / "run", "--no-progress")
+    assert r.exit_code == 1
+    line = one_error_line(r)
+    assert FULL in line and f"writing {disk / 'run'}" in line and "nothing is kept" in line, line
+    assert leftovers(disk) == []
+
+
+def test_pretrain_keeps_the_last_complete_checkpoint_when_the_disk_fills(tmp_path, monkeypatch):
+    """The disk fills while step 2's checkpoint is written: that checkpoint is removed whole, step 1's stays,
+    the error names it and --resume, and the run resumes from it once there is space."""
+    import safetensors.torch
+    from safetensors import SafetensorError
+
+    from vltool.pretrain import pretrain
+
+    data = make_pairs(tmp_path / "pairs", n=16)
+    save_file = safetensors.torch.save_file
+
+    def full_at_step_2(tensors, filename, metadata=None):
+        if "step_00000002" in str(filename):
+            raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+        return save_file(tensors, filename, metadata=metadata)
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full_at_step_2)
+    run = tmp_path / "run"
+    with pytest.raises(DiskFull, match=r"step_00000001, is kept: free some space and continue with `vltool pretrain --resume"):
+        pretrain([data], run, micro(steps=3, checkpoint_every=1), progress=False)
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_00000001"]
+    monkeypatch.setattr(safetensors.torch, "save_file", save_file)
+    assert pretrain(resume=run, progress=False)["stats"]["steps"] == 3
+
+
+def test_import_on_a_full_disk_is_one_line_and_leaves_nothing(cli, tmp_path, small_disk):
+    """datasets' DatasetGenerationError (raised from the OSError) was an internal error."""
+    rng = np.random.default_rng(0)
+    (tmp_path / "imgs").mkdir()
+    for i in range(40):  # ~12 KB of noise each: more than the disk holds
+        Image.fromarray(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(tmp_path / "imgs" / f"{i}.png")
+    (tmp_path / "data.csv").write_text("filepath\ttitle\n" + "".join(f"imgs/{i}.png\tnoise {i}\n" for i in range(40)))
+    disk = small_disk("300k")
+    r = cli("import", tmp_path / "data.csv", "--out", disk / "x", "--no-progress")
+    assert r.exit_code == 1
+    line = one_error_line(r)
+    assert FULL in line and f"writing {disk / 'x'}" in line, line
+    assert leftovers(disk) == []
+
+
+def test_mine_positives_on_a_full_disk_says_so(cli, tmp_path, small_disk, model):
+    """The mined pairs spilled beside --out did not fit: numpy's "49152 requested and 40960 written"."""
+    disk = small_disk("300k")
+    r = cli("mine-positives", "emoji", "--model", model, "--out", disk / "mined", "--cache-dir", tmp_path / "cache",
+            "--no-progress")
+    assert r.exit_code == 1
+    line = one_error_line(r)
+    assert FULL in line and f"writing {disk / 'mined'}" in line, line
+    assert leftovers(disk) == []
+
+
+def test_debias_on_a_full_disk_leaves_no_lock(cli, small_disk, model):
+    """Not even the lock's pid fits: the lock file (.OUT.lock, left empty) is removed again."""
+    disk = small_disk("100k")
+    fill(disk)
+    r = cli("debias", "--model", model, "--out", disk / "sub", "--no-progress")
+    assert r.exit_code == 1
+    line = one_error_line(r)
+    assert FULL in line and f"writing {disk / 'sub'}" in line, line
+    assert leftovers(disk) == []  # (was: an empty .sub.lock)

@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import csv
 import glob
+import hashlib
 import io
 import json
 import os
 import re
 import shutil
 import tarfile
+import time
 import uuid
 from collections import Counter
 from contextlib import contextmanager
@@ -40,13 +42,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+import datasets
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from PIL import Image
+
 from vltool import columns as C
+from vltool import provenance
+from vltool.cache import EmbeddingCache
+from vltool.console import progress_enabled
 from vltool.errors import UsageError, VltoolError
+from vltool.io import OutputBusy, atomic_output, check_output, duplicate_rows, image_size_policy, write_json_atomic
 from vltool.shards import (  # noqa: F401 (re-exported)
     BAD_SHARD, DUPLICATE_ID, EMPTY_CAPTION, IMAGE_EXTS, NO_IMAGE, TAR_SUFFIXES, clean_captions, expand_braces, iter_samples,
     iter_tar, split_member, text_value,
 )
-from vltool.templates import DATASET_TEMPLATES
+from vltool.templates import DATASET_TEMPLATES, parse_templates
+from vltool.topology import is_main, process_state, warn
 
 FORMATS = ("auto", "csv", "tsv", "jsonl", "parquet", "webdataset", "imagefolder", "coco", "clip_benchmark")
 TABLE_FORMATS = ("csv", "tsv", "jsonl", "parquet")
@@ -215,10 +229,6 @@ def prepare_image(data: bytes, max_side: int | None) -> bytes:
     An image that needs no resizing is kept byte for byte. A resized image is re-encoded: JPEG sources as
     JPEG (quality 95), every other format as PNG (lossless, alpha kept).
     """
-    from PIL import Image
-
-    from vltool.io import image_size_policy
-
     image_size_policy()  # an image over the size limit raises: skipped and counted as undecodable
     with Image.open(io.BytesIO(data)) as im:
         w, h = im.size
@@ -339,8 +349,6 @@ def _read_file(path: str) -> tuple[bytes | None, tuple | None]:
 
 def _gen_rows(unit: tuple, plan: _Plan, skips: _Skips) -> Iterator[dict]:
     """A chunk file written by the first pass: key, where, image (path), captions, label, extras."""
-    import pyarrow.parquet as pq
-
     for rec in pq.read_table(unit[1]).to_pylist():
         key, where = rec["key"], rec["where"]
         if rec["image"] is None or rec["image"] == "":
@@ -371,8 +379,6 @@ def _image_bytes(value: Any, base: Path) -> tuple[bytes | None, tuple | None]:
 
 def _gen_parquet(unit: tuple, plan: _Plan, skips: _Skips) -> Iterator[dict]:
     """One row group of a parquet file with image bytes in a column (img2dataset's parquet output)."""
-    import pyarrow.parquet as pq
-
     _, path, row_group, first_row, stem = unit
     pf = pq.ParquetFile(path)
     names = set(pf.schema_arrow.names)
@@ -485,9 +491,6 @@ class _ChunkWriter:
     def flush(self) -> None:
         if not self.buf:
             return
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
         schema = pa.schema(
             [("key", pa.string()), ("where", pa.string()), ("image", pa.string()), ("captions", pa.list_(pa.string())),
              ("label", pa.string())] + [(n, pa.string()) for n in self.extras]
@@ -583,8 +586,6 @@ def _csv_records(reader, header: list[str], path: Path, skips: _Skips) -> Iterat
     """(row number, {column: value}) of each data row of a CSV / TSV read by `reader` (after its header).
     A row that is not one line with at most the header's fields is an unreadable row, skipped and named
     with its lines (csv reads a quote that is never closed as one field running over the rows after it)."""
-    from vltool.topology import warn
-
     line, spans = reader.line_num, []
     for r, values in enumerate(reader):
         first, line = line + 1, reader.line_num
@@ -613,8 +614,6 @@ def _csv_row_problem(fields: int, columns: int, first: int, last: int) -> str | 
 
 def _scan_tables(files: Sequence[Path], fmt: str, config: ImportConfig, writer: _ChunkWriter, skips: _Skips) -> dict:
     """Stream every table once, writing the rows into chunks; return which columns were used."""
-    import pyarrow.parquet as pq
-
     csv.field_size_limit(1 << 30)
     used: dict = {}
     several = len(files) > 1
@@ -745,10 +744,6 @@ def _scan_coco(ann: Path, config: ImportConfig, writer: _ChunkWriter) -> dict:
 
 def _plan_parquet_shards(files: Sequence[Path], config: ImportConfig) -> tuple[list[tuple], dict, set]:
     """Units (file, row group) for parquet files whose image column holds bytes; the columns used; labels."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
     units: list[tuple] = []
     labels: set = set()
     used: dict = {}
@@ -774,8 +769,6 @@ def _plan_parquet_shards(files: Sequence[Path], config: ImportConfig) -> tuple[l
 @contextmanager
 def _reading(fmt: str, files) -> Iterator[None]:
     """Arrow's errors reading a source (a CSV given as --format parquet, a damaged file) as one line."""
-    import pyarrow as pa
-
     try:
         yield
     except pa.ArrowException as e:
@@ -784,9 +777,6 @@ def _reading(fmt: str, files) -> Iterator[None]:
 
 
 def _parquet_has_image_bytes(path: Path, config: ImportConfig) -> bool:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     schema = pq.ParquetFile(path).schema_arrow
     col = _pick(schema.names, config.image_column, IMAGE_COLUMN_CANDIDATES, "image", "--image-column", str(path))
     t = schema.field(col).type
@@ -827,10 +817,6 @@ def _merge_skips(skip_dir: Path) -> list[dict]:
 
 def _drop_duplicate_ids(ds, records: list[dict]):
     """Keep the first row of each id; the others become skip records (vltool.io.duplicate_rows)."""
-    import numpy as np
-
-    from vltool.io import duplicate_rows
-
     drop = duplicate_rows(ds.data.column(C.ID))
     if not drop:
         return ds
@@ -843,8 +829,6 @@ def _drop_duplicate_ids(ds, records: list[dict]):
 
 
 def _features(plan: _Plan):
-    import datasets
-
     feats = {C.ID: datasets.Value("string"), C.IMAGE: datasets.Image(), C.CAPTION: datasets.Value("string")}
     if plan.multi:
         feats[C.CAPTIONS] = datasets.List(datasets.Value("string"))
@@ -855,23 +839,55 @@ def _features(plan: _Plan):
     return datasets.Features(feats)
 
 
+@dataclass
+class _Sources:
+    """What the SOURCE arguments name: the specs as given, the paths they expand to, the format and the files to read."""
+
+    specs: list[str]
+    paths: list[Path]
+    fmt: str
+    files: list[Path]
+
+
+@dataclass
+class _Imported:
+    """The rows the workers built, with the skip records of every row left out."""
+
+    ds: Any  # datasets.Dataset, None when no row was read
+    records: list[dict]
+    reasons: Counter
+    rows_in: int
+    rows_out: int
+
+
 def import_data(sources: Sequence[str] | str, out, config: ImportConfig, *, overwrite: bool = False) -> dict:
     """Read `sources` into a dataset at `out` (with `vltool.json` and `skipped.jsonl`); return the provenance record."""
-    import datasets
-
-    from vltool import provenance
-    from vltool.io import atomic_output, check_output, write_json_atomic
-
     timer = provenance.Timer()
     config.validate()
+    src = resolve_sources(sources, config)
+    if src.fmt == "clip_benchmark":
+        return import_clip_benchmark(src.files[0], out, config, overwrite=overwrite, spec=src.specs[0])
+    refuse_options_for_format(src.fmt, config)
+    out = check_output(out, overwrite, inputs=[p.resolve() for p in src.paths] + ([Path(config.image_root)] if config.image_root else []))
+    with _progress_bars_restored(), _work_dir(out, parents=False) as work:
+        plan, units, stats = plan_import(src, config, work, out)
+        imported = collect_skips(generate_rows(units, plan, work, config), Path(plan.skip_dir), src.specs)
+        return write_import(imported, src, plan, stats, config, out, overwrite, timer)
+
+
+def resolve_sources(sources: Sequence[str] | str, config: ImportConfig) -> _Sources:
+    """The SOURCE arguments expanded (braces, globs) and their format given or detected."""
     specs = [sources] if isinstance(sources, (str, Path)) else list(sources)
     specs = [str(s) for s in specs]
     if not specs:
         raise UsageError("give at least one SOURCE")
     paths = expand_sources(specs)
     fmt, files = detect_format(paths, config.format)
-    if fmt == "clip_benchmark":
-        return import_clip_benchmark(files[0], out, config, overwrite=overwrite, spec=specs[0])
+    return _Sources(specs, paths, fmt, files)
+
+
+def refuse_options_for_format(fmt: str, config: ImportConfig) -> None:
+    """Options the format has no use for are refused, not ignored."""
     if fmt in ("imagefolder", "coco"):
         given = [o for o, v in (("--image-column", config.image_column), ("--caption-column", config.caption_column),
                                 ("--label-column", config.label_column), ("--id-column", config.id_column)) if v]
@@ -881,119 +897,169 @@ def import_data(sources: Sequence[str] | str, out, config: ImportConfig, *, over
         raise UsageError("--caption-template applies to image folders only")
     if fmt == "webdataset" and (config.label_column or config.id_column):
         raise UsageError("--label-column and --id-column apply to tables; WebDataset ids are the sample keys")
-    out = check_output(out, overwrite, inputs=[p.resolve() for p in paths] + ([Path(config.image_root)] if config.image_root else []))
 
-    stats: dict = {"format": fmt, "files": len(files)}
+
+@contextmanager
+def _progress_bars_restored() -> Iterator[None]:
+    """datasets' progress bars switched off again on the way out when they were off on the way in."""
     bars_were_on = datasets.is_progress_bar_enabled()
-    work = out.parent / f".{out.name}.work-{uuid.uuid4().hex[:8]}"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    work.mkdir()
     try:
-        skip_dir = work / "skips"
-        skip_dir.mkdir()
-        plan = _Plan(kind="rows", skip_dir=str(skip_dir), max_side=config.max_side, multi=False, label_names=None,
-                     extras=list(config.extra_columns))
-        with _reading(fmt, files):  # a file that is not what --format says: one line, not a traceback
-            if fmt == "webdataset":
-                units = [(i, str(p)) for i, p in enumerate(files)]
-                plan.kind = "webdataset"
-                plan.image_column, plan.caption_column = config.image_column, config.caption_column
-                plan.multi = _peek_webdataset_captions(files[0])
-            elif fmt == "parquet" and _parquet_has_image_bytes(files[0], config):
-                units, used, labels = _plan_parquet_shards(files, config)
-                plan.kind = "parquet"
-                plan.image_column, plan.caption_column = used["image_column"], used["caption_column"]
-                plan.id_column, plan.label_column = used["id_column"], used["label_column"]
-                if used["label_column"]:
-                    plan.label_names = _sort_labels(labels)
-                import pyarrow as pa
-                import pyarrow.parquet as pq
-
-                cap_type = pq.ParquetFile(files[0]).schema_arrow.field(used["caption_column"]).type
-                plan.multi = pa.types.is_list(cap_type) or pa.types.is_large_list(cap_type)
-                stats.update(used)
-            else:
-                writer = _ChunkWriter(work, config.extra_columns)
-                scan_skips = _Skips(plan, 99_999_999)  # rows the first pass could not read, listed after the others
-                try:
-                    if fmt in TABLE_FORMATS:
-                        stats.update(_scan_tables(files, fmt, config, writer, scan_skips))
-                    elif fmt == "imagefolder":
-                        found = _scan_imagefolder(files[0], config, writer)
-                        stats.update(classes=len(found["classes"]), ignored_files=found["ignored_files"])
-                        writer.labels = set(found["classes"])
-                        plan.label_names = found["classes"]
-                    elif fmt == "coco":
-                        stats.update(_scan_coco(files[0], config, writer))
-                finally:
-                    scan_skips.close()
-                units = writer.units
-                plan.multi = writer.multi
-                _check_out_spares_images(out, writer.image_dirs)
-                if plan.label_names is None and (config.label_column is not None):
-                    plan.label_names = _sort_labels(writer.labels)
-        if plan.label_names is not None:
-            plan.label_index = {n: i for i, n in enumerate(plan.label_names)}
-            stats["classes"] = len(plan.label_names)
-
-        ds = None
-        if units:
-            num_proc = min(config.num_proc, len(units))
-            from vltool.console import progress_enabled
-
-            # the "Generating train split" bar is the import's progress (--no-progress: none)
-            datasets.enable_progress_bars() if progress_enabled() else datasets.disable_progress_bars()
-            try:
-                ds = datasets.Dataset.from_generator(
-                    _generate,
-                    features=_features(plan),
-                    cache_dir=str(work / "cache"),
-                    gen_kwargs={"units": units, "plan": plan},
-                    num_proc=num_proc if num_proc > 1 else None,
-                    fingerprint=uuid.uuid4().hex,  # never reuse a cache: the source files may have changed
-                )
-            except ValueError as e:  # every row skipped: datasets refuses to build an empty split
-                if "corresponds to no data" not in str(e):
-                    raise
-            finally:
-                datasets.disable_progress_bars()
-        records = _merge_skips(skip_dir)
-        if ds is not None:
-            ds = _drop_duplicate_ids(ds, records)
-        rows_out = len(ds) if ds is not None else 0
-        reasons = Counter(r["reason"] for r in records)
-        rows_in = rows_out + sum(n for r, n in reasons.items() if r != BAD_SHARD)
-        if rows_out == 0:
-            first = "; ".join(f"{r.get('source')}: {r['reason']} {r.get('detail', '')}".strip() for r in records[:3])
-            raise VltoolError(
-                f"no row could be imported from {', '.join(specs)} ({rows_in} read, all skipped: "
-                f"{dict(reasons) or 'the source is empty'}){'; e.g. ' + first if first else ''}"
-            )
-        stats.update(
-            rows_read=rows_in,
-            rows_out=rows_out,
-            rows_skipped=rows_in - rows_out,
-            skipped=dict(sorted(reasons.items())),
-            report=REPORT_FILE if records else None,
-            captions_column=plan.multi,
-            max_side=config.max_side,
-        )
-        inputs = [{"spec": s, "path": os.path.abspath(os.path.expanduser(s)), "format": fmt} for s in specs]
-        inputs[0]["files"] = len(files)
-        prov = provenance.make("import", config, inputs, rows_in=rows_in, rows_out=rows_out, stats=stats, timer=timer)
-        with atomic_output(out, overwrite) as tmp:
-            ds.save_to_disk(str(tmp), num_proc=config.num_proc if config.num_proc > 1 and rows_out >= 10_000 else None)
-            if records:
-                with open(tmp / REPORT_FILE, "w", encoding="utf-8") as f:
-                    for r in records:
-                        f.write(json.dumps(r, ensure_ascii=False) + "\n")
-            prov["wall_time_s"] = round(timer.seconds, 3)
-            write_json_atomic(tmp / C.PROVENANCE_FILE, prov)
-        del ds
+        yield
     finally:
-        shutil.rmtree(work, ignore_errors=True)
         if not bars_were_on:
             datasets.disable_progress_bars()
+
+
+@contextmanager
+def _work_dir(out: Path, *, parents: bool) -> Iterator[Path]:
+    """`.OUT.work-*` beside `out` (chunks, skip records, datasets' cache), removed on the way out.
+    parents: create the work folder's parents (else `out`'s parent is created first)."""
+    work = out.parent / f".{out.name}.work-{uuid.uuid4().hex[:8]}"
+    if parents:
+        work.mkdir(parents=True)
+    else:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        work.mkdir()
+    try:
+        yield work
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def plan_import(src: _Sources, config: ImportConfig, work: Path, out: Path) -> tuple[_Plan, list[tuple], dict]:
+    """(plan, units, stats): what the workers need to know, the units of work they share, and what the planning
+    found. Shards are units as they are; tables, image folders and COCO files are read once into chunk files first."""
+    fmt, files = src.fmt, src.files
+    stats: dict = {"format": fmt, "files": len(files)}
+    skip_dir = work / "skips"
+    skip_dir.mkdir()
+    plan = _Plan(kind="rows", skip_dir=str(skip_dir), max_side=config.max_side, multi=False, label_names=None,
+                 extras=list(config.extra_columns))
+    with _reading(fmt, files):  # a file that is not what --format says: one line, not a traceback
+        if fmt == "webdataset":
+            units = _plan_webdataset(files, config, plan)
+        elif fmt == "parquet" and _parquet_has_image_bytes(files[0], config):
+            units = _plan_parquet(files, config, plan, stats)
+        else:
+            units = _first_pass(fmt, files, config, plan, stats, work, out)
+    if plan.label_names is not None:
+        plan.label_index = {n: i for i, n in enumerate(plan.label_names)}
+        stats["classes"] = len(plan.label_names)
+    return plan, units, stats
+
+
+def _plan_webdataset(files: Sequence[Path], config: ImportConfig, plan: _Plan) -> list[tuple]:
+    """One unit per tar shard."""
+    plan.kind = "webdataset"
+    plan.image_column, plan.caption_column = config.image_column, config.caption_column
+    plan.multi = _peek_webdataset_captions(files[0])
+    return [(i, str(p)) for i, p in enumerate(files)]
+
+
+def _plan_parquet(files: Sequence[Path], config: ImportConfig, plan: _Plan, stats: dict) -> list[tuple]:
+    """One unit per row group of parquet files holding the image bytes."""
+    units, used, labels = _plan_parquet_shards(files, config)
+    plan.kind = "parquet"
+    plan.image_column, plan.caption_column = used["image_column"], used["caption_column"]
+    plan.id_column, plan.label_column = used["id_column"], used["label_column"]
+    if used["label_column"]:
+        plan.label_names = _sort_labels(labels)
+    cap_type = pq.ParquetFile(files[0]).schema_arrow.field(used["caption_column"]).type
+    plan.multi = pa.types.is_list(cap_type) or pa.types.is_large_list(cap_type)
+    stats.update(used)
+    return units
+
+
+def _first_pass(fmt: str, files: Sequence[Path], config: ImportConfig, plan: _Plan, stats: dict, work: Path, out: Path) -> list[tuple]:
+    """Tables, an image folder or a COCO file read once into chunk files (image paths, not bytes): one unit per chunk."""
+    writer = _ChunkWriter(work, config.extra_columns)
+    scan_skips = _Skips(plan, 99_999_999)  # rows the first pass could not read, listed after the others
+    try:
+        if fmt in TABLE_FORMATS:
+            stats.update(_scan_tables(files, fmt, config, writer, scan_skips))
+        elif fmt == "imagefolder":
+            found = _scan_imagefolder(files[0], config, writer)
+            stats.update(classes=len(found["classes"]), ignored_files=found["ignored_files"])
+            writer.labels = set(found["classes"])
+            plan.label_names = found["classes"]
+        elif fmt == "coco":
+            stats.update(_scan_coco(files[0], config, writer))
+    finally:
+        scan_skips.close()
+    plan.multi = writer.multi
+    _check_out_spares_images(out, writer.image_dirs)
+    if plan.label_names is None and (config.label_column is not None):
+        plan.label_names = _sort_labels(writer.labels)
+    return writer.units
+
+
+def generate_rows(units: list[tuple], plan: _Plan, work: Path, config: ImportConfig):
+    """The rows of every unit as a dataset in bounded memory (`num_proc` workers, each a contiguous run of
+    units); None when there is no unit or every row was skipped."""
+    if not units:
+        return None
+    num_proc = min(config.num_proc, len(units))
+    # the "Generating train split" bar is the import's progress (--no-progress: none)
+    datasets.enable_progress_bars() if progress_enabled() else datasets.disable_progress_bars()
+    try:
+        return datasets.Dataset.from_generator(
+            _generate,
+            features=_features(plan),
+            cache_dir=str(work / "cache"),
+            gen_kwargs={"units": units, "plan": plan},
+            num_proc=num_proc if num_proc > 1 else None,
+            fingerprint=uuid.uuid4().hex,  # never reuse a cache: the source files may have changed
+        )
+    except ValueError as e:  # every row skipped: datasets refuses to build an empty split
+        if "corresponds to no data" not in str(e):
+            raise
+        return None
+    finally:
+        datasets.disable_progress_bars()
+
+
+def collect_skips(ds, skip_dir: Path, specs: Sequence[str]) -> _Imported:
+    """The workers' skip records merged, repeated ids dropped (and recorded); no row imported is an error."""
+    records = _merge_skips(skip_dir)
+    if ds is not None:
+        ds = _drop_duplicate_ids(ds, records)
+    rows_out = len(ds) if ds is not None else 0
+    reasons = Counter(r["reason"] for r in records)
+    rows_in = rows_out + sum(n for r, n in reasons.items() if r != BAD_SHARD)
+    if rows_out == 0:
+        first = "; ".join(f"{r.get('source')}: {r['reason']} {r.get('detail', '')}".strip() for r in records[:3])
+        raise VltoolError(
+            f"no row could be imported from {', '.join(specs)} ({rows_in} read, all skipped: "
+            f"{dict(reasons) or 'the source is empty'}){'; e.g. ' + first if first else ''}"
+        )
+    return _Imported(ds, records, reasons, rows_in, rows_out)
+
+
+def write_import(imported: _Imported, src: _Sources, plan: _Plan, stats: dict, config: ImportConfig, out: Path, overwrite: bool,
+                 timer) -> dict:
+    """The dataset, `skipped.jsonl` and `vltool.json` written atomically to `out`; the provenance record."""
+    records, reasons, rows_in, rows_out = imported.records, imported.reasons, imported.rows_in, imported.rows_out
+    stats.update(
+        rows_read=rows_in,
+        rows_out=rows_out,
+        rows_skipped=rows_in - rows_out,
+        skipped=dict(sorted(reasons.items())),
+        report=REPORT_FILE if records else None,
+        captions_column=plan.multi,
+        max_side=config.max_side,
+    )
+    inputs = [{"spec": s, "path": os.path.abspath(os.path.expanduser(s)), "format": src.fmt} for s in src.specs]
+    inputs[0]["files"] = len(src.files)
+    prov = provenance.make("import", config, inputs, rows_in=rows_in, rows_out=rows_out, stats=stats, timer=timer)
+    with atomic_output(out, overwrite) as tmp:
+        imported.ds.save_to_disk(str(tmp), num_proc=config.num_proc if config.num_proc > 1 and rows_out >= 10_000 else None)
+        if records:
+            with open(tmp / REPORT_FILE, "w", encoding="utf-8") as f:
+                for r in records:
+                    f.write(json.dumps(r, ensure_ascii=False) + "\n")
+        prov["wall_time_s"] = round(timer.seconds, 3)
+        write_json_atomic(tmp / C.PROVENANCE_FILE, prov)
+    imported.ds = None
     return prov
 
 
@@ -1044,8 +1110,6 @@ def is_clip_benchmark(d: Path) -> bool:
 def _cb_rows(shards: Sequence[Path], kind: str, n_classes: int | None, skipped: Counter) -> Iterator[dict]:
     """Rows of one split: a sample is KEY.<image> with KEY.cls (classification), KEY.npy (multilabel: a 0/1
     vector over the classes) or KEY.txt (retrieval: one caption per line)."""
-    import numpy as np
-
     for shard in shards:
         key, files = None, {}
 
@@ -1087,22 +1151,36 @@ def _cb_rows(shards: Sequence[Path], kind: str, n_classes: int | None, skipped: 
             raise VltoolError(f"{shard}: unreadable shard ({type(e).__name__}: {e})") from None
 
 
+@dataclass
+class _CBLayout:
+    """A CLIP_benchmark layout as read from its folder: the dataset type, each split's shards, the class names."""
+
+    root: Path
+    kind: str  # one of CB_TYPES
+    splits: dict[str, list[Path]]
+    classnames: list[str] | None  # None: retrieval
+
+
 def import_clip_benchmark(root: Path, out, config: ImportConfig, *, overwrite: bool = False, spec: str | None = None) -> dict:
     """CLIP_benchmark's layout at `root` -> a DatasetDict at `out` (id, image, and label | labels | captions +
     caption), with classnames.txt and zeroshot_classification_templates.txt copied beside it."""
-    import datasets
-
-    from vltool import provenance
-    from vltool.io import atomic_output, check_output, write_json_atomic
-    from vltool.templates import parse_templates
-
     timer = provenance.Timer()
+    layout = read_clip_benchmark_layout(Path(root), config)
+    out = check_output(out, overwrite, inputs=[layout.root.resolve()])
+    with _progress_bars_restored(), _work_dir(out, parents=True) as work:
+        datasets.enable_progress_bars() if progress_enabled() else datasets.disable_progress_bars()
+        parts, skipped = read_clip_benchmark_splits(layout, work)
+        return write_clip_benchmark(datasets.DatasetDict(parts), skipped, layout, config, out, overwrite, spec, timer)
+
+
+def read_clip_benchmark_layout(root: Path, config: ImportConfig) -> _CBLayout:
+    """The layout's dataset type, splits and class names; options the layout fixes, an unknown type, a missing or
+    repeated class name and a bad templates file refused before anything is read."""
     given = [o for o, v in (("--image-column", config.image_column), ("--caption-column", config.caption_column),
                             ("--label-column", config.label_column), ("--id-column", config.id_column),
                             ("--extra-column", config.extra_columns), ("--max-side", config.max_side)) if v]
     if given:
         raise UsageError(f"{', '.join(given)} do not apply to --format clip_benchmark (its layout fixes the columns)")
-    root = Path(root)
     kind = (root / CB_TYPE).read_text().strip().lower() if (root / CB_TYPE).is_file() else "classification"
     if kind not in CB_TYPES:
         raise UsageError(f"{root / CB_TYPE}: {kind!r} is not one of {', '.join(CB_TYPES)}")
@@ -1116,71 +1194,76 @@ def import_clip_benchmark(root: Path, out, config: ImportConfig, *, overwrite: b
             raise UsageError(f"{root / CB_CLASSNAMES}: repeated class names")
     if (root / CB_TEMPLATES).is_file():
         parse_templates((root / CB_TEMPLATES).read_text().splitlines(), str(root / CB_TEMPLATES))  # refuse a bad file now
-    out = check_output(out, overwrite, inputs=[root.resolve()])
+    return _CBLayout(root, kind, splits, classnames)
 
+
+def _cb_features(layout: _CBLayout):
     feats = {C.ID: datasets.Value("string"), C.IMAGE: datasets.Image()}
-    if kind == "classification":
-        feats[C.LABEL] = datasets.ClassLabel(names=classnames)
-    elif kind == "multilabel":
-        feats[C.LABELS] = datasets.List(datasets.ClassLabel(names=classnames))
+    if layout.kind == "classification":
+        feats[C.LABEL] = datasets.ClassLabel(names=layout.classnames)
+    elif layout.kind == "multilabel":
+        feats[C.LABELS] = datasets.List(datasets.ClassLabel(names=layout.classnames))
     else:
         feats[C.CAPTIONS] = datasets.List(datasets.Value("string"))
         feats[C.CAPTION] = datasets.Value("string")
+    return datasets.Features(feats)
+
+
+def read_clip_benchmark_splits(layout: _CBLayout, work: Path) -> tuple[dict, dict[str, Counter]]:
+    """({split: dataset}, {split: skipped samples by reason}); a split with no sample, a class index the class
+    names do not name, or repeated sample keys refused."""
+    root, classnames = layout.root, layout.classnames
+    features = _cb_features(layout)
     skipped: dict[str, Counter] = {}
     parts = {}
-    work = out.parent / f".{out.name}.work-{uuid.uuid4().hex[:8]}"
-    work.mkdir(parents=True)
-    bars_were_on = datasets.is_progress_bar_enabled()
-    from vltool.console import progress_enabled
-
-    datasets.enable_progress_bars() if progress_enabled() else datasets.disable_progress_bars()
-    try:
-        for name, shards in splits.items():
-            skipped[name] = Counter()
-            try:  # streamed into Arrow in bounded memory (a split of 50,000 images is several GB)
-                ds = datasets.Dataset.from_generator(
-                    _cb_rows, features=datasets.Features(feats), cache_dir=str(work / "cache"), fingerprint=uuid.uuid4().hex,
-                    gen_kwargs={"shards": shards, "kind": kind, "n_classes": len(classnames) if classnames else None,
-                                "skipped": skipped[name]})
-            except ValueError as e:  # every sample skipped: datasets refuses an empty split
-                if "corresponds to no data" not in str(e):
-                    raise
-                _refuse_unnamed_labels(root, name, skipped[name], len(classnames or ()))
-                raise VltoolError(f"split {name!r} of {root}: no sample could be read ({dict(skipped[name]) or 'no samples'})") from None
+    for name, shards in layout.splits.items():
+        skipped[name] = Counter()
+        try:  # streamed into Arrow in bounded memory (a split of 50,000 images is several GB)
+            ds = datasets.Dataset.from_generator(
+                _cb_rows, features=features, cache_dir=str(work / "cache"), fingerprint=uuid.uuid4().hex,
+                gen_kwargs={"shards": shards, "kind": layout.kind, "n_classes": len(classnames) if classnames else None,
+                            "skipped": skipped[name]})
+        except ValueError as e:  # every sample skipped: datasets refuses an empty split
+            if "corresponds to no data" not in str(e):
+                raise
             _refuse_unnamed_labels(root, name, skipped[name], len(classnames or ()))
-            ids = ds[C.ID]
-            if len(set(ids)) != len(ids):
-                raise VltoolError(f"split {name!r} of {root}: sample keys repeat, so they cannot be the ids")
-            parts[name] = ds
-        dd = datasets.DatasetDict(parts)
-        rows_out = sum(len(v) for v in dd.values())
-        rows_in = rows_out + sum(sum(v.values()) for v in skipped.values())
-        stats = {
-            "format": "clip_benchmark",
-            "files": sum(len(v) for v in splits.values()),
-            "rows_read": rows_in,
-            "rows_out": rows_out,
-            "rows_skipped": rows_in - rows_out,
-            "skipped": {f"{k}: {r}": n for k, v in skipped.items() for r, n in sorted(v.items())},
-            "dataset_type": kind,
-            "splits": {k: len(v) for k, v in dd.items()},
-            "classes": len(classnames) if classnames else None,
-            "templates": CB_TEMPLATES if (root / CB_TEMPLATES).is_file() else None,
-            "captions_column": kind == "retrieval",
-        }
-        inputs = [{"spec": spec or str(root), "path": str(root.resolve()), "format": "clip_benchmark"}]
-        prov = provenance.make("import", config, inputs, rows_in=rows_in, rows_out=rows_out, stats=stats, timer=timer)
-        with atomic_output(out, overwrite) as tmp:
-            dd.save_to_disk(str(tmp))
-            for f in (CB_CLASSNAMES, CB_TEMPLATES):
-                if (root / f).is_file():
-                    shutil.copyfile(root / f, tmp / f)
-            prov["wall_time_s"] = round(timer.seconds, 3)
-            write_json_atomic(tmp / C.PROVENANCE_FILE, prov)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-        if not bars_were_on:
-            datasets.disable_progress_bars()
+            raise VltoolError(f"split {name!r} of {root}: no sample could be read ({dict(skipped[name]) or 'no samples'})") from None
+        _refuse_unnamed_labels(root, name, skipped[name], len(classnames or ()))
+        ids = ds[C.ID]
+        if len(set(ids)) != len(ids):
+            raise VltoolError(f"split {name!r} of {root}: sample keys repeat, so they cannot be the ids")
+        parts[name] = ds
+    return parts, skipped
+
+
+def write_clip_benchmark(dd, skipped: dict[str, Counter], layout: _CBLayout, config: ImportConfig, out: Path, overwrite: bool,
+                         spec: str | None, timer) -> dict:
+    """The DatasetDict, the class names and templates files and `vltool.json` written atomically to `out`."""
+    root, classnames = layout.root, layout.classnames
+    rows_out = sum(len(v) for v in dd.values())
+    rows_in = rows_out + sum(sum(v.values()) for v in skipped.values())
+    stats = {
+        "format": "clip_benchmark",
+        "files": sum(len(v) for v in layout.splits.values()),
+        "rows_read": rows_in,
+        "rows_out": rows_out,
+        "rows_skipped": rows_in - rows_out,
+        "skipped": {f"{k}: {r}": n for k, v in skipped.items() for r, n in sorted(v.items())},
+        "dataset_type": layout.kind,
+        "splits": {k: len(v) for k, v in dd.items()},
+        "classes": len(classnames) if classnames else None,
+        "templates": CB_TEMPLATES if (root / CB_TEMPLATES).is_file() else None,
+        "captions_column": layout.kind == "retrieval",
+    }
+    inputs = [{"spec": spec or str(root), "path": str(root.resolve()), "format": "clip_benchmark"}]
+    prov = provenance.make("import", config, inputs, rows_in=rows_in, rows_out=rows_out, stats=stats, timer=timer)
+    with atomic_output(out, overwrite) as tmp:
+        dd.save_to_disk(str(tmp))
+        for f in (CB_CLASSNAMES, CB_TEMPLATES):
+            if (root / f).is_file():
+                shutil.copyfile(root / f, tmp / f)
+        prov["wall_time_s"] = round(timer.seconds, 3)
+        write_json_atomic(tmp / C.PROVENANCE_FILE, prov)
     return prov
 
 
@@ -1197,8 +1280,6 @@ CB_CACHE = "clip_benchmark"  # <cache-dir>/clip_benchmark/<name>-<digest>: CLIP_
 
 
 def _layout_digest(root: Path) -> str:
-    import hashlib
-
     h = hashlib.sha256()
     for f in sorted(p for p in root.rglob("*") if p.is_file()):
         st = f.stat()
@@ -1213,13 +1294,6 @@ def clip_benchmark_input(spec: str, cache_dir: str | Path | None) -> str:
     root = Path(str(spec)).expanduser()
     if not root.is_dir() or (root / "dataset_dict.json").is_file() or (root / "state.json").is_file() or not is_clip_benchmark(root):
         return str(spec)
-    from vltool.cache import EmbeddingCache
-    from vltool.topology import is_main, process_state, warn
-
-    import time
-
-    from vltool.io import OutputBusy
-
     dest = EmbeddingCache(cache_dir).root / CB_CACHE / f"{root.resolve().name}-{_layout_digest(root)}"
     said = False
     while not (dest / "dataset_dict.json").is_file() and is_main():

@@ -40,8 +40,8 @@ def small_disk(tmp_path):
         return where
 
     yield mount_disk
-    for where in mounted:
-        subprocess.run(["umount", str(where)], check=False)
+    for where in mounted:  # lazily: a file the failed command left open (closed when collected) keeps it busy
+        subprocess.run(["umount", "-l", str(where)], check=False)
 
 
 def fill(disk: Path) -> None:

@@ -10,6 +10,7 @@ resume in 2 processes. Everything runs on CPU with vltool-micro on shards writte
 from __future__ import annotations
 
 import json
+import re
 import sys
 import textwrap
 import tarfile
@@ -213,14 +214,16 @@ def test_eval_data_that_is_the_training_shards_is_refused(cli, tmp_path, shards)
 
 
 def test_an_error_in_a_data_worker_is_one_line(cli, tmp_path):
-    """Empty shards read by a DataLoader worker (--workers 1): the worker's error arrives as one line, its
-    own message (it arrived with the worker's whole traceback folded into the line)."""
-    pattern = make_shards(tmp_path / "empty", shards=2, per_shard=0, stats=False)
-    r = cli("pretrain", pattern, "--out", tmp_path / "run", "--arch", "vltool-micro", "--steps", "1", "--batch-size", "2",
-            "--workers", "1", "--no-progress")
+    """An empty shard read by a DataLoader worker (--workers 2: each stream reads one of the 2 shards): the
+    worker's error arrives as one line, its own message (it arrived with the worker's whole traceback folded
+    into the line). (Shards that are all empty are refused by their index before training.)"""
+    pattern = make_shards(tmp_path / "empty", shards=2, per_shard=4, stats=False)
+    tarfile.open(tmp_path / "empty" / "00001.tar", "w").close()
+    r = cli("pretrain", pattern, "--out", tmp_path / "run", "--arch", "vltool-micro", "--steps", "3", "--batch-size", "2",
+            "--workers", "2", "--no-progress")
     assert r.exit_code == 1
     lines = r.stderr.strip().splitlines()
-    assert lines[-1] == "error: data stream 0 read no sample from its shards in epoch 0", r.stderr
+    assert re.fullmatch(r"error: data stream [01] read no sample from its shards in epoch 0", lines[-1]), r.stderr
     assert "Traceback" not in r.stderr and not (tmp_path / "run").exists()
 
 

@@ -441,10 +441,11 @@ def test_resampling_draws_whole_groups_within_their_class():
 
     target = np.array([0, 0, 0, 0, 1, 1, 1])
     groups = np.array(["a", "a", "b", "c", "d", "d", "e"])  # 3 groups in class 0, 2 in class 1
-    plan = Resampling.make(len(target), target, groups)
+    plan = Resampling.make(len(target), target, groups, min_per_stratum=2)  # (the default asks 5 groups a class)
     assert plan.grouped and plan.stratified and plan.n_units == 5 and plan.spanning == 0
     assert plan.unit("image", "base_id") == "base_id group (5 groups of 7 images), within its class"
-    assert plan.record("base_id") == {"group_column": "base_id", "units": 5, "stratified": True, "groups_spanning_strata": 0}
+    assert plan.record("base_id") == {"group_column": "base_id", "units": 5, "stratified": True, "groups_spanning_strata": 0,
+                                      "strata_below_min": 0, "min_units_per_stratum": 2}
     draw = plan.sampler(np.random.default_rng(0))
     seen = set()
     for _ in range(200):
@@ -471,3 +472,36 @@ def test_groups_spanning_classes_are_drawn_without_strata():
         assert w[0] == w[1] == w[2]
         totals.add(w[0])
     assert 0 in totals and 2 in totals  # group a drawn 0..3 times: classes are not kept
+
+
+def test_classes_with_too_few_groups_to_vary_are_not_strata():
+    """A class holding one group draws that group in every stratified resample and adds no variance: with
+    classes of 1-2 groups the stratified cluster bootstrap is no wider than the single-image one. So strata
+    apply only when every class holds at least 5 groups (or 5 images, without groups); else whole groups are
+    drawn without strata, and the record says why."""
+    from vltool.metrics import MIN_UNITS_PER_STRATUM, Resampling, bootstrap
+
+    assert MIN_UNITS_PER_STRATUM == 5
+    # 4 classes: one group each holding 3 images, every image of a group with the same hit
+    target = np.repeat(np.arange(4), 3)
+    groups = np.repeat(np.array(["a", "b", "c", "d"]), 3)
+    hits = np.repeat(np.array([1.0, 0.0, 1.0, 0.0]), 3)
+    plan = Resampling.make(len(target), target, groups)
+    assert plan.grouped and not plan.stratified and plan.small_strata == 4
+    assert plan.unit("image", "base_id") == "base_id group (4 groups of 12 images), not stratified: 4 classes hold fewer than 5 groups"
+    assert plan.record("base_id")["strata_below_min"] == 4 and plan.record("base_id")["stratified"] is False
+
+    def acc(w=None):
+        return {"top1": float(hits.mean() if w is None else (w @ hits) / w.sum())}
+
+    plain = bootstrap(len(hits), acc, 2000, 0, resampling=plan)["top1"]
+    forced = bootstrap(len(hits), acc, 2000, 0, resampling=Resampling.make(len(target), target, groups, min_per_stratum=1))["top1"]
+    assert (forced.low, forced.high) == (0.5, 0.5)  # stratified: every class draws its only group, no variance at all
+    assert plain.low <= 0.25 and plain.high >= 0.75  # 4 groups drawn with replacement: the mean varies
+    # every class with 5 groups: stratified again
+    target5 = np.repeat(np.arange(2), 5)
+    plan5 = Resampling.make(10, target5, np.arange(10))
+    assert plan5.stratified and plan5.unit("image", "base_id").endswith("within its class")
+    # without groups, the same rule for images
+    assert not Resampling.make(len(target), target).stratified
+    assert Resampling.make(10, target5).stratified

@@ -57,8 +57,9 @@ def test_group_column_on_every_evaluation(models, grouped, tmp_path):
     common = dict(model=models[0], group_column="base_id", bootstrap=50, progress=False)
     zs = zeroshot(grouped, ZeroshotConfig(**common), where=["split=test"], out=tmp_path / "zs.json")
     b = zs["protocol"]["bootstrap"]
-    assert b["unit"] == "base_id group (6 groups of 12 images), within its class"
-    assert (b["group_column"], b["units"], b["stratified"]) == ("base_id", 6, True)
+    # 6 classes of one test group each: too few groups in a class to stratify (metrics.MIN_UNITS_PER_STRATUM)
+    assert b["unit"] == "base_id group (6 groups of 12 images), not stratified: 6 classes hold fewer than 5 groups"
+    assert (b["group_column"], b["units"], b["stratified"], b["strata_below_min"]) == ("base_id", 6, False, 6)
     o = _check_outcomes(zs, tmp_path / "zs.json")
     assert o.group_column == "base_id" and o.groups.tolist() == [f"g{3 * c + 2}" for c in range(6) for _ in range(2)]
     assert o.arrays["greater"].shape == (1, 12)
@@ -79,7 +80,8 @@ def test_without_group_column_the_bootstrap_is_unchanged_and_each_example_is_its
     from vltool.zeroshot import ZeroshotConfig, zeroshot
 
     zs = zeroshot(grouped, ZeroshotConfig(model=models[0], bootstrap=50, progress=False), where=["split=test"], out=tmp_path / "zs.json")
-    assert zs["protocol"]["bootstrap"]["unit"] == "image, within its class" and zs["protocol"]["bootstrap"]["group_column"] is None
+    assert zs["protocol"]["bootstrap"]["unit"] == "image, not stratified: 6 classes hold fewer than 5 images"
+    assert zs["protocol"]["bootstrap"]["group_column"] is None
     o = _check_outcomes(zs, tmp_path / "zs.json")
     assert o.group_column == "" and np.array_equal(o.groups, o.ids)
 
@@ -121,8 +123,9 @@ def test_report_pairs_real_runs(models, grouped, tmp_path):
         assert p["delta"] == pytest.approx(s[m.name]["delta_vs_baseline"]["mean"], abs=1e-12)
         assert p["ci_low"] <= p["delta"] + 1e-12 and p["delta"] <= p["ci_high"] + 1e-12
         assert p["resampling"]["group_column"] == "base_id" and p["resampling"]["units"] == 6
-    assert s["zeroshot:top1"]["paired"]["unit"].endswith("within its class")
-    assert "resampling whole base_id groups of test images" in render_markdown(r)
+    assert s["zeroshot:top1"]["paired"]["unit"].endswith("not stratified: 6 classes hold fewer than 5 groups")
+    assert not s["zeroshot:top1"]["paired"]["seeds_resampled"]  # 2 seeds: the interval is the test set's only
+    assert "each resample draws whole base_id groups of test images, not stratified by class" in render_markdown(r)
 
 
 def test_example_ids_equal_each_rows_str():
@@ -142,3 +145,52 @@ def test_example_ids_equal_each_rows_str():
     nums = datasets.Dataset.from_dict({"id": [7, 123456, -1]})
     assert example_ids(nums).tolist() == ["7", "123456", "-1"]
     assert example_ids(datasets.Dataset.from_dict({"v": list(range(12))})).tolist() == [f"#{i}" for i in range(12)]
+
+
+def _hits_outcomes(hits, groups=("A", "A", "B", "B", "C", "C")):
+    """Zero-shot outcomes of hand-made top-1 hits (1: the true class ranked first), one class of two."""
+    from vltool.outcomes import base_arrays
+
+    hits = np.asarray(hits)
+    ids = np.asarray([f"x{i}" for i in range(len(hits))])
+    arrays = base_arrays("zeroshot", "classification", ids, np.asarray(groups), "base_id")
+    arrays.update({"class": np.zeros(len(hits), np.int64), "greater": (1 - hits)[None].astype(np.int32),
+                   "tied": np.zeros((1, len(hits)), np.int32), "num_classes": np.asarray(2)})
+    return Outcomes(arrays)
+
+
+def test_the_paired_interval_resamples_the_seeds_by_hand():
+    """Three seeds whose variant beats the baseline on every test image (Δ = +1), twice, and loses on every
+    one (Δ = -1), once. Resampling test groups leaves each seed's Δ unchanged, so a test-set-only interval is
+    the point [1/3, 1/3] and would say "differs". Drawing the 3 seeds with replacement gives a mean of -1,
+    -1/3, 1/3 or 1 with probabilities 1/27, 6/27, 12/27, 8/27: the 2.5th percentile is -1 (3.7% of the mass)
+    and the 97.5th is 1, so the interval is [-1, 1] and the verdict *within noise*."""
+    from vltool.outcomes import paired_difference
+
+    up, down = _hits_outcomes([1] * 6), _hits_outcomes([0] * 6)
+    pairs = [(up, down), (up, down), (down, up)]
+    r = paired_difference(pairs, ["top1"], n_boot=4000, seed=0)
+    m = r["metrics"]["top1"]
+    assert m["delta"] == pytest.approx(1 / 3) and m["per_seed"] == [1.0, 1.0, -1.0]
+    assert m["seed_sd"] == pytest.approx(np.std([1, 1, -1], ddof=1))
+    assert (m["ci_low"], m["ci_high"]) == (-1.0, 1.0) and not m["differs"]
+    assert r["seeds_resampled"] and r["interval"].startswith("test groups and seeds")
+    # two of those seeds only: fewer than 3 are not resampled, and the record says the interval is the test set's
+    two = paired_difference(pairs[1:], ["top1"], n_boot=500, seed=0)
+    assert not two["seeds_resampled"] and two["interval"].startswith("test set only: 2 seeds")
+    assert (two["metrics"]["top1"]["ci_low"], two["metrics"]["top1"]["ci_high"]) == (0.0, 0.0)
+
+
+def test_with_identical_seeds_the_paired_interval_is_the_test_set_one():
+    """Seeds that agree exactly: drawing them changes nothing, and the interval is today's (test groups only),
+    bit for bit, from the same generator of group draws."""
+    from vltool.outcomes import paired_difference
+
+    variant, base = _hits_outcomes([1, 0, 1, 1, 0, 1]), _hits_outcomes([1, 0, 0, 0, 0, 1])
+    one = paired_difference([(variant, base)], ["top1"], n_boot=1000, seed=3)
+    three = paired_difference([(variant, base)] * 3, ["top1"], n_boot=1000, seed=3)
+    assert not one["seeds_resampled"] and three["seeds_resampled"]
+    a, b = one["metrics"]["top1"], three["metrics"]["top1"]
+    assert (a["delta"], a["ci_low"], a["ci_high"], a["differs"]) == (b["delta"], b["ci_low"], b["ci_high"], b["differs"])
+    assert a["ci_low"] < a["ci_high"]  # the test groups do vary
+    assert b["seed_sd"] == 0.0

@@ -133,18 +133,18 @@ def test_paired_interval_by_hand(tmp_path):
     up, same = by["up"]["paired"], by["same"]["paired"]
     assert up["delta"] == pytest.approx(0.75) and (up["ci_low"], up["ci_high"]) == pytest.approx((0.5, 1.0)) and up["differs"]
     assert same["delta"] == pytest.approx(0.25) and (same["ci_low"], same["ci_high"]) == pytest.approx((0.0, 0.5)) and not same["differs"]
-    assert up["unit"] == "base_id group (2 groups of 4 images), within its class" and up["seeds"] == [0]
+    assert up["unit"] == "base_id group (2 groups of 4 images), not stratified: 1 class holds fewer than 5 groups" and up["seeds"] == [0]
     assert by["base"].get("paired") is None
     md = render_markdown(r)
     assert "| same | +25.0 [+0.0, +50.0] *within noise* |" in md
     assert "| up | +75.0 [+50.0, +100.0] **differs** |" in md
-    assert "resampling whole base_id groups of test images" in md
+    assert "each resample draws whole base_id groups of test images, not stratified by class" in md
 
     # the same runs evaluated without --group-column: images are the unit, and the interval is [0.25, 1]
     for name, hits in (("base", [1, 0, 0, 0]), ("up", [1, 1, 1, 1]), ("same", [0, 1, 1, 0])):
         write_run(runs / name / "seed0", hits, group_column=None)
     up = next(v for v in build_report(runs, cfg)["variants"] if v["name"] == "up")["summary"]["zeroshot:top1"]["paired"]
-    assert (up["ci_low"], up["ci_high"]) == pytest.approx((0.25, 1.0)) and up["unit"] == "image, within its class"
+    assert (up["ci_low"], up["ci_high"]) == pytest.approx((0.25, 1.0)) and up["unit"] == "image, not stratified: 1 class holds fewer than 5 images"
 
 
 def test_paired_interval_pools_the_seeds_with_one_draw(tmp_path):
@@ -185,7 +185,7 @@ def test_paired_interval_when_each_seed_tests_its_own_examples(tmp_path):
     up = build_report(runs, cfg)["variants"][1]["summary"]["zeroshot:top1"]["paired"]
     assert (up["delta"], up["ci_low"], up["ci_high"]) == pytest.approx((0.5, 1 / 3, 2 / 3)) and up["differs"]
     assert up["unit"] == ("base_id group (5 groups of 5 images, the union of the seeds' test sets), "
-                          "within the set of seeds that test it and its class")
+                          "within the set of seeds that test it")  # (a class of 1-2 groups is no stratum)
     # the seeds give b different classes (each seed its own class list): classes are not strata, the same draw here
     write_run(runs / "base" / "seed1", [0, 0, 0], classes=[1, 0, 0], **s1)
     write_run(runs / "up" / "seed1", [0, 1, 1], classes=[1, 0, 0], **s1)

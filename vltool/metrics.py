@@ -537,51 +537,63 @@ class Interval:
     high: float
 
 
+MIN_UNITS_PER_STRATUM = 5  # a stratum (class) with fewer units (groups, or images) hardly varies: no strata then
+
+
 @dataclass
 class Resampling:
     """What one bootstrap resample draws: items, or whole groups of items; within strata, or not.
 
     Build it with `Resampling.make(n_items, strata, groups)`:
-    - no groups: items are drawn with replacement (within their stratum when `strata` is given);
+    - no groups: items are drawn with replacement, within their stratum when `strata` is given and every
+      stratum holds at least `min_per_stratum` items;
     - groups (N,) (any hashable values, e.g. base_id): whole groups are drawn with replacement and an
-      item's weight is its group's draw count. When every group lies in one stratum, the groups are drawn
-      within their stratum (each stratum keeps its number of groups); when some group spans several strata,
-      groups are drawn without strata (`spanning` counts those groups).
+      item's weight is its group's draw count (a cluster bootstrap). The groups are drawn within their
+      stratum only when every group lies in one stratum and every stratum holds at least
+      `min_per_stratum` groups: a class of one group draws that group every time and adds no variance, so
+      stratifying data whose classes hold one or two groups each makes the interval no wider than the
+      single-image bootstrap's. Otherwise the groups are drawn without strata (`spanning` counts the groups
+      in several strata, `small_strata` the strata with too few units).
     Group codes follow the items' order of first appearance, so singleton groups draw exactly what the
     item bootstrap draws with the same seed, and a group of identical copies draws what one copy would.
     """
 
     n_items: int
-    strata: np.ndarray | None = None  # (N,) stratum of each item
+    strata: np.ndarray | None = None  # (N,) stratum of each item, as given
     codes: np.ndarray | None = None  # (N,) group of each item, 0..G-1 in order of first appearance
     n_groups: int = 0
-    group_strata: np.ndarray | None = None  # (G,) stratum of each group (when groups nest in strata)
+    group_strata: np.ndarray | None = None  # (G,) stratum of each group (when the groups are drawn within strata)
     spanning: int = 0  # groups whose items lie in several strata
+    small_strata: int = 0  # strata holding fewer than min_per_stratum units (groups, or items)
+    min_per_stratum: int = MIN_UNITS_PER_STRATUM
 
     @classmethod
-    def make(cls, n_items: int, strata: np.ndarray | None = None, groups: np.ndarray | None = None) -> "Resampling":
+    def make(cls, n_items: int, strata: np.ndarray | None = None, groups: np.ndarray | None = None,
+             min_per_stratum: int = MIN_UNITS_PER_STRATUM) -> "Resampling":
         strata = None if strata is None else np.asarray(strata)
         if strata is not None and len(strata) != n_items:
             raise ValueError(f"strata has {len(strata)} values for {n_items} items")
         if groups is None:
-            return cls(n_items, strata)
+            small = _small_strata(strata, min_per_stratum) if strata is not None else 0
+            return cls(n_items, strata, small_strata=small, min_per_stratum=min_per_stratum)
         groups = np.asarray(groups)
         if len(groups) != n_items:
             raise ValueError(f"groups has {len(groups)} values for {n_items} items")
         if n_items == 0:
-            return cls(0, strata, np.zeros(0, np.int64), 0)
+            return cls(0, strata, np.zeros(0, np.int64), 0, min_per_stratum=min_per_stratum)
         _, first, inverse = np.unique(groups, return_index=True, return_inverse=True)
         order = np.argsort(first, kind="stable")
         rank = np.empty_like(order)
         rank[order] = np.arange(len(order))
         codes = rank[inverse.reshape(-1)].astype(np.int64)
         g = len(first)
-        group_strata, spanning = None, 0
+        group_strata, spanning, small = None, 0, 0
         if strata is not None:
             gs = strata[first[order]]  # the stratum of each group's first item, in code order
             spanning = int(len(np.unique(codes[strata != gs[codes]])))
-            group_strata = gs if spanning == 0 else None
-        return cls(n_items, strata, codes, g, group_strata, spanning)
+            small = _small_strata(gs, min_per_stratum)
+            group_strata = gs if spanning == 0 and small == 0 else None
+        return cls(n_items, strata, codes, g, group_strata, spanning, small, min_per_stratum)
 
     @property
     def grouped(self) -> bool:
@@ -589,7 +601,9 @@ class Resampling:
 
     @property
     def stratified(self) -> bool:
-        return self.group_strata is not None if self.grouped else self.strata is not None
+        if self.grouped:
+            return self.group_strata is not None
+        return self.strata is not None and self.small_strata == 0
 
     @property
     def n_units(self) -> int:
@@ -609,15 +623,27 @@ class Resampling:
         return lambda: np.bincount(draw(), minlength=n).astype(np.float64)[codes]
 
     def unit(self, item: str = "image", group_column: str | None = None, stratum: str = "class") -> str:
-        """The resampling unit in words, for the results record: e.g. 'base_id group (333 groups), within its class'."""
+        """The resampling unit in words, for the results record: e.g. 'base_id group (333 groups of 669
+        images), not stratified: 80 classes hold fewer than 5 groups'."""
+        plural = stratum + ("es" if stratum.endswith("s") else "s")
         if not self.grouped:
-            return item + (f", within its {stratum}" if self.strata is not None else "")
+            if self.stratified:
+                return item + f", within its {stratum}"
+            if self.strata is not None:
+                return item + f", not stratified: {self._too_small(stratum, plural)} {self.min_per_stratum} {item}s"
+            return item
         text = f"{group_column or 'group'} group ({self.n_groups} groups of {self.n_items} {item}s)"
         if self.stratified:
             return text + f", within its {stratum}"
+        if self.strata is not None and self.spanning:
+            return text + f", not stratified: {self.spanning} groups span several {plural}"
         if self.strata is not None:
-            return text + f", not stratified: {self.spanning} groups span several {stratum}es"
+            return text + f", not stratified: {self._too_small(stratum, plural)} {self.min_per_stratum} groups"
         return text
+
+    def _too_small(self, stratum: str, plural: str) -> str:
+        n = self.small_strata
+        return f"1 {stratum} holds fewer than" if n == 1 else f"{n} {plural} hold fewer than"
 
     def record(self, group_column: str | None = None) -> dict:
         """The resampling's facts for the results record's protocol.bootstrap."""
@@ -626,7 +652,15 @@ class Resampling:
             "units": int(self.n_units),
             "stratified": bool(self.stratified),
             **({"groups_spanning_strata": int(self.spanning)} if self.grouped and self.strata is not None else {}),
+            **({"strata_below_min": int(self.small_strata), "min_units_per_stratum": int(self.min_per_stratum)}
+               if self.strata is not None else {}),
         }
+
+
+def _small_strata(strata: np.ndarray, min_units: int) -> int:
+    """How many strata hold fewer than `min_units` units."""
+    _, counts = np.unique(strata, return_counts=True)
+    return int((counts < min_units).sum())
 
 
 def bootstrap(

@@ -41,6 +41,7 @@ import numpy as np
 from vltool.errors import UsageError, VltoolError
 
 FORMAT = "vltool-examples/1"
+MIN_SEEDS_RESAMPLED = 3  # paired_difference draws the seeds too from 3 seeds on; fewer: the interval is the test set's only
 
 
 def examples_path(json_path: str | Path) -> Path:
@@ -245,10 +246,14 @@ def paired_difference(
     test set, within classes when the groups nest in them. When the seeds test different examples (e.g.
     each seed holds out its own classes), the groups are drawn within the set of seeds that test them, so
     that every seed keeps its number of groups in every resample (and, when an example has the same class
-    in every seed, within its class too). The interval is the percentile interval of D_k over the
-    resamples; "differs" when it excludes 0.
-    Returns {"unit", "resampling", "resamples", "seed", "level", "test_sets", "metrics": {k: {"delta",
-    "ci_low", "ci_high", "differs"}}}.
+    in every seed, within its class too). With MIN_SEEDS_RESAMPLED (3) seeds or more, each resample also
+    draws the seeds with replacement (a hierarchical bootstrap: seed-to-seed variation, usually the larger
+    part of the noise at 3 seeds, is inside the interval); with fewer, the interval is the test set's only,
+    and the record says so. With seeds that agree exactly, drawing them changes nothing: the interval is
+    the test-set-only one (the groups' draws come from the same generator either way). The interval is the
+    percentile interval of D_k over the resamples; "differs" when it excludes 0.
+    Returns {"unit", "interval", "seeds_resampled", "resampling", "resamples", "seed", "level", "test_sets",
+    "metrics": {k: {"delta", "ci_low", "ci_high", "differs", "per_seed", "seed_sd"}}}.
     """
     from vltool.metrics import bootstrap
 
@@ -266,33 +271,49 @@ def paired_difference(
         plan, index, unit = _union_resampling([b for _, b in aligned])
     stats = [(v.statistic(), b.statistic()) for v, b in aligned]
     keys = list(keys)
+    n_seeds = len(aligned)
+    resample_seeds = n_seeds >= MIN_SEEDS_RESAMPLED
+    seed_rng = np.random.default_rng([seed, 5])  # the seeds' draws; the test groups' come from bootstrap's own
 
-    def diff(w=None):
-        out = {}
-        per = []
+    def per_seed(w=None) -> list[dict]:  # each seed's (variant - baseline) with test weights w
+        out = []
         for (fv, fb), ix in zip(stats, index):
             ws = w if w is None or ix is None else w[ix]  # this seed's examples' weights
-            per.append((fv(ws), fb(ws)))
-        for k in keys:
-            out[k] = float(np.mean([mv[k] - mb[k] for mv, mb in per]))
+            mv, mb = fv(ws), fb(ws)
+            out.append({k: mv[k] - mb[k] for k in keys})
         return out
 
-    point = diff()
+    def diff(w=None):
+        d = per_seed(w)
+        if w is not None and resample_seeds:  # a replicate draws the seeds too, with replacement
+            d = [d[i] for i in seed_rng.integers(0, n_seeds, n_seeds)]
+        return {k: float(np.mean([x[k] for x in d])) for k in keys}
+
+    point, seeds_point = diff(), per_seed()
     iv = bootstrap(plan.n_items, diff, n_boot, seed, level, resampling=plan)
     metrics = {}
     for k in keys:
         lo, hi = iv[k].low, iv[k].high
         finite = np.isfinite(lo) and np.isfinite(hi)
+        by_seed = [float(x[k]) for x in seeds_point]
         metrics[k] = {
             "delta": point[k],
             "ci_low": float(lo) if finite else None,
             "ci_high": float(hi) if finite else None,
             "differs": bool(finite and (lo > 0 or hi < 0)),
+            "per_seed": by_seed,
+            "seed_sd": float(np.std(by_seed, ddof=1)) if n_seeds > 1 else None,
         }
     if first.kind == "retrieval":
         unit += ", each image with all its texts" if plan.grouped else " (with all its texts)"
+    if resample_seeds:
+        interval = f"test groups and seeds: each resample draws the {n_seeds} seeds with replacement and the test units"
+    else:
+        interval = f"test set only: {n_seeds} seed{'s' if n_seeds != 1 else ''}, fewer than {MIN_SEEDS_RESAMPLED}, are not resampled"
     return {
         "unit": unit,
+        "interval": interval,
+        "seeds_resampled": resample_seeds,
         "resampling": plan.record(first.group_column or None),
         "resamples": int(n_boot),
         "seed": int(seed),
@@ -334,11 +355,17 @@ def _union_resampling(bases: Sequence[Outcomes]) -> tuple:
             member[j] |= 1 << s
             ix[i] = j
         index.append(ix)
-    consistent = bases[0].strata is not None and -1 not in klass
-    labels = [f"{m}:{c}" if consistent else str(m) for m, c in zip(member, klass)]
-    _, strata = np.unique(np.asarray(labels), return_inverse=True)
     groups = np.asarray(group) if col else None
-    plan = Resampling.make(len(group), strata.reshape(-1), groups)
+    # the set of seeds that test a unit is always a stratum (each seed keeps its number of units); its class
+    # is one too when every seed gives it the same and each such stratum holds enough units to vary
+    consistent = bases[0].strata is not None and -1 not in klass
+    if consistent:
+        labels = np.unique(np.asarray([f"{m}:{c}" for m, c in zip(member, klass)]), return_inverse=True)[1].reshape(-1)
+        plan = Resampling.make(len(group), labels, groups)
+        consistent = plan.stratified
+    if not consistent:
+        labels = np.unique(np.asarray([str(m) for m in member]), return_inverse=True)[1].reshape(-1)
+        plan = Resampling.make(len(group), labels, groups, min_per_stratum=1)
     within = "within the set of seeds that test it" + (" and its class" if consistent else "")
     n = len(group)
     if plan.grouped:

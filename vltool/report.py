@@ -303,9 +303,11 @@ def report_record(runs_dir: Path, config: ReportConfig, variants: list[dict], in
         "paired": {
             "method": "paired bootstrap of the difference from the baseline over the same test examples: "
                       "delta = mean over seeds of metric(variant, seed) - metric(baseline, seed); each resample draws "
-                      "whole groups of examples (the runs' --group-column; within classes when the groups nest in them), "
-                      "the same draw for every seed and both variants (seeds that test different examples: one draw over the union "
-                      "of their test sets, groups drawn within the set of seeds that test them); 95% percentile interval; "
+                      "whole groups of examples (the runs' --group-column; within classes only when the groups nest in them "
+                      "and every class holds at least 5 groups), the same draw for every seed and both variants (seeds that "
+                      "test different examples: one draw over the union of their test sets, groups drawn within the set of "
+                      "seeds that test them), and with 3 seeds or more draws the seeds too, with replacement (a hierarchical "
+                      "bootstrap: the interval covers the test set and the seeds); 95% percentile interval; "
                       "'differs' when it excludes 0",
             "resamples": config.bootstrap, "seed": config.seed, "level": 0.95,
         } if has_base else None,
@@ -396,7 +398,8 @@ def paired_comparisons(variants: list[dict], base: dict, config: ReportConfig, s
             res = paired_difference(pairs, sorted(set(keys.values())), config.bootstrap, config.seed)
             for n, key in keys.items():
                 r = res["metrics"][key]
-                v["summary"][n]["paired"] = {**r, "seeds": [int(k) for k in seeds], "unit": res["unit"], "resampling": res["resampling"]}
+                v["summary"][n]["paired"] = {**r, "seeds": [int(k) for k in seeds], "unit": res["unit"], "resampling": res["resampling"],
+                                             "interval": res["interval"], "seeds_resampled": res["seeds_resampled"]}
     return notes
 
 
@@ -422,11 +425,13 @@ def _signed(x: float, scale: float, plain: bool) -> str:
 def _units_in_words(units: list[str]) -> str:
     """The runs' bootstrap units, briefly: 'whole base_id groups of test images' or 'the test images'."""
     cols = sorted({u.split(" group (")[0] for u in units if " group (" in u})
+    within = [("within its class" in u) or ("and its class" in u) for u in units]
+    strata = ", within their class" if all(within) else ", not stratified by class" if not any(within) else ", within their class for some metrics"
     if cols and all(" group (" in u for u in units):
-        return "whole " + "/".join(cols) + " groups of test images"
+        return "whole " + "/".join(cols) + " groups of test images" + strata
     if cols:
-        return "the test images (whole " + "/".join(cols) + " groups for some metrics)"
-    return "the test images"
+        return "the test images (whole " + "/".join(cols) + " groups for some metrics)" + strata
+    return "the test images" + strata
 
 
 def render_markdown(report: dict) -> str:
@@ -490,10 +495,13 @@ def _md_baseline_table(report: dict) -> list[str]:
     seeds = ", ".join(map(str, report["seeds"]))
     paired = [s["paired"] for v in report["variants"] for s in v["summary"].values() if s.get("paired")]
     unit = _units_in_words(sorted({p["unit"] for p in paired})) if paired else "the test images"
+    with_seeds = bool(paired) and all(p.get("seeds_resampled") for p in paired)
+    over = ("and the seeds with replacement, so the interval covers the test set and the training noise" if with_seeds
+            else "the same draw for every seed; fewer than 3 seeds are not resampled, so the interval covers the test set only")
     lines = ["", f"Difference from **{blabel}** on the same test examples, Δ = the mean over seeds {seeds} of "
-                 f"(variant − {blabel}), with its 95% paired bootstrap interval (resampling {unit}, the same draw for "
-                 "every seed and both variants): **differs** when the interval excludes 0, else *within noise*. "
-                 "Below it, the sd of the per-seed differences (training noise, which the interval does not include)."
+                 f"(variant − {blabel}), with its 95% paired bootstrap interval (each resample draws {unit}, both variants "
+                 f"alike, {over}): **differs** when the interval excludes 0, else *within noise*. "
+                 "Below it, the sd of the per-seed differences."
              + (" Where each seed tests its own examples (" + ", ".join(sorted({m["label"] for v in report["variants"]
                 for m in metrics if "union" in ((v["summary"].get(m["name"]) or {}).get("paired") or {}).get("unit", "")}))
                 + "), one draw over the union of the seeds' test sets serves every seed, the groups drawn within the set "

@@ -410,3 +410,9 @@ def test_a_transparent_image_is_converted_as_the_models_library_does(kind, built
     assert np.array_equal(emb, expected)
     flattened = m.encode_image(m.preprocess(_rgba_image().convert("RGB"))[None]).numpy()  # converted first (black)
     assert not np.allclose(emb, flattened, atol=1e-4)
+
+
+def test_an_empty_pretrained_is_refused_not_fresh_weights(cli):
+    """`--model open_clip:ARCH --pretrained ""` started encoding with random weights: refused in one line."""
+    r = cli("zeroshot", "emoji", "--where", "split=test", "--model", "open_clip:vltool-micro", "--pretrained", "", "--bootstrap", "0")
+    assert r.exit_code == 2 and "--pretrained is empty" in r.stderr

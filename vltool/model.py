@@ -1073,6 +1073,8 @@ def _open_clip_arch(spec: str, pretrained: str | Path | None) -> tuple[TwoTower,
     arch, _, weights = spec[len(hub.OPEN_CLIP_SPEC):].partition("/")
     if weights and pretrained is not None:
         raise UsageError(f"--pretrained {pretrained}: {spec} names its weights already")
+    if pretrained is not None and not str(pretrained).strip():  # never fresh weights by accident
+        raise UsageError("--pretrained is empty: give an open_clip tag or a weights file (fresh weights: leave it out)")
     weights = weights or (str(pretrained) if pretrained is not None else "")
     cfg = arch_config(arch)
     preprocess_cfg, revision, checkpoint = cfg.get("preprocess_cfg"), {}, None
@@ -1091,8 +1093,8 @@ def _open_clip_arch(spec: str, pretrained: str | Path | None) -> tuple[TwoTower,
             import open_clip
 
             tags = open_clip.list_pretrained_tags_by_model(arch)
-            raise UsageError(f"{spec if '/' in spec else '--pretrained ' + weights}: {weights!r} is neither a local file nor an "
-                             f"open_clip tag of {arch} (its tags: {', '.join(tags) or 'none'})")
+            raise UsageError(f"{spec if '/' in spec else '--pretrained ' + weights}: no such file {weights!r}, nor an open_clip tag of "
+                             f"{arch} (its tags: {', '.join(tags) or 'none'})")
         checkpoint, revision = str(path), {"arch": arch, "file": str(path), "sha256": hub.file_sha256(path)}
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)  # fresh weights are the same at every load (so is the fingerprint)

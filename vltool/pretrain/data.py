@@ -448,7 +448,7 @@ class PairDataset:
         else:
             out["text"] = random.Random(s).choice(texts) if self.sampling == "random" else texts[0]
         if self.load_images:
-            im = decode_image(image)
+            im = decode_image(image, rgb=False)  # the transform converts it as the model's library does
             if im is None:
                 return {**out, "bad": True}
             g = torch.random.default_generator  # torchvision draws from it; CPU only, unlike torch.manual_seed

@@ -467,7 +467,7 @@ def finish(run: RunState, bad_all: set, timer) -> dict:
                     stats[key] = str(final / Path(stats[key]).relative_to(run.run_dir))
         spec = run.spec
         options = {**asdict(run.config), "data": spec.data, "where": spec.where, "split": spec.split,
-                   "eval_data": spec.eval_data, "eval_where": spec.eval_where}
+                   "eval_data": spec.eval_data, "eval_where": spec.eval_where, "init_revision": spec.init_revision or None}
         inputs = run.train.inputs + (run.evald.inputs if run.evald else [])
         prov = provenance.make("pretrain", options, inputs, rows_in=run.train.rows_in, rows_out=None, stats=stats, timer=timer)
         from vltool.io import write_json_atomic
@@ -574,10 +574,10 @@ def _is_shards(data: Sequence[str], config: PretrainConfig) -> bool:
 
 def _start_run_dir(run: RunState) -> None:
     """A new run: RUN_DIR made anew with run.json (what --resume reads)."""
-    if run.config.init:
-        from vltool.model import HF_SPEC, check_hf_dual, resolve_model_dir
+    if run.config.init:  # resolved (fetched from the Hub where it names a Hub id) and checked before RUN_DIR is made
+        from vltool.model import check_init
 
-        check_hf_dual(run.config.init) if run.config.init.startswith(HF_SPEC) else resolve_model_dir(run.config.init)
+        run.spec.init_revision = check_init(run.config.init)
     acc = run.accelerator
     acc.wait_for_everyone()
     if acc.is_main_process:
@@ -605,7 +605,7 @@ def _build_model(run: RunState) -> None:
     config, acc = run.config, run.accelerator
     torch.manual_seed(config.seed)
     run.objective = build_objective(config, run.train, run.total_steps)
-    run.model, run.tokenizer = _new_or_init_model(config, run.objective)
+    run.model, run.tokenizer = _new_or_init_model(config, run.objective, run.spec.init_revision)
     run.objective.adapt(run.model, config, run.resumed)
     run.frozen = apply_freezing(run.model, config)
     if config.grad_checkpointing:
@@ -644,14 +644,11 @@ def _build_model(run: RunState) -> None:
         run.model.text.compile()
 
 
-def _new_or_init_model(config: PretrainConfig, objective: Objective):
-    from vltool.model import HF_SPEC, create_model, load_hf_dual, read_model_dir, resolve_model_dir
+def _new_or_init_model(config: PretrainConfig, objective: Objective, init_revision: dict | None = None):
+    from vltool.model import build_from_spec, create_model, pinned_spec
 
-    if config.init:
-        if config.init.startswith(HF_SPEC):  # a Hugging Face CLIPModel / SiglipModel
-            model, tokenizer = load_hf_dual(config.init)
-        else:
-            model, tokenizer = read_model_dir(resolve_model_dir(config.init))
+    if config.init:  # the exact weights the run started from (a Hub id pinned to the commit it resolved to)
+        model, tokenizer, _, _ = build_from_spec(pinned_spec(config.init, init_revision))
         if config.logit_scale_init is not None:
             with torch.no_grad():
                 model.logit_scale.fill_(math.log(config.logit_scale_init))

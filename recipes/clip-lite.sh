@@ -4,7 +4,8 @@
 #   Tables 1-2: a linear probe of the learned image representation (the paper's metric) and Tables 4-5:
 #     zero-shot and retrieval, at 25/50/75/100% of the training rows (nested subsets of whole base_id groups).
 #     The paired baseline is InfoNCE on 100%, as Table 2 compares each CLIP-Lite fraction with CLIP on 100%
-#     of COCO (the paper has no CLIP run on less data);
+#     of COCO (the paper has no CLIP run on less data), so below 100% a JSD row's difference mixes the data
+#     fraction with the objective; JSD against InfoNCE at equal fractions is not paired in the report;
 #   Table 8: JSD at batch sizes 16 to 256 on all rows, with the time per step (the paper: 64 to 1024, 200K
 #     iterations at every batch size; here 10 epochs at every batch size, so larger batches take fewer steps).
 #   Our test of why JSD trails InfoNCE on retrieval here (the paper's Table 4 has it ahead): JSD with every

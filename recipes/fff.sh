@@ -6,7 +6,8 @@
 #     + batch text augmentation (K captions of each image, all positives); + both (mined on all of each row's
 #     captions, section 4.3's rule). FFF's control for batch text augmentation (section 6, "Effect of batch
 #     text augmentation"): one caption drawn at random per step (CLIPS-style) from the same caption lists,
-#     without and with mining, so that K captions per step is separated from more caption variety.
+#     without and with mining, to separate K captions per step from more caption variety; the report below
+#     sets each against sigmoid only, so the paired test of one against the other is not in it yet.
 #   Table 5: the three terms of M one at a time (S_it > p1; S_ii > p2; S_tt > p3 with S_it > p1').
 # The paper's Tables 4 and 5 are known here only from its text (the baseline, the gains it names and the
 # total of Table 4; no numbers of Table 5), so rows it gives no number for have an empty "Paper" cell.

@@ -11,7 +11,10 @@
 #   CLIP sees too. Plus retrieval and a linear probe.
 #   The baseline of every comparison is UniCL on the image-text rows alone: with every label unique UniCL's
 #   loss is CLIP's (section 3.3), so this is CLIP with UniCL's settings (its logit scale starts at e, not
-#   1/0.07), and the label data is the only difference from UniCL on both. Every variant trains the same
+#   1/0.07). UniCL on both adds the label rows, and with them more than label data: at equal steps
+#   --balanced gives the image-text rows half of the rows they fill in the baseline, the label rows are the
+#   same training images (seen subgroups) with a second text, and they use the same TEMPLATES that zero-shot
+#   scores every model with (docs/reproductions.md). Every variant trains the same
 #   number of steps: as many as CLIP takes for EPOCHS epochs of the image-text rows (the balanced sampler
 #   would otherwise give UniCL on both 26-57% more steps, and the label rows alone fewer).
 # Towers: pretrained MobileNetV2 and MiniLM, locked, projections trained on their cached features.

@@ -22,13 +22,25 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from vltool import columns as C
+from vltool import provenance
+from vltool.cache import EmbeddingCache
+from vltool.checks import missing_text_warning, require_decoded, require_unique_ids
+from vltool.console import Bar
+from vltool.derived import ColumnSpill, add_columns, spill_beside
+from vltool.encode import encode_device, encode_images, encode_texts, load_eval_model, model_record
 from vltool.errors import UsageError, VltoolError
-from vltool.io import column_values
+from vltool.io import arrow_column, check_output, column_values, load_dataset, model_inputs, output_scope, save_dataset
+from vltool.topology import process_state, warn
+
+# torch, faiss, datasets, pyarrow and accelerate are imported inside the functions that use them: vltool/commands/
+# mine_positives.py imports this module at its top, and `vltool --help` must not load them.
 
 # FFF's thresholds, chosen for its model (its implementation details, section 5); p1 sits below the true pairs'
 # mean S_it, 0.29 (appendix B).
@@ -136,8 +148,6 @@ class _Blocked:
 
     def __init__(self, x: np.ndarray, device=None, low_precision: bool | None = None):
         import torch
-
-        from vltool.encode import encode_device
 
         self.device = torch.device(device) if device is not None else encode_device()
         low = self.device.type == "cuda" if low_precision is None else low_precision
@@ -392,14 +402,10 @@ def _search(img, txt, owner, th: Thresholds, collectors: list, *, index: str, np
     tmean, owner_idx = text_rows(txt, owner, n)
     ctx = _MineContext(img, txt, tmean, owner_idx, owner is not None, th, _index(txt, index, nprobe), _index(img, index, nprobe))
     qrows = np.arange(n) if query_rows is None else np.asarray(query_rows, dtype=np.int64)
-    from vltool.topology import process_state
-
     state = process_state()
     world, rank = (state.num_processes, state.process_index) if index == "blocked" else (1, 0)
     if world > 1:  # the blocked search spreads the queries over processes: rank r mines its contiguous share
         qrows = qrows[rank * len(qrows) // world : (rank + 1) * len(qrows) // world]
-    from vltool.console import Bar
-
     lo, size, blocks, largest = 0, min(chunk, 64), 0, 0  # a small first block measures the hits per query
     bar = Bar("mining", len(qrows), unit="images", enabled=progress)
     while lo < len(qrows):
@@ -658,11 +664,6 @@ def mine_positives(data: str, out, config: MinePositivesConfig, *, where=(), spl
     """Encode `data` with the model, mine FFF's positives, write `positives` and `positive_scores` to `out`.
     The mined pairs and the new columns go to files in a spill directory beside `out` (vltool.derived), so
     that memory grows with the embeddings, not with the pairs."""
-    from vltool import columns as C
-    from vltool import provenance
-    from vltool.checks import require_unique_ids
-    from vltool.derived import spill_beside
-    from vltool.io import arrow_column, check_output, load_dataset, model_inputs, output_scope
     timer = provenance.Timer()
     config.validate()
     required = [C.ID] + ([config.group_column] if config.group_column else [])
@@ -680,39 +681,53 @@ def mine_positives(data: str, out, config: MinePositivesConfig, *, where=(), spl
         return _mine_and_write(src, out, config, spill, data=data, overwrite=overwrite, timer=timer)
 
 
+@dataclass
+class MiningRows:
+    """The rows mined (a decodable image and at least one text) with their L2-normalised embeddings, and the
+    statistics of the encoding."""
+
+    rows: np.ndarray  # (G,) dataset row of each mined row
+    i_emb: np.ndarray  # (G, D) each mined row's image
+    t_emb: np.ndarray  # (T, D) each text of the mined rows
+    t_owner: np.ndarray  # (T,) mined row of each text
+    multi: bool  # several captions a row
+    stats: dict
+
+    @property
+    def owner(self) -> np.ndarray | None:
+        """Each text's row, as mine() takes it: None when every row has one text."""
+        return self.t_owner if self.multi else None
+
+
 def _mine_and_write(src, out, config: MinePositivesConfig, spill, *, data: str, overwrite: bool, timer) -> dict:
-    import datasets
-
-    from vltool import columns as C
-    from vltool import provenance
-    from vltool.cache import EmbeddingCache
-    from vltool.checks import missing_text_warning, require_decoded
-    from vltool.encode import encode_images, encode_texts, load_eval_model, model_record
-    from vltool.io import save_dataset
-    from vltool.topology import warn
-
-    ds = src.dataset
-    n = len(ds)
+    """Encode, mine, write: the dry run's grid record instead of the mining with --dry-run."""
+    n = len(src.dataset)
     if n < 2:
         raise UsageError(f"mining needs at least 2 rows; {data!r} has {n} after the row filter")
     m = load_eval_model(config.model, config.pretrained, config.cache_dir)
+    mr = encode_mining_rows(m, src, config, data)
+    calib = calibrate(true_pair_scores(mr))
+    mr.stats["calibration"] = calib
+    groups = _row_groups(src.dataset, config, mr.rows)
+    if config.dry_run:
+        return dry_run_record(m, src, config, mr, groups, timer)
+    if config.calibrated_thresholds:  # FFF's recipe on this model: p1 = mean - 0.02, p1' = mean - 0.05
+        config = dataclasses.replace(config, p_it=calib["suggested"]["p_it"], p_it_tt=calib["suggested"]["p_it_tt"])
+    mined = mine_rows(mr, config, groups, spill)
+    return write_positives(src, out, config, m, mr, mined, spill, overwrite=overwrite, timer=timer)
+
+
+def encode_mining_rows(m, src, config: MinePositivesConfig, data: str) -> MiningRows:
+    """Every row's image and text(s) encoded (through the cache); the usable rows' embeddings kept, normalised."""
+    import datasets
+
+    ds = src.dataset
+    n = len(ds)
     cache = EmbeddingCache(config.cache_dir)
     img = encode_images(m, src, cache=cache, batch_size=config.batch_size, workers=config.workers)
     txt = encode_texts(m, src, column=config.text_column, cache=cache)
     multi = not isinstance(ds.features[config.text_column], datasets.Value)
-
-    # rows usable for mining: a decodable image and at least one text
-    has_text = np.zeros(n, dtype=bool)
-    has_text[txt.owner] = True
-    require_decoded(img.bad, data)
-    if img.bad.any():
-        warn(f"{int(img.bad.sum())} images could not be decoded; they are left out")
-    no_text = missing_text_warning(int((~has_text).sum()), n, config.text_column)
-    if no_text:
-        warn(no_text)
-    good = ~img.bad & has_text
-    if good.sum() < 2:
-        raise VltoolError(f"mining needs at least 2 rows with a decodable image and text; {int(good.sum())} of {n} have both")
+    good = usable_rows(img.bad, txt.owner, n, config.text_column, data)  # (n,)
     rows = np.flatnonzero(good)  # (G,) dataset row of each mined row
     remap = -np.ones(n, dtype=np.int64)
     remap[rows] = np.arange(len(rows))
@@ -724,60 +739,88 @@ def _mine_and_write(src, out, config: MinePositivesConfig, spill, *, data: str, 
     i_emb = _mined_rows(img.embeddings, good)  # (G, D)
     for x in (t_emb, i_emb):
         x /= np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
-    owner_arg = t_owner if multi else None
-
     stats: dict = {"rows": n, "rows_mined": int(len(rows)), "rows_skipped": int(n - len(rows)),
                    "text_column": config.text_column, "several_captions": multi,
                    "encoding": {"images": img.summary(), "texts": txt.summary()}}
-    del img, txt  # the encoded arrays (the copies above are what is mined)
-    # true pairs: each row's image with its own text(s) (the best one, as S_it is defined)
-    s_true = np.full(len(rows), -np.inf, dtype=np.float32)
-    for a in range(0, len(t_emb), 1 << 16):  # (slices: no copy of every text's image)
-        own = t_owner[a : a + (1 << 16)]
-        np.maximum.at(s_true, own, np.einsum("nd,nd->n", i_emb[own], t_emb[a : a + (1 << 16)]))
-    calib = calibrate(s_true)
-    stats["calibration"] = calib
-    groups = None
-    if config.group_column:
-        group_values = column_values(ds, config.group_column)
-        groups = [group_values[int(r)] for r in rows]
+    return MiningRows(rows, i_emb, t_emb, t_owner, multi, stats)
 
-    if config.dry_run:
-        grid = []
-        points = threshold_grid(config.thresholds)
-        each = mine_grid(i_emb, t_emb, owner_arg, points, max_positives=config.max_positives, index=config.index, nprobe=config.nprobe,
-                         normalised=True)
-        for th, mined in zip(points, each):  # one search for the 9 points
-            row = {"thresholds": vars(th), **{k: v for k, v in summarise(mined, len(rows)).items() if k != "histogram"}}
-            if groups is not None:
-                row["groups"] = group_agreement(mined, groups)
-            grid.append(row)
-        stats["grid"] = grid
-        return provenance.make("mine-positives", config, [src], rows_in=n, rows_out=None, stats=stats, timer=timer) | {
-            "model": model_record(m, config.model, config.pretrained)}
 
-    if config.calibrated_thresholds:  # FFF's recipe on this model: p1 = mean - 0.02, p1' = mean - 0.05
-        config = dataclasses.replace(config, p_it=calib["suggested"]["p_it"], p_it_tt=calib["suggested"]["p_it_tt"])
-    stats["thresholds"] = vars(config.thresholds)
-    mined = mine(i_emb, t_emb, owner_arg, config.thresholds, max_positives=config.max_positives,
+def usable_rows(bad: np.ndarray, owner: np.ndarray, n: int, text_column: str, data: str) -> np.ndarray:
+    """(n,) rows usable for mining: a decodable image and at least one text. The others are left out with a
+    warning; fewer than 2 usable rows is an error."""
+    has_text = np.zeros(n, dtype=bool)
+    has_text[owner] = True
+    require_decoded(bad, data)
+    if bad.any():
+        warn(f"{int(bad.sum())} images could not be decoded; they are left out")
+    no_text = missing_text_warning(int((~has_text).sum()), n, text_column)
+    if no_text:
+        warn(no_text)
+    good = ~bad & has_text
+    if good.sum() < 2:
+        raise VltoolError(f"mining needs at least 2 rows with a decodable image and text; {int(good.sum())} of {n} have both")
+    return good
+
+
+def true_pair_scores(mr: MiningRows) -> np.ndarray:
+    """(G,) each row's image with its own text(s): the best one, as S_it is defined."""
+    s_true = np.full(len(mr.rows), -np.inf, dtype=np.float32)
+    for a in range(0, len(mr.t_emb), 1 << 16):  # (slices: no copy of every text's image)
+        own = mr.t_owner[a : a + (1 << 16)]
+        np.maximum.at(s_true, own, np.einsum("nd,nd->n", mr.i_emb[own], mr.t_emb[a : a + (1 << 16)]))
+    return s_true
+
+
+def _row_groups(ds, config: MinePositivesConfig, rows: np.ndarray) -> list | None:
+    """The --group-column value of each mined row (None without the option)."""
+    if not config.group_column:
+        return None
+    group_values = column_values(ds, config.group_column)
+    return [group_values[int(r)] for r in rows]
+
+
+def dry_run_record(m, src, config: MinePositivesConfig, mr: MiningRows, groups: list | None, timer) -> dict:
+    """--dry-run: what the 9 points of threshold_grid would mine (one search for all of them), nothing written."""
+    grid = []
+    points = threshold_grid(config.thresholds)
+    each = mine_grid(mr.i_emb, mr.t_emb, mr.owner, points, max_positives=config.max_positives, index=config.index, nprobe=config.nprobe,
+                     normalised=True)
+    for th, mined in zip(points, each):
+        row = {"thresholds": vars(th), **{k: v for k, v in summarise(mined, len(mr.rows)).items() if k != "histogram"}}
+        if groups is not None:
+            row["groups"] = group_agreement(mined, groups)
+        grid.append(row)
+    mr.stats["grid"] = grid
+    return provenance.make("mine-positives", config, [src], rows_in=len(src.dataset), rows_out=None, stats=mr.stats, timer=timer) | {
+        "model": model_record(m, config.model, config.pretrained)}
+
+
+def mine_rows(mr: MiningRows, config: MinePositivesConfig, groups: list | None, spill) -> Mined:
+    """The positives at config's thresholds, their summary (and the group agreement, IVF's recall) in mr.stats."""
+    mr.stats["thresholds"] = vars(config.thresholds)
+    mined = mine(mr.i_emb, mr.t_emb, mr.owner, config.thresholds, max_positives=config.max_positives,
                  index=config.index, nprobe=config.nprobe, progress=True, normalised=True, spill=spill)
-    stats.update(summarise(mined, len(rows)))
+    mr.stats.update(summarise(mined, len(mr.rows)))
     if groups is not None:
-        stats["groups"] = {"column": config.group_column, **group_agreement(mined, groups)}
+        mr.stats["groups"] = {"column": config.group_column, **group_agreement(mined, groups)}
     if config.index == "ivf":
-        stats["ivf_recall"] = _ivf_recall(i_emb, t_emb, owner_arg, config, mined)
+        mr.stats["ivf_recall"] = _ivf_recall(mr.i_emb, mr.t_emb, mr.owner, config, mined)
+    return mined
 
-    from vltool.io import arrow_column
 
-    new = positive_columns(mined, rows, n, arrow_column(ds, C.ID), spill=spill)
+def write_positives(src, out, config: MinePositivesConfig, m, mr: MiningRows, mined: Mined, spill, *, overwrite: bool, timer) -> dict:
+    """`positives` and `positive_scores` beside the input's columns, written to `out` with the provenance record."""
+    import datasets
+
+    ds = src.dataset
+    n = len(ds)
+    new = positive_columns(mined, mr.rows, n, arrow_column(ds, C.ID), spill=spill)
     # the input's table with the new columns beside it (a second mining replaces the first's): add_column on
     # a --where selection would write every selected row anew, images included (vltool.derived)
-    from vltool.derived import add_columns
-
     features = {C.POSITIVES: datasets.Sequence(datasets.Value("string")),
                 POSITIVE_SCORES: datasets.Sequence(datasets.Sequence(datasets.Value("float32"), length=3))}
-    ds = add_columns(ds, new, key=_mined_key(rows, mined), features=features)
-    prov = provenance.make("mine-positives", config, [src], rows_in=n, rows_out=n, stats=stats, timer=timer)
+    ds = add_columns(ds, new, key=_mined_key(mr.rows, mined), features=features)
+    prov = provenance.make("mine-positives", config, [src], rows_in=n, rows_out=n, stats=mr.stats, timer=timer)
     prov["model"] = model_record(m, config.model, config.pretrained)
     save_dataset(ds, out, prov, overwrite=overwrite)
     return prov
@@ -785,8 +828,6 @@ def _mine_and_write(src, out, config: MinePositivesConfig, spill, *, data: str, 
 
 def _mined_key(rows: np.ndarray, mined: Mined) -> bytes:
     """A digest of what the new columns are made from (for the output's fingerprint), read a slice at a time."""
-    import hashlib
-
     h = hashlib.blake2b(digest_size=16)
     for x in (rows, mined.offsets, mined.rows, mined.pair_scores):
         for a in range(0, len(x), PAIR_SLICE):
@@ -813,9 +854,6 @@ def positive_columns(mined: Mined, rows: np.ndarray, n: int, ids, spill=None):
     with the pairs. mined.positives[k] holds indices into `rows` of the positives of dataset row rows[k];
     rows not mined get empty lists. ids: the id column."""
     import pyarrow as pa
-
-    from vltool import columns as C
-    from vltool.derived import ColumnSpill
 
     rows = np.asarray(rows, dtype=np.int64)
     counts = np.zeros(n, dtype=np.int64)

@@ -19,9 +19,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
+from vltool import provenance
+from vltool.cache import EmbeddingCache
+from vltool.checks import require_decoded
+from vltool.encode import encode_images, encode_prompts, load_eval_model, model_record
 from vltool.errors import UsageError
+from vltool.evaluation import check_out, finish
+from vltool.io import atomic_output, check_output, load_dataset, model_inputs, write_json_atomic
 from vltool.subspace import SUBSPACE_FILE, Subspace, concept_subspace, load_subspace, project_out  # noqa: F401 (re-exported)
+from vltool.zeroshot import ZeroshotConfig, zeroshot
 
 ASSETS = Path(__file__).resolve().parent / "assets" / "debias"
 DEFAULT_PAIRS = ASSETS / "gender_pairs.txt"
@@ -115,8 +123,6 @@ def gap_change(before: float, after: float) -> dict:
 
 
 def save_subspace(sub: Subspace, out: Path, prov: dict, overwrite: bool) -> Path:
-    from vltool.io import atomic_output, write_json_atomic
-
     with atomic_output(out, overwrite) as tmp:
         np.save(tmp / SUBSPACE_FILE, sub.components)
         write_json_atomic(tmp / "vltool.json", prov)
@@ -162,8 +168,6 @@ class DebiasConfig:
 
 def _check_tokenized_pairs(m, pairs: list[tuple[str, str]], template: str) -> None:
     """Every concept word must survive tokenisation, and the two words of a pair must differ once tokenised."""
-    import torch
-
     def toks(texts):
         t = m.tokenize(texts)
         return torch.as_tensor(t["input_ids"] if isinstance(t, dict) else t)
@@ -183,11 +187,6 @@ def _check_tokenized_pairs(m, pairs: list[tuple[str, str]], template: str) -> No
 
 def compute_subspace(config: DebiasConfig, out, *, overwrite: bool = False) -> dict:
     """Mode 1: the concept subspace of a model, saved to `out`."""
-    from vltool import provenance
-    from vltool.cache import EmbeddingCache
-    from vltool.encode import encode_prompts, load_eval_model, model_record
-    from vltool.io import check_output, model_inputs
-
     timer = provenance.Timer()
     config.validate()
     out = check_output(out, overwrite, [*model_inputs(config.model, config.pretrained), *_files(config)])
@@ -220,17 +219,43 @@ def _files(config: DebiasConfig) -> list[Path]:
     return [Path(f).expanduser() for f in (config.pairs, config.templates, config.queries, config.subspace) if f]
 
 
+@dataclass
+class Queries:
+    """The texts whose alignment with each group's images is measured, and the group each one names."""
+
+    groups: list[str]  # (Q,)
+    texts: list[str]  # (Q,)
+
+
+@dataclass
+class GroupImages:
+    """The decodable images of the rows whose group is a query group, and their groups."""
+
+    embeddings: np.ndarray  # (N, D)
+    groups: list[str]  # (N,)
+    present: list[str]  # the groups they belong to, sorted
+
+
 def measure(config: DebiasConfig, out=None, *, where=(), split=None, overwrite: bool = False) -> dict:
     """Mode 2: Table 6's alignment cells before and after the edit, the gap, and zero-shot before/after."""
-    from vltool import provenance
-    from vltool.cache import EmbeddingCache
-    from vltool.encode import encode_images, encode_prompts, load_eval_model, model_record
-    from vltool.evaluation import check_out, finish
-    from vltool.checks import require_decoded
-    from vltool.io import load_dataset, model_inputs
-
     timer = provenance.Timer()
     config.validate()
+    src, zs_label, out_path = load_measure_inputs(config, where, split, out, overwrite)
+    m = load_eval_model(config.model, config.pretrained, config.cache_dir)
+    v = load_subspace(config.subspace, m.fingerprint)
+    cache = EmbeddingCache(config.cache_dir)
+    queries = read_queries(config)
+    images = encode_group_images(m, src, cache, config, queries)
+    stats = alignment_stats(m, cache, config, queries, images, v)
+    if zs_label:
+        stats["zeroshot"] = zeroshot_before_after(config, zs_label, where, split)
+    record = provenance.make("debias", config, [src], rows_in=src.rows, stats=stats, timer=timer)
+    record["model"] = model_record(m, config.model, config.pretrained)
+    return finish(record, out_path, overwrite)
+
+
+def load_measure_inputs(config: DebiasConfig, where, split, out, overwrite: bool):
+    """(the --eval-data rows, the zero-shot label column or "" for none, --out checked against every input)."""
     src = load_dataset(config.eval_data, split=split, where=where, required=[config.group_column], images=["image"],
                        cache_dir=config.cache_dir)
     zs_label = config.zeroshot_label if config.zeroshot_label is not None else ("label" if "label" in src.dataset.column_names else "")
@@ -240,10 +265,12 @@ def measure(config: DebiasConfig, out=None, *, where=(), split=None, overwrite: 
             f"(it has: {', '.join(src.dataset.column_names)}); give a label column, or --zeroshot-label '' to skip zero-shot"
         )
     out_path = check_out(out, overwrite, [*src.reads, *model_inputs(config.model, config.pretrained), *_files(config)])
-    m = load_eval_model(config.model, config.pretrained, config.cache_dir)
-    v = load_subspace(config.subspace, m.fingerprint)
-    cache = EmbeddingCache(config.cache_dir)
+    return src, zs_label, out_path
 
+
+def read_queries(config: DebiasConfig) -> Queries:
+    """--queries (GROUP<TAB>QUERY lines), else the concept pairs through the templates, each sentence the
+    group of its word (the first pair's two words name the groups)."""
     pairs = read_pairs(config.pairs or DEFAULT_PAIRS)
     templates = read_templates(config.templates or DEFAULT_TEMPLATES)
     group_a, group_b = pairs[0]
@@ -251,18 +278,23 @@ def measure(config: DebiasConfig, out=None, *, where=(), split=None, overwrite: 
         lines = [ln.split("\t") for ln in Path(config.queries).read_text().splitlines() if ln.strip()]
         if any(len(x) != 2 for x in lines):
             raise UsageError(f"--queries {config.queries}: every line is GROUP<TAB>QUERY")
-        qg, qs = [x[0].strip() for x in lines], [x[1].strip() for x in lines]
-    else:
-        a, b = contextualise(pairs, templates)
-        qg, qs = [group_a] * len(a) + [group_b] * len(b), a + b
+        return Queries([x[0].strip() for x in lines], [x[1].strip() for x in lines])
+    a, b = contextualise(pairs, templates)
+    return Queries([group_a] * len(a) + [group_b] * len(b), a + b)
+
+
+def encode_group_images(m, src, cache: EmbeddingCache, config: DebiasConfig, queries: Queries) -> GroupImages:
+    """The images of the rows of a query group, encoded; no such row, no decodable image, or images of one group
+    only refused."""
+    qg = queries.groups
     groups = [str(g) for g in src.dataset[config.group_column]]
-    keep = np.array([g in set(qg) for g in groups])
+    keep = np.array([g in set(qg) for g in groups])  # (rows,)
     if keep.sum() == 0:
         raise UsageError(f"no row of {config.eval_data!r} has a {config.group_column!r} among the query groups {sorted(set(qg))}")
     img = encode_images(m, src, cache=cache, batch_size=config.batch_size)
     require_decoded(img.bad[keep], config.eval_data)
     keep &= ~img.bad
-    x = img.embeddings[keep]
+    x = img.embeddings[keep]  # (N, D)
     ig = [g for g, k in zip(groups, keep.tolist()) if k]
     present = sorted(set(ig))
     if len(present) < 2:
@@ -271,21 +303,28 @@ def measure(config: DebiasConfig, out=None, *, where=(), split=None, overwrite: 
             f"image belong to {'only ' + repr(present[0]) if present else 'no group'} of the query groups {sorted(set(qg))}; "
             "select rows of at least two groups"
         )
-    q = encode_prompts(m, qs, cache=cache).embeddings
-    before = alignment_table(q, qg, x, ig, config.top)
-    after = alignment_table(project_out(q, v) if config.debias_text else q, qg, project_out(x, v), ig, config.top)
+    return GroupImages(x, ig, present)
+
+
+def alignment_stats(m, cache: EmbeddingCache, config: DebiasConfig, queries: Queries, images: GroupImages, v) -> dict:
+    """Each (query group, image group) cell before and after the edit (the images edited, the queries too with
+    --debias-text), and the own-minus-other gap's change; a gap no query group defines is refused."""
+    qg, ig = queries.groups, images.groups
+    q = encode_prompts(m, queries.texts, cache=cache).embeddings  # (Q, D)
+    before = alignment_table(q, qg, images.embeddings, ig, config.top)
+    after = alignment_table(project_out(q, v) if config.debias_text else q, qg, project_out(images.embeddings, v), ig, config.top)
     gap_b, gap_a = own_other_gap(before), own_other_gap(after)
     if not (np.isfinite(gap_b) and np.isfinite(gap_a)):
         raise UsageError(
             f"the own-minus-other gap is undefined: no query group is also an image group of {config.group_column!r} "
-            f"(query groups {sorted(set(qg))}, image groups {present}); name the query groups as the column does (--queries)"
+            f"(query groups {sorted(set(qg))}, image groups {images.present}); name the query groups as the column does (--queries)"
         )
     cells = {
         gq: {gi: {"before": round(before[gq][gi], 5), "after": round(after[gq][gi], 5), "delta": round(after[gq][gi] - before[gq][gi], 5)}
              for gi in before[gq]}
         for gq in before
     }
-    stats = {
+    return {
         "group_column": config.group_column,
         "images_per_group": {g: ig.count(g) for g in sorted(set(ig))},
         "queries_per_group": {g: qg.count(g) for g in sorted(set(qg))},
@@ -294,14 +333,12 @@ def measure(config: DebiasConfig, out=None, *, where=(), split=None, overwrite: 
         "cells": cells,
         **gap_change(gap_b, gap_a),
     }
-    if zs_label:
-        from vltool.zeroshot import ZeroshotConfig, zeroshot
 
-        zc = dict(model=config.model, pretrained=config.pretrained, label_column=zs_label, cache_dir=config.cache_dir,
-                  batch_size=config.batch_size, seed=config.seed, progress=False)
-        zb = zeroshot(config.eval_data, ZeroshotConfig(**zc), where=where, split=split)
-        za = zeroshot(config.eval_data, ZeroshotConfig(**zc, debias=config.subspace, debias_text=config.debias_text), where=where, split=split)
-        stats["zeroshot"] = {"label": zs_label, "before": zb["metrics"]["top1"], "after": za["metrics"]["top1"]}
-    record = provenance.make("debias", config, [src], rows_in=src.rows, stats=stats, timer=timer)
-    record["model"] = model_record(m, config.model, config.pretrained)
-    return finish(record, out_path, overwrite)
+
+def zeroshot_before_after(config: DebiasConfig, zs_label: str, where, split) -> dict:
+    """Zero-shot top-1 on --eval-data without and with the edit (vltool.zeroshot, --debias)."""
+    zc = dict(model=config.model, pretrained=config.pretrained, label_column=zs_label, cache_dir=config.cache_dir,
+              batch_size=config.batch_size, seed=config.seed, progress=False)
+    zb = zeroshot(config.eval_data, ZeroshotConfig(**zc), where=where, split=split)
+    za = zeroshot(config.eval_data, ZeroshotConfig(**zc, debias=config.subspace, debias_text=config.debias_text), where=where, split=split)
+    return {"label": zs_label, "before": zb["metrics"]["top1"], "after": za["metrics"]["top1"]}

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -29,6 +30,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from vltool import __version__
+from vltool.io import default_cache_dir, values_digest
 
 SUBDIR = "embeddings"
 KEY_VERSION = 1  # bump when what an entry holds changes meaning
@@ -41,8 +43,6 @@ def canonical(obj: Any) -> str:
 
 def ids_digest(ids: Sequence[str]) -> str:
     """SHA-256 of the row ids in order: what rows an array holds, and in which order."""
-    from vltool.io import values_digest
-
     return values_digest(ids)
 
 
@@ -84,8 +84,6 @@ class EmbeddingCache:
     """`<cache_dir>/embeddings/`. `cache_dir=None` means `$VLTOOL_CACHE`, else `~/.cache/vltool`."""
 
     def __init__(self, cache_dir: str | Path | None = None):
-        from vltool.io import default_cache_dir
-
         self.root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
         self.dir = self.root / SUBDIR
 
@@ -157,8 +155,6 @@ _WARNED: set = set()
 
 def cant_write(root: Path, e: OSError) -> None:
     """The one warning for a cache directory that cannot be written (printed once per directory)."""
-    import sys
-
     if str(root) in _WARNED:
         return
     _WARNED.add(str(root))

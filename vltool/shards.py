@@ -15,6 +15,7 @@ not read) and whose images, `tar://MEMBER::SHARD`, are read by offset (read_memb
 from __future__ import annotations
 
 import glob
+import gzip
 import hashlib
 import json
 import os
@@ -25,6 +26,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
+
+import numpy as np
 
 from vltool.errors import UsageError
 
@@ -123,8 +126,6 @@ def iter_tar(path) -> Iterator[tuple[str, bytes]]:
     A few times faster than `tarfile` on shards of many small members. Raises `tarfile.ReadError` on
     a bad header checksum or a truncated archive; `.tar.gz` / `.tgz` are read through gzip.
     """
-    import gzip
-
     path = str(path)
     raw = open(path, "rb", buffering=1 << 20)
     f = gzip.open(raw) if path.lower().endswith((".gz", ".tgz")) else raw
@@ -458,8 +459,6 @@ class _OpenShard:
     damaged shard: the members before the damage) and written there for the next."""
 
     def __init__(self, path: str, stamp: tuple, size: int):
-        import numpy as np
-
         self.stamp = stamp
         self.file = open(path, "rb", buffering=0)  # closed when the last reader drops it
         table = member_table_path(path, stamp)
@@ -493,8 +492,6 @@ class _OpenShard:
 
     def find(self, member: str) -> tuple[int, int]:
         """(offset, size) of `member`; KeyError when the shard has no such member (or it is a txt/json)."""
-        import numpy as np
-
         name = member.encode("utf-8")
         i = int(np.searchsorted(self.names, name, side="right")) - 1  # (a name written twice: the last, as tar does)
         if i < 0 or self.names[i] != name:

@@ -38,7 +38,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from vltool import columns as C
 from vltool.errors import UsageError, VltoolError
+from vltool.io import arrow_column, atomic_file, column_values
+from vltool.metrics import AveragePrecision, ClassificationItems, QueryRanks, Resampling, RetrievalItems, bootstrap
 
 FORMAT = "vltool-examples/1"
 MIN_SEEDS_RESAMPLED = 3  # paired_difference draws the seeds too from 3 seeds on; fewer: the interval is the test set's only
@@ -57,7 +60,6 @@ def read_groups(ds, column: str | None, spec: str = "the data") -> np.ndarray | 
         return None
     if column not in ds.column_names:
         raise UsageError(f"--group-column {column!r}: {spec!r} has no such column (it has: {', '.join(ds.column_names)})")
-    from vltool.io import column_values
 
     values = column_values(ds, column)  # (whole column; iterating ds[column] formats row by row)
     missing = sum(v is None or (isinstance(v, str) and not v.strip()) for v in values)
@@ -70,10 +72,7 @@ def read_groups(ds, column: str | None, spec: str = "the data") -> np.ndarray | 
 
 def example_ids(ds) -> np.ndarray:
     """Each selected row's id (N,) as text; "#<i>" when the data has no id column."""
-    from vltool import columns as C
-
     if C.ID in ds.column_names:  # slice by slice: no Python string of every row at once
-        from vltool.io import arrow_column
 
         col, step = arrow_column(ds, C.ID), 1 << 16
         parts = [np.asarray([str(v) for v in col.slice(a, step).to_pylist()], dtype=str) for a in range(0, len(col), step)]
@@ -92,8 +91,6 @@ def base_arrays(task: str, kind: str, ids: np.ndarray, groups: np.ndarray | None
 
 def write_examples(path: str | Path, arrays: dict) -> Path:
     """Write the arrays as a compressed .npz, atomically (a temporary file, then a rename)."""
-    from vltool.io import atomic_file
-
     path = Path(path)
     with atomic_file(path) as tmp:
         with open(tmp, "wb") as f:
@@ -150,8 +147,6 @@ class Outcomes:
 
     def statistic(self) -> Callable[[np.ndarray | None], dict[str, float]]:
         """statistic(w): the metrics of the results JSON with example weights w (None: each once)."""
-        from vltool.metrics import AveragePrecision, ClassificationItems, QueryRanks, RetrievalItems
-
         a = self.arrays
         if self.kind == "classification":
             items = [ClassificationItems.from_ranks(g, t, a["class"], int(a["num_classes"])) for g, t in zip(a["greater"], a["tied"])]
@@ -223,8 +218,6 @@ class Outcomes:
 
 def resampling_of(base: Outcomes):
     """The bootstrap plan of a paired comparison: whole groups (when recorded), within classes when possible."""
-    from vltool.metrics import Resampling
-
     groups = base.groups if base.group_column else None
     return Resampling.make(len(base), base.strata, groups)
 
@@ -255,8 +248,6 @@ def paired_difference(
     Returns {"unit", "interval", "seeds_resampled", "resampling", "resamples", "seed", "level", "test_sets",
     "metrics": {k: {"delta", "ci_low", "ci_high", "differs", "per_seed", "seed_sd"}}}.
     """
-    from vltool.metrics import bootstrap
-
     if not pairs:
         raise ValueError("no (variant, baseline) pairs")
     aligned = [(v.aligned_to(b), b) for v, b in pairs]
@@ -327,8 +318,6 @@ def _union_resampling(bases: Sequence[Outcomes]) -> tuple:
     """The plan of one draw over the union of the seeds' test examples (paired_difference, seeds that test
     different examples): (plan, index, unit) with index[s] the union positions of seed s's examples in its
     own order. Strata: the set of seeds that test the example, and its class when every seed gives it the same."""
-    from vltool.metrics import Resampling
-
     col = bases[0].group_column
     for b in bases[1:]:
         if b.group_column != col or b.kind != bases[0].kind or b.task != bases[0].task:

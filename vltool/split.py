@@ -9,9 +9,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import datasets
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
+from vltool import columns as C
+from vltool import provenance
+from vltool.derived import add_columns
 from vltool.errors import UsageError
+from vltool.io import arrow_column, atomic_output, check_output, load_dataset, save_dataset, write_json_atomic
 
 
 @dataclass
@@ -59,9 +66,6 @@ def assign_column(column, parts: list[tuple[str, float]], seed: int) -> tuple[np
     """`assign_parts` on an Arrow column, by whole-column work: (rows,) int64, the index in `parts` of each
     row's part, and the number of groups. Python objects are made only for the distinct values of a column
     that is not text (a text column's values sort in Arrow: UTF-8 byte order is Python's code point order)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     text = pa.types.is_string(column.type) or pa.types.is_large_string(column.type)
     if text:  # str(None) == "None": a missing value is the group "None", as assign_parts has it
         column = pc.fill_null(column, "None")
@@ -84,18 +88,11 @@ def assign_column(column, parts: list[tuple[str, float]], seed: int) -> tuple[np
 
 
 def split(data: str, out, config: SplitConfig, *, where=(), split_name=None, overwrite: bool = False) -> dict:
-    import datasets
-
-    from vltool import columns as C
-    from vltool import provenance
-    from vltool.io import check_output, load_dataset, save_dataset
-
     timer = provenance.Timer()
     parts = config.parsed()
     src = load_dataset(data, split=split_name, where=where, required=[C.ID] + ([config.by] if config.by else []))
     out = check_output(out, overwrite, inputs=[*src.reads])
     ds = src.dataset
-    from vltool.io import arrow_column
 
     groups = arrow_column(ds, config.by or C.ID)
     part, n_groups = assign_column(groups, parts, config.seed)  # (rows,) index into parts
@@ -107,9 +104,6 @@ def split(data: str, out, config: SplitConfig, *, where=(), split_name=None, ove
                              "name a new column, e.g. --part-column part")
     # the input's table with the part column beside it (replacing one of that name): add_column on a --where
     # selection would write every selected row anew, images included (vltool.derived)
-    import pyarrow as pa
-
-    from vltool.derived import add_columns
 
     names = pa.array([n for n, _ in parts], pa.string())
     ds = add_columns(ds, {config.part_column: names.take(pa.array(part))}, features={config.part_column: datasets.Value("string")},
@@ -121,7 +115,6 @@ def split(data: str, out, config: SplitConfig, *, where=(), split_name=None, ove
     if not config.separate:
         save_dataset(ds, out, prov, overwrite=overwrite)
         return prov
-    from vltool.io import atomic_output, write_json_atomic
 
     with atomic_output(out, overwrite) as tmp:  # OUT/<name>: one dataset per part
         for k, (name, _) in enumerate(parts):

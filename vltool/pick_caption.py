@@ -11,9 +11,18 @@ from __future__ import annotations
 
 import hashlib
 import random
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
+import datasets
+import numpy as np
+import pyarrow as pa
+
+from vltool import columns as C
+from vltool import provenance
+from vltool.checks import text_column
+from vltool.derived import ColumnSpill, replace_text_column, spill_beside
 from vltool.errors import UsageError
+from vltool.io import arrow_column, check_output, load_dataset, output_scope, save_dataset
 
 STRATEGIES = ("random", "first", "last", "longest", "shortest")
 
@@ -55,12 +64,6 @@ def pick_caption(data: str, out, config: PickConfig, *, where=(), split_name=Non
     CHUNK rows at a time from the Arrow columns (memory does not grow with the rows): the picked captions go
     to a spill file beside `out` and the output is built on the input's table (vltool.derived), so the
     images are never copied into memory."""
-    from vltool import columns as C
-    from vltool import provenance
-    from vltool.checks import text_column
-    from vltool.derived import spill_beside
-    from vltool.io import check_output, load_dataset, output_scope, save_dataset
-
     if config.strategy not in STRATEGIES:
         raise UsageError(f"--strategy {config.strategy!r}: choose one of {', '.join(STRATEGIES)}")
     timer = provenance.Timer()
@@ -81,14 +84,6 @@ def pick_caption(data: str, out, config: PickConfig, *, where=(), split_name=Non
 def pick_dataset(ds, config: PickConfig, spill=None):
     """(the dataset with `caption` picked from config.source_column, rows without a candidate dropped; stats).
     The previous `caption` is kept as `caption_original` (unless that exists already)."""
-    import datasets
-    import numpy as np
-    import pyarrow as pa
-
-    from vltool import columns as C
-    from vltool.derived import ColumnSpill, replace_text_column
-    from vltool.io import arrow_column
-
     n = len(ds)
     ids_col, lists_col = arrow_column(ds, C.ID), arrow_column(ds, config.source_column)
     current_col = arrow_column(ds, C.CAPTION) if C.CAPTION in ds.column_names else None
@@ -130,7 +125,5 @@ def pick_dataset(ds, config: PickConfig, spill=None):
 
 
 def _fingerprint(parent: str, config: PickConfig) -> str:
-    from dataclasses import asdict
-
     payload = f"pick-caption\x00{parent}\x00{sorted(asdict(config).items())}"
     return hashlib.blake2b(payload.encode(), digest_size=16).hexdigest()

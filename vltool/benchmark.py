@@ -24,9 +24,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+import datasets
+
 from vltool import columns as C
+from vltool import provenance
 from vltool.errors import UsageError, check
-from vltool.evaluation import EvalCommon
+from vltool.evaluation import EvalCommon, check_out, is_main
+from vltool.importer import clip_benchmark_input
+from vltool.io import read_from_disk, resolve_dataset_path, shard_index, write_json_atomic
+from vltool.probe import PRESETS, ProbeConfig, probe
+from vltool.retrieve import RetrieveConfig, retrieve
+from vltool.zeroshot import ZeroshotConfig, zeroshot
 
 TASKS = ("zeroshot", "retrieve", "probe")
 AUTO = "auto"
@@ -64,7 +72,6 @@ class BenchmarkConfig(EvalCommon):
             bad = [t for t in self.task_list() or [] if t not in TASKS]
             if bad or not self.task_list():
                 problems.append(f"--tasks {self.tasks!r}: auto, or a comma-separated subset of {', '.join(TASKS)}")
-        from vltool.probe import PRESETS
 
         if self.protocol not in PRESETS:
             problems.append(f"--protocol {self.protocol!r}: choose one of {', '.join(PRESETS)}")
@@ -107,11 +114,6 @@ class DatasetPlan:
 
 
 def plan_dataset(spec: str, config: BenchmarkConfig) -> DatasetPlan:
-    import datasets
-
-    from vltool.importer import clip_benchmark_input
-    from vltool.io import read_from_disk, resolve_dataset_path, shard_index
-
     path = clip_benchmark_input(spec, config.cache_dir)
     index = shard_index(path, config.cache_dir)  # WebDataset shards: their index (the tasks then read it too)
     obj = read_from_disk(index.path if index is not None else resolve_dataset_path(path), spec)
@@ -160,14 +162,9 @@ def plan_dataset(spec: str, config: BenchmarkConfig) -> DatasetPlan:
 def _run_task(task: str, plan: DatasetPlan, config: BenchmarkConfig) -> dict:
     common = {k: getattr(config, k) for k in EvalCommon.__dataclass_fields__}
     if task == "zeroshot":
-        from vltool.zeroshot import ZeroshotConfig, zeroshot
-
         return zeroshot(plan.path, ZeroshotConfig(**common, templates=config.templates), where=plan.eval_where, split=plan.eval_split)
     if task == "retrieve":
-        from vltool.retrieve import RetrieveConfig, retrieve
-
         return retrieve(plan.path, RetrieveConfig(**common, text_column=plan.text_column), where=plan.eval_where, split=plan.eval_split)
-    from vltool.probe import ProbeConfig, probe
 
     return probe(plan.path, plan.path, ProbeConfig(**common, protocol=config.protocol), where=plan.train_where,
                  split=plan.train_split, eval_where=plan.eval_where, eval_split=plan.eval_split)
@@ -188,10 +185,6 @@ def summary_rows(results: dict) -> list[dict]:
 def benchmark(config: BenchmarkConfig, *, out: str | Path | None = None, overwrite: bool = False,
               argv: Sequence[str] | None = None) -> dict:
     """Run every applicable task on every dataset of `config.datasets`; return the record (written to `out`)."""
-    from vltool import provenance
-    from vltool.evaluation import check_out, is_main
-    from vltool.io import write_json_atomic
-
     timer = provenance.Timer()
     config.validate()
     specs = read_dataset_list(config.datasets)

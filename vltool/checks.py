@@ -18,12 +18,15 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import Any, Iterable
 
+import numpy as np
+
+from vltool.distinct import duplicate
 from vltool.errors import UsageError, VltoolError
 
-if TYPE_CHECKING:
-    import numpy as np
+# datasets and pyarrow are imported inside the functions that use them: commands import this module (through
+# vltool.deform and vltool.mine_positives) at their top, and `vltool --help` must not load them.
 
 IMPORT_HINT = "make an image dataset from files with `vltool import` (e.g. a CSV with filepath and caption columns)"
 
@@ -126,7 +129,6 @@ def has_text(column, lists: bool) -> np.ndarray:
     string, or a list with at least one such string. One Arrow call per TEXT_SLICE_ROWS rows, whatever
     their record batches (a Python call per batch was 2 s of start-up at 10M rows), and memory for that
     many rows' texts."""
-    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -177,8 +179,6 @@ def require_rows(n: int, message: str, error: type[VltoolError] = VltoolError) -
 def require_unique_ids(ids, what: str) -> None:
     """A usage error naming one repeated id when the Arrow id column `ids` of `what` holds a value twice: a
     row's id names it in `positives`, provenance and every later command (vltool.distinct: 8 bytes a row)."""
-    from vltool.distinct import duplicate
-
     repeated, an_id = duplicate(ids)
     if repeated:
         raise UsageError(f"{what!r} has duplicate ids (e.g. {an_id!r}); ids must be unique")

@@ -12,10 +12,18 @@ not receive the data either.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import shutil
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
+
+from vltool.io import work_dir
+from vltool.topology import launched_processes, process_state
+
+# datasets and pyarrow are imported inside the functions that use them: commands import this module (through
+# vltool.mine_positives and vltool.deform) at their top, and `vltool --help` must not load them.
 
 
 @contextlib.contextmanager
@@ -25,11 +33,6 @@ def spill_beside(out: Path) -> Iterator[Path]:
     write cleans it) and it never touches an input; one a killed run left is cleaned as stale. Under a
     launcher every process calls it: each waits until the main one has locked `out` and cleaned what killed
     runs left beside it (check_output), which would otherwise remove another process's directory."""
-    import shutil
-
-    from vltool.io import work_dir
-    from vltool.topology import launched_processes, process_state
-
     if launched_processes() > 1:
         process_state().wait_for_everyone()
     spill = work_dir(out)
@@ -99,8 +102,6 @@ def add_columns(ds, columns: dict, *, key: bytes, features: dict | None = None, 
     `datasets` table of them, e.g. ColumnSpill.table()) beside its table, an input column of the same name replaced: last, as datasets' add_column puts it, or `in_place`.
     `features`: name -> datasets feature (default: from the Arrow types). The fingerprint is the input's and
     `key` (what the new columns were made from). A selection stays an indices mapping: nothing is copied."""
-    import hashlib
-
     import datasets
     import pyarrow as pa
     from datasets.table import InMemoryTable, Table

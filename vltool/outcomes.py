@@ -250,53 +250,17 @@ def paired_difference(
     """
     if not pairs:
         raise ValueError("no (variant, baseline) pairs")
-    aligned = [(v.aligned_to(b), b) for v, b in pairs]
+    aligned, plan, index, unit, shared = _paired_draw(pairs)
     first = aligned[0][1]
-    shared = all(len(b) == len(first) and set(b.ids.tolist()) == set(first.ids.tolist()) for _, b in aligned)
-    if shared:
-        aligned = [(v.aligned_to(first), b.aligned_to(first)) for v, b in aligned]
-        plan = resampling_of(first)
-        index: list[np.ndarray | None] = [None] * len(aligned)
-        unit = plan.unit("image", first.group_column or None)
-    else:
-        plan, index, unit = _union_resampling([b for _, b in aligned])
-    stats = [(v.statistic(), b.statistic()) for v, b in aligned]
     keys = list(keys)
-    n_seeds = len(aligned)
-    resample_seeds = n_seeds >= MIN_SEEDS_RESAMPLED
-    seed_rng = np.random.default_rng([seed, 5])  # the seeds' draws; the test groups' come from bootstrap's own
-
-    def per_seed(w=None) -> list[dict]:  # each seed's (variant - baseline) with test weights w
-        out = []
-        for (fv, fb), ix in zip(stats, index):
-            ws = w if w is None or ix is None else w[ix]  # this seed's examples' weights
-            mv, mb = fv(ws), fb(ws)
-            out.append({k: mv[k] - mb[k] for k in keys})
-        return out
-
-    def diff(w=None):
-        d = per_seed(w)
-        if w is not None and resample_seeds:  # a replicate draws the seeds too, with replacement
-            d = [d[i] for i in seed_rng.integers(0, n_seeds, n_seeds)]
-        return {k: float(np.mean([x[k] for x in d])) for k in keys}
-
+    resample_seeds = len(aligned) >= MIN_SEEDS_RESAMPLED
+    diff, per_seed = _seed_differences(aligned, index, keys, resample_seeds, seed)
     point, seeds_point = diff(), per_seed()
     iv = bootstrap(plan.n_items, diff, n_boot, seed, level, resampling=plan)
-    metrics = {}
-    for k in keys:
-        lo, hi = iv[k].low, iv[k].high
-        finite = np.isfinite(lo) and np.isfinite(hi)
-        by_seed = [float(x[k]) for x in seeds_point]
-        metrics[k] = {
-            "delta": point[k],
-            "ci_low": float(lo) if finite else None,
-            "ci_high": float(hi) if finite else None,
-            "differs": bool(finite and (lo > 0 or hi < 0)),
-            "per_seed": by_seed,
-            "seed_sd": float(np.std(by_seed, ddof=1)) if n_seeds > 1 else None,
-        }
+    metrics = {k: _paired_entry(point[k], iv[k], [float(x[k]) for x in seeds_point]) for k in keys}
     if first.kind == "retrieval":
         unit += ", each image with all its texts" if plan.grouped else " (with all its texts)"
+    n_seeds = len(aligned)
     if resample_seeds:
         interval = f"test groups and seeds: each resample draws the {n_seeds} seeds with replacement and the test units"
     else:
@@ -311,6 +275,58 @@ def paired_difference(
         "level": level,
         "test_sets": "shared" if shared else "per seed",
         "metrics": metrics,
+    }
+
+
+def _paired_draw(pairs: Sequence[tuple[Outcomes, Outcomes]]) -> tuple:
+    """Each seed's (variant, baseline) aligned on the same examples, and how one resample draws them:
+    (aligned, plan, index, unit, shared) with index[s] seed s's positions in the draw (None: the shared set)."""
+    aligned = [(v.aligned_to(b), b) for v, b in pairs]
+    first = aligned[0][1]
+    shared = all(len(b) == len(first) and set(b.ids.tolist()) == set(first.ids.tolist()) for _, b in aligned)
+    if not shared:
+        plan, index, unit = _union_resampling([b for _, b in aligned])
+        return aligned, plan, index, unit, shared
+    aligned = [(v.aligned_to(first), b.aligned_to(first)) for v, b in aligned]
+    plan = resampling_of(first)
+    return aligned, plan, [None] * len(aligned), plan.unit("image", first.group_column or None), shared
+
+
+def _seed_differences(aligned, index, keys: list[str], resample_seeds: bool, seed: int):
+    """diff(w): the mean over seeds of (variant - baseline) under test weights w, the seeds drawn with
+    replacement in each replicate when `resample_seeds`; per_seed(w): each seed's differences."""
+    stats = [(v.statistic(), b.statistic()) for v, b in aligned]
+    n_seeds = len(aligned)
+    seed_rng = np.random.default_rng([seed, 5])  # the seeds' draws; the test groups' come from bootstrap's own
+
+    def per_seed(w=None) -> list[dict]:
+        out = []
+        for (fv, fb), ix in zip(stats, index):
+            ws = w if w is None or ix is None else w[ix]  # this seed's examples' weights
+            mv, mb = fv(ws), fb(ws)
+            out.append({k: mv[k] - mb[k] for k in keys})
+        return out
+
+    def diff(w=None):
+        d = per_seed(w)
+        if w is not None and resample_seeds:  # a replicate draws the seeds too, with replacement
+            d = [d[i] for i in seed_rng.integers(0, n_seeds, n_seeds)]
+        return {k: float(np.mean([x[k] for x in d])) for k in keys}
+
+    return diff, per_seed
+
+
+def _paired_entry(delta: float, iv, by_seed: list[float]) -> dict:
+    """One metric's paired record: Δ, its interval and verdict, each seed's difference and their sd."""
+    lo, hi = iv.low, iv.high
+    finite = np.isfinite(lo) and np.isfinite(hi)
+    return {
+        "delta": delta,
+        "ci_low": float(lo) if finite else None,
+        "ci_high": float(hi) if finite else None,
+        "differs": bool(finite and (lo > 0 or hi < 0)),
+        "per_seed": by_seed,
+        "seed_sd": float(np.std(by_seed, ddof=1)) if len(by_seed) > 1 else None,
     }
 
 

@@ -5,7 +5,11 @@ from __future__ import annotations
 from typing import Annotated, Optional
 
 import typer
+from rich.table import Table
 
+from vltool import console
+from vltool.console import print_json
+from vltool.topology import is_main
 from vltool.commands.common import CacheDirOpt, JsonOpt, OverwriteOpt, SeedOpt, handle_errors
 from vltool.commands.evaluation import (
     BootstrapOpt, DebiasOpt, DebiasTextOpt, EncodeBatchOpt, EvalModelOpt, GroupColumnOpt, NoProgressOpt, PretrainedOpt, ResultsOutOpt, WorkersOpt,
@@ -54,6 +58,7 @@ def benchmark_command(
     debias_text: DebiasTextOpt = False,
     no_progress: NoProgressOpt = False,
 ) -> None:
+    # vltool.benchmark (torch, datasets) is imported here, not at the top: commands/*.py stay light so `vltool --help` answers at once
     from vltool.benchmark import BenchmarkConfig, benchmark
 
     config = BenchmarkConfig(
@@ -63,23 +68,16 @@ def benchmark_command(
         debias_text=debias_text, group_column=group_column,
     )
     record = benchmark(config, out=out, overwrite=overwrite)
-    from vltool.evaluation import is_main
-
     if not is_main():
         return
     if as_json:
-        from vltool.console import print_json
-
         print_json(record)
         return
     print_table(record)
 
 
 def print_table(record: dict) -> None:
-    from rich.table import Table
-
-    from vltool.console import out as stdout
-
+    stdout = console.out
     t = Table(title=f"benchmark of {record['model']['spec']}", show_header=True)
     # in a narrow terminal the dataset paths fold; the metric names (image_to_text_R@1 / @5) and the numbers
     # are never cut

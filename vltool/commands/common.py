@@ -8,9 +8,12 @@ import sys
 from pathlib import Path
 from typing import Annotated, Callable, Optional
 
+import click
 import typer
 
-from vltool.errors import VltoolError
+from vltool.console import progress_setting
+from vltool.errors import UsageError, VltoolError
+from vltool.io import output_scope
 
 OutOpt = Annotated[Path, typer.Option("--out", "-o", help="Where to write the result (created atomically).")]
 OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="Replace --out if it exists.")]
@@ -50,8 +53,6 @@ def renamed(ctx: typer.Context, old: str, new: str, old_value, new_value, *, mea
     The old spelling prints a one-line warning on stderr; giving both is a usage error. `means` is the
     value an old flag stands for (`--cpu` meaning `--device cpu`); old_value None or False: not given.
     """
-    from vltool.errors import UsageError
-
     if old_value is None or old_value is False:
         return new_value
     target = new if means is None else f"{new} {means}"
@@ -75,11 +76,6 @@ def handle_errors(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        import click
-
-        from vltool.console import progress_setting
-        from vltool.io import output_scope
-
         debug = bool(os.environ.get("VLTOOL_DEBUG"))
         try:
             with output_scope(), progress_setting(not kwargs.get("no_progress", False)):

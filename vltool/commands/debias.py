@@ -6,7 +6,11 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.table import Table
 
+from vltool import console
+from vltool.console import print_json
+from vltool.errors import UsageError
 from vltool.commands.common import (
     NoProgressOpt,
     CacheDirOpt, JsonOpt, OldEvalOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors, renamed,
@@ -60,8 +64,8 @@ def debias_command(
     old_eval: OldEvalOpt = None,
     no_progress: NoProgressOpt = False,
 ) -> None:
+    # vltool.debias (torch, datasets) is imported here, not at the top: commands/*.py stay light so `vltool --help` answers at once
     from vltool.debias import DebiasConfig, compute_subspace, measure
-    from vltool.errors import UsageError
 
     eval_data = renamed(ctx, "--eval", "--eval-data", old_eval, eval_data)
     config = DebiasConfig(
@@ -70,9 +74,7 @@ def debias_command(
         queries=str(queries) if queries else None, top=top, debias_text=debias_text, zeroshot_label=zeroshot_label,
         batch_size=batch_size, cache_dir=str(cache_dir) if cache_dir else None, seed=seed,
     )
-    from vltool.console import out as stdout
-    from vltool.console import print_json
-
+    stdout = console.out
     if subspace is None and eval_data is None:
         if out is None:
             raise UsageError("--out is required: the directory to write the subspace to")
@@ -90,7 +92,6 @@ def debias_command(
     if as_json:
         print_json(record)
         return
-    from rich.table import Table
 
     t = Table(title=f"mean alignment of {top_images(s['top_used'])} ({s['group_column']})")
     for col in ("query group", "image group", "before", "after", "change"):

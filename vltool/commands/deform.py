@@ -6,7 +6,10 @@ import sys
 from typing import Annotated
 
 import typer
+from rich.table import Table
 
+from vltool import console
+from vltool.console import print_json
 from vltool.commands.common import (
     NoProgressOpt,
     DataArg,
@@ -21,7 +24,7 @@ from vltool.commands.common import (
     handle_errors,
     renamed,
 )
-from vltool.deform import DEFAULT_OPS, DeformConfig
+from vltool.deform import DEFAULT_OPS, DeformConfig, deform  # vltool.deform keeps datasets lazy: light to import
 
 HELP = f"""Turn captions into bags of words ("A Fistful of Words", section 2.2).
 
@@ -58,26 +61,19 @@ def deform_command(
     column: OldColumnOpt = None,
     no_progress: NoProgressOpt = False,
 ) -> None:
-    from vltool.deform import deform
-
     text_column = renamed(ctx, "--column", "--text-column", column, text_column)
     config = DeformConfig(ops=ops, base_frac=base_frac, text_column=text_column, seed=seed, num_proc=num_proc)
     prov = deform(data, out, config, where=where or [], split=split, overwrite=overwrite)
     for w in prov["stats"].get("warnings", []):
         print(f"warning: {w}", file=sys.stderr)
     if as_json:
-        from vltool.console import print_json
-
         print_json(prov["stats"] | {"out": str(out)})
     else:
         print_stats(prov["stats"], out)
 
 
 def print_stats(s: dict, out) -> None:
-    from rich.table import Table
-
-    from vltool.console import out as stdout
-
+    stdout = console.out
     t = Table(title=f"deform {s['ops']} -> {out}", show_header=True)
     t.add_column("statistic")
     t.add_column("value", justify="right")

@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from vltool.console import print_json
 from vltool.commands.common import NoProgressOpt  # noqa: F401  (shared by every command; re-exported)
 
 EVAL_PANEL = "Evaluation"
@@ -53,13 +54,12 @@ GroupColumnOpt = Annotated[
 
 def emit(record: dict, title: str, as_json: bool) -> None:
     """The results on stdout: JSON, or the table (on the main process only under accelerate)."""
+    # vltool.evaluation (datasets) is imported here, not at the top: commands/*.py stay light so `vltool --help` answers at once
     from vltool.evaluation import is_main, print_table
 
     if not is_main():
         return
     if as_json:
-        from vltool.console import print_json
-
         print_json(record)
         return
     print_table(record, title)

@@ -5,7 +5,11 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
+from rich.table import Table
 
+from vltool import console
+from vltool.console import print_json
+from vltool.errors import UsageError
 from vltool.commands.common import NoProgressOpt, DataArg, JsonOpt, NumProcOpt, OutOpt, OverwriteOpt, SplitOpt, WhereOpt, handle_errors
 
 HELP = """Write a dataset as WebDataset shards or open_clip's CSV layout, for open_clip's trainer as is; or a
@@ -48,11 +52,10 @@ def export_command(
     as_json: JsonOpt = False,
     no_progress: NoProgressOpt = False,
 ) -> None:
+    # vltool.export (datasets) is imported here, not at the top: commands/*.py stay light so `vltool --help` answers at once
     from vltool.export import ExportConfig, export, export_hf_model
 
     if to == "hf":
-        from vltool.errors import UsageError
-
         dataset_only = [o for o, given in (("--where", bool(where)), ("--split", split is not None), ("--shard-size", shard_size != 10_000),
                                            ("--image-format", image_format != "jpg"), ("--jpeg-quality", jpeg_quality != 95),
                                            ("--num-proc", num_proc != 1)) if given]
@@ -60,29 +63,20 @@ def export_command(
             raise UsageError(f"--to hf writes a model: {', '.join(dataset_only)} apply to datasets only")
         prov = export_hf_model(data, out, overwrite=overwrite)
         if as_json:
-            from vltool.console import print_json
-
             print_json(prov["stats"] | {"out": str(out)})
         else:
-            from vltool.console import out as stdout
-
-            stdout.print(f"export (hf) -> {out}\nload with: {prov['stats']['load_with']}", highlight=False, markup=False)
+            console.out.print(f"export (hf) -> {out}\nload with: {prov['stats']['load_with']}", highlight=False, markup=False)
         return
     config = ExportConfig(to=to, shard_size=shard_size, image_format=image_format, jpeg_quality=jpeg_quality, num_proc=num_proc)
     prov = export(data, out, config, where=where or [], split=split, overwrite=overwrite)
     if as_json:
-        from vltool.console import print_json
-
         print_json(prov["stats"] | {"out": str(out)})
     else:
         print_stats(prov["stats"], out)
 
 
 def print_stats(s: dict, out) -> None:
-    from rich.table import Table
-
-    from vltool.console import out as stdout
-
+    stdout = console.out
     t = Table(title=f"export ({s['to']}) -> {out}")
     t.add_column("statistic")
     t.add_column("value", overflow="fold")

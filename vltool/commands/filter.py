@@ -5,7 +5,10 @@ from __future__ import annotations
 from typing import Annotated, Optional
 
 import typer
+from rich.table import Table
 
+from vltool import console
+from vltool.console import print_json
 from vltool.commands.common import (
     NoProgressOpt,
     BatchSizeOpt,
@@ -83,6 +86,7 @@ def filter_command(
     column: OldColumnOpt = None,
     no_progress: NoProgressOpt = False,
 ) -> None:
+    # vltool.filter (torch, datasets) is imported here, not at the top: commands/*.py stay light so `vltool --help` answers at once
     from vltool.filter import FilterConfig, filter as run_filter
 
     text_column = renamed(ctx, "--column", "--text-column", column, text_column)
@@ -96,18 +100,13 @@ def filter_command(
         reference_split=reference_split, overwrite=overwrite,
     )
     if as_json:
-        from vltool.console import print_json
-
         print_json(prov["stats"] | {"out": str(out)})
     else:
         print_stats(prov["stats"], out)
 
 
 def print_stats(s: dict, out) -> None:
-    from rich.table import Table
-
-    from vltool.console import out as stdout
-
+    stdout = console.out
     h = s["heldout"]
     t = Table(title=f"filter -> {out}")
     t.add_column("statistic")

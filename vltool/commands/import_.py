@@ -6,7 +6,10 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.table import Table
 
+from vltool import console
+from vltool.console import print_json
 from vltool.commands.common import NoProgressOpt, JsonOpt, NumProcOpt, OutOpt, OverwriteOpt, handle_errors
 
 HELP = """Read image-text data into a vltool dataset (id, image, caption, optional captions and label).
@@ -79,6 +82,7 @@ def import_command(
     as_json: JsonOpt = False,
     no_progress: NoProgressOpt = False,
 ) -> None:
+    # vltool.importer (datasets) is imported here, not at the top: commands/*.py stay light so `vltool --help` answers at once
     from vltool.importer import ImportConfig, import_data
 
     config = ImportConfig(
@@ -88,18 +92,13 @@ def import_command(
     )
     prov = import_data(sources, out, config, overwrite=overwrite)
     if as_json:
-        from vltool.console import print_json
-
         print_json(prov["stats"] | {"out": str(out)})
     else:
         print_stats(prov["stats"], out)
 
 
 def print_stats(s: dict, out) -> None:
-    from rich.table import Table
-
-    from vltool.console import out as stdout
-
+    stdout = console.out
     t = Table(title=f"import ({s['format']}) -> {out}")
     t.add_column("statistic")
     t.add_column("value", justify="right")

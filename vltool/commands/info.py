@@ -5,7 +5,10 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
+from rich.table import Table
 
+from vltool import console
+from vltool.console import print_json
 from vltool.commands.common import NoProgressOpt, JsonOpt, SplitOpt, handle_errors
 
 HELP = """Describe a dataset or a model directory, and how it was made.
@@ -34,12 +37,11 @@ def info_command(
     as_json: JsonOpt = False,
     no_progress: NoProgressOpt = False,
 ) -> None:
+    # vltool.info (datasets, pyarrow) is imported here, not at the top: commands/*.py stay light so `vltool --help` answers at once
     from vltool.info import InfoConfig, info
 
     report = info(path, InfoConfig(split=split, max_labels=max_labels))
     if as_json:
-        from vltool.console import print_json
-
         print_json(report)
     else:
         render(report, max_labels)
@@ -60,8 +62,6 @@ def _size(n: int) -> str:
 
 
 def _dataset_tables(s: dict, title: str, max_labels: int) -> list:
-    from rich.table import Table
-
     t = Table(title=title, show_header=False)
     t.add_column("")
     t.add_column("", overflow="fold")
@@ -98,7 +98,7 @@ def _dataset_tables(s: dict, title: str, max_labels: int) -> list:
 
 def tree_lines(node: dict) -> list[str]:
     """The provenance chain drawn as a tree, one node per line (long lines are left to the terminal)."""
-    from vltool.info import describe_node
+    from vltool.info import describe_node  # (lazy: see info_command)
 
     lines = [describe_node(node)]
 
@@ -114,10 +114,7 @@ def tree_lines(node: dict) -> list[str]:
 
 
 def render(r: dict, max_labels: int = 20) -> None:
-    from rich.table import Table
-
-    from vltool.console import out
-
+    out = console.out
     if r["kind"] == "dataset":
         head = f"{r['spec']} ({r['path']}, {_size(r['bytes_on_disk'])})"
         if "splits" in r:

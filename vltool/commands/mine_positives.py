@@ -6,13 +6,19 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.table import Table
 
+from vltool import console
+from vltool.console import print_json
+from vltool.topology import is_main
 from vltool.commands.common import (
     NoProgressOpt,
     CacheDirOpt, DataArg, JsonOpt, OldNumProcOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors, renamed,
 )
 from vltool.commands.evaluation import EncodeBatchOpt, EvalModelOpt, PretrainedOpt, WorkersOpt
-from vltool.mine_positives import P_II, P_IT, P_IT_TT, P_TT
+from vltool.mine_positives import (  # vltool.mine_positives keeps datasets lazy: light to import
+    P_II, P_IT, P_IT_TT, P_TT, MinePositivesConfig, mine_positives,
+)
 
 HELP = f"""Repair false negatives: FFF's positive mining over the whole dataset (FFF, 4.1 and 4.3).
 
@@ -65,8 +71,6 @@ def mine_positives_command(
     num_proc: OldNumProcOpt = None,
     no_progress: NoProgressOpt = False,
 ) -> None:
-    from vltool.mine_positives import MinePositivesConfig, mine_positives
-
     workers = renamed(ctx, "--num-proc", "--workers", num_proc, workers)
     config = MinePositivesConfig(
         model=model, pretrained=pretrained, p_it=p_it, p_ii=p_ii, p_tt=p_tt, p_it_tt=p_it_tt, terms=terms, calibrated_thresholds=calibrated, text_column=text_column,
@@ -74,23 +78,16 @@ def mine_positives_command(
         dry_run=dry_run, batch_size=batch_size, workers=workers, cache_dir=str(cache_dir) if cache_dir else None, seed=seed,
     )
     prov = mine_positives(data, out, config, where=where or [], split=split, overwrite=overwrite)
-    from vltool.topology import is_main
-
     if not is_main():  # under accelerate launch: one report, from the process that wrote the output
         return
     if as_json:
-        from vltool.console import print_json
-
         print_json(prov["stats"])
         return
     print_report(prov["stats"], config, out)
 
 
 def print_report(s: dict, config, out) -> None:
-    from rich.table import Table
-
-    from vltool.console import out as stdout
-
+    stdout = console.out
     if config.calibrate or config.dry_run:
         c = s["calibration"]
         t = Table(title=f"S_it of the {c['true_pairs']:,} true pairs (calibration)")

@@ -6,6 +6,8 @@ from typing import Annotated
 
 import typer
 
+from vltool import console
+from vltool.console import print_json
 from vltool.commands.common import NoProgressOpt, DataArg, JsonOpt, OutOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors
 
 HELP = """One caption per image, chosen from a list column: the single-caption data CLIP trains on.
@@ -36,18 +38,16 @@ def pick_caption_command(
     as_json: JsonOpt = False,
     no_progress: NoProgressOpt = False,
 ) -> None:
+    # vltool.pick_caption (datasets) is imported here, not at the top: commands/*.py stay light so `vltool --help` answers at once
     from vltool.pick_caption import PickConfig, pick_caption
 
     prov = pick_caption(data, out, PickConfig(source_column=source, strategy=strategy, exclude_caption=exclude_caption, seed=seed),
                         where=where or [], split_name=split_name, overwrite=overwrite)
     s = prov["stats"]
     if as_json:
-        from vltool.console import print_json
-
         print_json(s)
         return
-    from vltool.console import out as stdout
-
+    stdout = console.out
     stdout.print(f"{s['rows_out']:,} of {s['rows_in']:,} rows, {s['caption_changed']:,} captions changed "
                  f"({s['dropped_no_candidate']:,} rows without a candidate dropped), {s['avg_caption_words']} words on average -> {out}")
 

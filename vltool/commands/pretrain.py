@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -147,8 +148,6 @@ def pretrain_command(
 def pretrain_config(options: dict):
     """The PretrainConfig of the command's options: every field is the option of the same name
     (tests/test_options.py keeps them in step)."""
-    from dataclasses import fields
-
     from vltool.pretrain import PretrainConfig  # (lazy: see pretrain_command)
 
     config = PretrainConfig(**{f.name: options[f.name] for f in fields(PretrainConfig)})

@@ -6,6 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from vltool.errors import UsageError
 from vltool.commands.common import (
     CacheDirOpt, JsonOpt, OldEvalOpt, OldNumProcOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors, renamed,
 )
@@ -75,7 +76,7 @@ def probe_command(
     old_eval: OldEvalOpt = None,
     num_proc: OldNumProcOpt = None,
 ) -> None:
-    from vltool.errors import UsageError
+    # vltool.probe (torch, datasets, sklearn) is imported here, not at the top: commands/*.py stay light so `vltool --help` answers at once
     from vltool.probe import ProbeConfig, probe
 
     eval_data = renamed(ctx, "--eval", "--eval-data", old_eval, eval_data)

@@ -5,7 +5,11 @@ from __future__ import annotations
 from typing import Annotated, Optional
 
 import typer
+from rich.table import Table
 
+from vltool import console
+from vltool.console import print_json
+from vltool.topology import is_main
 from vltool.commands.common import NoProgressOpt, CacheDirOpt, DataArg, JsonOpt, OutOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors
 from vltool.commands.evaluation import EvalModelOpt, PretrainedOpt
 
@@ -51,6 +55,7 @@ def pseudolabel_command(
     as_json: JsonOpt = False,
     no_progress: NoProgressOpt = False,
 ) -> None:
+    # vltool.pseudolabel (datasets, faiss) is imported here, not at the top: commands/*.py stay light so `vltool --help` answers at once
     from vltool.pseudolabel import PseudolabelConfig, pseudolabel
 
     config = PseudolabelConfig(
@@ -59,20 +64,14 @@ def pseudolabel_command(
     )
     prov = pseudolabel(data, aligned, out, config, where=where or [], split=split, aligned_where=aligned_where or [],
                        aligned_split=aligned_split, overwrite=overwrite)
-    from vltool.topology import is_main
-
     if not is_main():  # under accelerate launch: one report, from the process that wrote the output
         return
     s = prov["stats"]
     if as_json:
-        from vltool.console import print_json
-
         print_json(s)
         return
-    from rich.table import Table
 
-    from vltool.console import out as stdout
-
+    stdout = console.out
     t = Table(title=f"pseudolabel ({config.strategy}) -> {out}")
     t.add_column("statistic")
     t.add_column("value", justify="right")

@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from vltool import console
 from vltool.commands.common import NoProgressOpt, SeedOpt, handle_errors
 from vltool.commands.evaluation import BootstrapOpt
 
@@ -46,7 +47,7 @@ def report_command(
     seed: SeedOpt = 0,
     no_progress: NoProgressOpt = False,
 ) -> None:
-    from vltool.console import out as console
+    # vltool.report (numpy; matplotlib when charting) is imported here, not at the top: commands/*.py stay light so `vltool --help` answers at once
     from vltool.report import ReportConfig, build_report, check_report_out, parse_metric, parse_pairs, render_markdown, write_report
 
     config = ReportConfig(
@@ -63,8 +64,9 @@ def report_command(
     check_report_out(runs_dir, out)
     report = build_report(runs_dir, config)
     files = write_report(report, out, chart=chart)
-    console.print(render_markdown(report), markup=False, highlight=False, soft_wrap=True)
-    console.print("wrote " + ", ".join(files.values()), markup=False, highlight=False)
+    stdout = console.out
+    stdout.print(render_markdown(report), markup=False, highlight=False, soft_wrap=True)
+    stdout.print("wrote " + ", ".join(files.values()), markup=False, highlight=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -58,6 +58,7 @@ def retrieve_command(
     no_progress: NoProgressOpt = False,
     num_proc: OldNumProcOpt = None,
 ) -> None:
+    # vltool.retrieve (datasets) is imported here, not at the top: commands/*.py stay light so `vltool --help` answers at once
     from vltool.retrieve import RetrieveConfig, retrieve
 
     workers = renamed(ctx, "--num-proc", "--workers", num_proc, workers)

@@ -6,6 +6,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from vltool import console
+from vltool.console import print_json
 from vltool.commands.common import (
     NoProgressOpt,
     DataArg, JsonOpt, OldColumnOpt, OutOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors, renamed,
@@ -44,6 +46,7 @@ def split_command(
     column: OldColumnOpt = None,
     no_progress: NoProgressOpt = False,
 ) -> None:
+    # vltool.split (datasets) is imported here, not at the top: commands/*.py stay light so `vltool --help` answers at once
     from vltool.split import SplitConfig, split
 
     part_column = renamed(ctx, "--column", "--part-column", column, part_column)
@@ -51,12 +54,9 @@ def split_command(
                  split_name=split_name, overwrite=overwrite)
     s = prov["stats"]
     if as_json:
-        from vltool.console import print_json
-
         print_json(s)
         return
-    from vltool.console import out as stdout
-
+    stdout = console.out
     rows = ", ".join(f"{k}: {v:,}" for k, v in s["rows"].items())
     stdout.print(f"{s['groups']:,} groups{' of ' + s['by'] if s['by'] else ''} -> {rows} rows in column {s['column']!r} -> {out}")
 

@@ -6,7 +6,10 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.table import Table
 
+from vltool import console
+from vltool.topology import is_main
 from vltool.commands.common import (
     CacheDirOpt, DataArg, JsonOpt, OldNumProcOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors, renamed,
 )
@@ -66,6 +69,7 @@ def zeroshot_command(
     no_progress: NoProgressOpt = False,
     num_proc: OldNumProcOpt = None,
 ) -> None:
+    # vltool.zeroshot (torch, datasets) is imported here, not at the top: commands/*.py stay light so `vltool --help` answers at once
     from vltool.zeroshot import ZeroshotConfig, zeroshot
 
     workers = renamed(ctx, "--num-proc", "--workers", num_proc, workers)
@@ -86,11 +90,7 @@ def zeroshot_command(
 
 
 def print_per_class(record: dict) -> None:
-    from rich.table import Table
-
-    from vltool.console import out as stdout
-    from vltool.evaluation import is_main
-
+    stdout = console.out
     if not is_main():
         return
     rows = record["per_class"]

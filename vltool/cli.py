@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import copy
+import re
 import sys
 
 from typing import Annotated, Optional
 
 import typer
 import typer.core
+from rich.markup import escape
 
 from vltool import __version__
 from vltool.commands import (
@@ -34,10 +37,6 @@ from vltool.commands import filter as filter_
 def as_markup(text: str) -> str:
     """Rich markup that renders as `text`: `[...]` escaped, and emoji codes (`RELPATH:KEY:` holds `:key:`)
     cut by an empty style, so that rich prints every character as written."""
-    import re
-
-    from rich.markup import escape
-
     return re.sub(r":(?=\S*?:)", ":[b][/b]", escape(text))
 
 
@@ -51,8 +50,6 @@ def reflow(text: str) -> str:
 
 def _markup_escaped(command):
     """A copy of `command` whose help texts (its own and its parameters') are plain text made markup."""
-    import copy
-
     command = copy.copy(command)
     for attr in ("help", "short_help", "epilog"):
         if getattr(command, attr, None):

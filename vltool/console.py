@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from rich.console import Console
+from rich.text import Text
 
 out = Console(soft_wrap=True)  # results
 err = Console(stderr=True)  # logs, progress bars
@@ -52,8 +53,8 @@ class Bar:
         self.prog = None
         if not (enabled and progress_enabled()) or total == 0:
             return
+        # rich.progress (about 20 ms) is imported when a bar is shown, not at the top: `vltool --help` loads this module
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
-        from rich.text import Text
 
         class Rate(ProgressColumn):
             def render(self, task):

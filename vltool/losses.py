@@ -21,11 +21,13 @@ Register a loss with `@register_loss("name")`; `--loss NAME` builds it with `bui
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
@@ -108,8 +110,6 @@ def clip_loss_reference(img: torch.Tensor, txt: torch.Tensor, scale: float) -> f
 
 
 def _dist_world() -> int:
-    import torch.distributed as dist
-
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
@@ -121,8 +121,6 @@ def exchange_sizes(local: list[int]) -> list[list[int]]:
 
     A CPU collective: through the default group when it is gloo, else through a gloo group made once for
     the default group (NCCL), so exchanging sizes never waits on the GPU (no host-device sync)."""
-    import torch.distributed as dist
-
     world = _dist_world()
     if world == 1:
         return [list(local)]
@@ -146,8 +144,6 @@ def gather_keep_grad(x: torch.Tensor, sizes: list[int] | None = None) -> tuple[t
     `exchange_sizes` returns them) and the tensors padded to the largest. With one process `x` is
     returned unchanged.
     """
-    import torch.distributed as dist
-
     if _dist_world() == 1:
         return x, slice(0, x.shape[0])
     world, rank = dist.get_world_size(), dist.get_rank()
@@ -392,8 +388,6 @@ class MemoryBankLoss(Loss):
         self.ema = None
 
     def init_ema(self, model: nn.Module) -> None:
-        import copy
-
         self.ema = copy.deepcopy(model)
         for p in self.ema.parameters():
             p.requires_grad_(False)

@@ -375,6 +375,7 @@ class _TorchBlocks:
     FLUSH_PAIRS = 1 << 16  # near pairs held before they are redone in float64
 
     def __init__(self, images, texts, best, pos, delta, device):
+        # torch is imported where the exact scorer runs, not at the top: vltool.outcomes (and so `vltool report`) imports this module without needing torch
         import torch
 
         self.device = torch.device(device)
@@ -388,7 +389,7 @@ class _TorchBlocks:
         self._n_near = 0
 
     def __call__(self, images, texts, c, e, a, b, best, pos, delta, counts: _BlockCounts) -> bool:
-        import torch
+        import torch  # (lazy: see __init__)
 
         bi, bt = e - c, b - a
         if self._buf is None or self._buf.numel() < 2 * bi * bt:  # (the first block is the largest)
@@ -442,7 +443,7 @@ def _full_float32(device):
     if device is None:
         yield
         return
-    import torch
+    import torch  # (lazy: see _TorchBlocks.__init__)
 
     before = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False

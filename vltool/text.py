@@ -34,7 +34,7 @@ def english_stopwords() -> tuple[frozenset[str], str]:
     NLTK's classic 179-word English list shipped in vltool/assets/stopwords_english.txt.
     """
     try:
-        from nltk.corpus import stopwords
+        from nltk.corpus import stopwords  # optional dependency: absent, the shipped copy is used
 
         words = stopwords.words("english")
         return frozenset(w.lower() for w in words), f"nltk corpus ({len(words)} words)"

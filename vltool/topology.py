@@ -18,6 +18,9 @@ would report a single process (DistributedType.NO, index 0 of 1) in every launch
 
 from __future__ import annotations
 
+import atexit
+import hashlib
+import os
 import sys
 
 
@@ -28,6 +31,7 @@ def process_state():
     """accelerate's PartialState: one process unless started by `accelerate launch` / `torchrun`.
 
     When it finds several processes, it also registers `shutdown` to run at interpreter exit."""
+    # torch and accelerate are imported here, not at the top: `vltool --help` loads this module, and a plain run never needs them
     import torch
     from accelerate import PartialState
 
@@ -41,8 +45,6 @@ def shutdown_at_exit() -> None:
     """Register `shutdown` to run at interpreter exit (once). For code that builds its own Accelerator."""
     global _TEARDOWN_REGISTERED
     if not _TEARDOWN_REGISTERED:
-        import atexit
-
         atexit.register(shutdown)
         _TEARDOWN_REGISTERED = True
 
@@ -51,7 +53,7 @@ def shutdown() -> None:
     """Destroy the default process group, if one is up. Run at exit (registered by `process_state`):
     a process that leaves a gloo group for interpreter teardown to destroy can abort ("terminate called
     without an active exception", exit -6), and the launcher then kills the processes still writing."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # (lazy: see process_state)
 
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
@@ -60,8 +62,6 @@ def shutdown() -> None:
 def launched_processes() -> int:
     """How many processes the launcher started (WORLD_SIZE, which `accelerate launch` and torchrun set), 1
     without a launcher. Reads the environment only: no torch import."""
-    import os
-
     try:
         return max(1, int(os.environ.get("WORLD_SIZE", "1") or 1))
     except ValueError:
@@ -94,9 +94,6 @@ def launch_token() -> str:
     """A short name every process of this launch computes alike (no communication needed) and no other live
     launch shares: from the launcher's rendezvous (MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID) under
     `accelerate launch` / torchrun, else from this process's id."""
-    import hashlib
-    import os
-
     if launched_processes() > 1:
         key = "|".join(os.environ.get(k, "") for k in ("TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT"))
     else:

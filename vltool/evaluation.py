@@ -15,13 +15,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from vltool import provenance
+from rich.table import Table
+
+from vltool import console, provenance
 from vltool.cache import EmbeddingCache
 from vltool.encode import encode_images, load_eval_model, model_record
 from vltool.errors import UsageError
 from vltool.importer import clip_benchmark_input
-from vltool.io import LoadedDataset, load_dataset
+from vltool.io import LoadedDataset, check_output, load_dataset, model_inputs, require_output_name, write_json_atomic
 from vltool.metrics import Interval, majority_rate, topk_chance
+from vltool.outcomes import FORMAT, examples_path, write_examples
+from vltool.subspace import load_subspace, project_out
 from vltool.topology import is_main  # (the commands import it from here too)
 
 LEVEL = 0.95
@@ -92,13 +96,8 @@ def check_out(out: str | Path | None, overwrite: bool, inputs: Sequence[Path], c
     containing an input: the data, and with `config` the model and the --debias subspace)."""
     if out is None:
         return None
-    from vltool.io import check_output, model_inputs
-    from vltool.outcomes import examples_path
-
     if config is not None:
         inputs = [*inputs, *model_inputs(config.model, config.pretrained), *([Path(config.debias)] if config.debias else [])]
-    from vltool.io import require_output_name
-
     p = check_output(out, overwrite, inputs, related=[examples_path(require_output_name(out)).name], kind="file")
     if p.is_dir():
         raise UsageError(f"--out {p} is a directory; give a file name such as results.json")
@@ -112,17 +111,11 @@ def finish(record: dict, out: Path | None, overwrite: bool, examples: dict | Non
     """Write the record to --out (main process only, atomically); with `examples` (the arrays of
     vltool.outcomes) first the per-example outcomes beside it, X.examples.npz, which the record names."""
     if out is not None and examples is not None:
-        from vltool.outcomes import FORMAT, examples_path
-
         ex = examples_path(out)
         record["examples"] = {"file": ex.name, "format": FORMAT, "rows": int(len(examples["id"]))}
         if is_main():
-            from vltool.outcomes import write_examples
-
             write_examples(ex, examples)
     if out is not None and is_main():
-        from vltool.io import write_json_atomic
-
         write_json_atomic(out, record, overwrite=overwrite)
     return record
 
@@ -137,9 +130,7 @@ def fmt_value(x: float | None, kind: str) -> str:
 
 def print_table(record: dict, title: str) -> None:
     """The metrics with their intervals and chance level, as a rich table on stdout."""
-    from rich.table import Table
-
-    from vltool.console import out as stdout
+    stdout = console.out
 
     t = Table(title=title, show_header=True)
     t.add_column("metric")
@@ -169,8 +160,6 @@ def debias_edit(m, config: EvalCommon) -> Edit | None:
     """The concept edit of `--debias` (vltool.subspace.project_out with the saved subspace), or None."""
     if not config.debias:
         return None
-    from vltool.subspace import load_subspace, project_out
-
     v = load_subspace(config.debias, m.fingerprint)  # refuses another model's subspace
 
     def edit(x):

@@ -32,12 +32,14 @@ from pathlib import Path
 from typing import Sequence
 
 import datasets
+from PIL import Image
 
 from vltool import columns as C
 from vltool import provenance
 from vltool.console import Bar
 from vltool.errors import UsageError, VltoolError
-from vltool.io import atomic_output, check_output, column_values, load_dataset, write_json_atomic
+from vltool.io import atomic_output, check_output, column_values, image_bytes, image_size_policy, load_dataset, write_json_atomic
+from vltool.topology import warn
 
 TARGETS = ("webdataset", "csv", "hf")
 DATASET_TARGETS = ("webdataset", "csv")
@@ -75,8 +77,6 @@ class ExportConfig:
 
 def _flatten_alpha(im):
     """RGB, with any transparency composited on white (what a viewer shows; dropping alpha gives black)."""
-    from PIL import Image
-
     if im.mode in ("RGBA", "LA", "PA") or (im.mode == "P" and "transparency" in im.info):
         rgba = im.convert("RGBA")
         bg = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
@@ -86,10 +86,6 @@ def _flatten_alpha(im):
 
 def encode_image(data: bytes, image_format: str, jpeg_quality: int = 95) -> tuple[bytes, bool]:
     """(bytes in `image_format`, whether it was re-encoded). Raises on an undecodable image."""
-    from PIL import Image
-
-    from vltool.io import image_size_policy
-
     image_size_policy()  # an image over the size limit raises: skipped and counted as undecodable
     with Image.open(io.BytesIO(data)) as im:
         if image_format == "jpg" and im.format == "JPEG" and im.mode in ("RGB", "L"):
@@ -107,8 +103,6 @@ def encode_image(data: bytes, image_format: str, jpeg_quality: int = 95) -> tupl
 
 def _image_data(value) -> bytes | None:
     """The image's bytes (embedded, a file, or a shard member: vltool.io.image_bytes), None when unreadable."""
-    from vltool.io import image_bytes
-
     try:
         return image_bytes(value) or None
     except (OSError, KeyError, ValueError):
@@ -356,7 +350,6 @@ def export_hf_model(model: str, out, *, overwrite: bool = False) -> dict:
     transformers' layout, with vltool.json beside; return the provenance record."""
     # lazy: vltool.model imports torch and transformers, which exporting a dataset never needs
     from vltool.model import HF_DUAL_TYPES, export_hf, fingerprint, read_model_dir, resolve_model_dir
-    from vltool.topology import warn
 
     timer = provenance.Timer()
     model_dir = resolve_model_dir(model)

@@ -21,8 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import datasets
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from vltool import columns as C
 from vltool.errors import UsageError
+from vltool.io import BUILTIN_DATASETS, is_shard_input, read_from_disk, resolve_dataset_path, shard_index
 
 MAX_CHAIN_DEPTH = 64
 EMBED_KEYS = ("embed_dim", "embedding_dim", "projection_dim", "proj_dim", "output_dim", "emb_dim", "joint_dim")
@@ -52,8 +58,6 @@ def provenance_chain(path: Path | str, *, _seen: frozenset = frozenset(), _depth
     A node without a `vltool.json` is a leaf saying what it is (built-in data, a source of `import`,
     a dataset vltool did not make, or a path that no longer exists).
     """
-    from vltool.io import BUILTIN_DATASETS
-
     path = Path(path)
     node: dict = {"path": str(path)}
     builtin = next((name for name, p in BUILTIN_DATASETS.items() if _same(p, path)), None)
@@ -145,8 +149,6 @@ def describe_node(n: dict) -> str:
 
 def feature_type(feature) -> str:
     """A short type name: string, int64, bool, image, class_label[69], list<string>, ..."""
-    import datasets
-
     if isinstance(feature, datasets.Image):
         return "image"
     if isinstance(feature, datasets.ClassLabel):
@@ -169,8 +171,6 @@ def _column(ds, name: str):
 
 
 def _length_stats(lengths) -> dict | None:
-    import numpy as np
-
     a = np.asarray(lengths, dtype=np.float64)
     if a.size == 0:
         return None
@@ -186,8 +186,6 @@ def _length_stats(lengths) -> dict | None:
 
 def _text_lengths(arr):
     """Words per text (whitespace-separated), nulls as 0."""
-    import pyarrow.compute as pc
-
     trimmed = pc.utf8_trim_whitespace(arr)  # " x " splits into ["", "x", ""]; "" into [""]
     words = pc.list_value_length(pc.utf8_split_whitespace(trimmed))
     words = pc.if_else(pc.equal(pc.utf8_length(trimmed), 0), 0, words)
@@ -195,18 +193,11 @@ def _text_lengths(arr):
 
 
 def _list_lengths(arr):
-    import pyarrow.compute as pc
-
     return pc.fill_null(pc.list_value_length(arr), 0).to_numpy(zero_copy_only=False)
 
 
 def dataset_summary(ds) -> dict:
     """Rows, column types, caption lengths, label counts, several captions / positives. Nothing is decoded."""
-    import datasets
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     n = len(ds)
     feats = ds.features
     s: dict = {"rows": n, "columns": {name: feature_type(f) for name, f in feats.items()}}
@@ -263,10 +254,6 @@ def _dir_size(path: Path) -> int:
 
 
 def dataset_info(spec: str, config: InfoConfig) -> dict:
-    import datasets
-
-    from vltool.io import read_from_disk, resolve_dataset_path, shard_index
-
     datasets.disable_progress_bars()
     index = shard_index(spec)  # WebDataset shards: their index (built once), which describes them
     path = index.path if index is not None else resolve_dataset_path(spec)
@@ -510,8 +497,6 @@ def training_record(mdir: Path) -> dict:
 
 def info(path: str, config: InfoConfig | None = None) -> dict:
     """Describe the dataset, model directory or vltool output at `path` (or `emoji`)."""
-    from vltool.io import BUILTIN_DATASETS, is_shard_input
-
     config = config or InfoConfig()
     config.validate()
     shards = is_shard_input(path) and not (Path(path).expanduser() / C.PROVENANCE_FILE).is_file()  # (an export: its record)

@@ -32,6 +32,8 @@ from typing import Any
 
 from vltool import __version__
 from vltool.errors import UsageError, VltoolError
+from vltool.io import atomic_file, check_output, require_output_name, write_json_atomic
+from vltool.outcomes import Outcomes, paired_difference
 
 SEED_DIR = re.compile(r"^seed(\d+)$")
 
@@ -170,7 +172,7 @@ def machine() -> dict:
     info = {"platform": platform.platform(), "processor": platform.machine(), "cpu_count": os.cpu_count(),
             "python": platform.python_version()}
     try:
-        import torch
+        import torch  # lazy: only to name its version; `vltool report` never needs torch otherwise (seconds to import)
 
         info["torch"] = torch.__version__
         info["torch_threads"] = torch.get_num_threads()
@@ -337,8 +339,6 @@ def _examples_file(json_path: Path, record: dict) -> Path | None:
 def paired_comparisons(variants: list[dict], base: dict, config: ReportConfig, sources: dict) -> list[str]:
     """Each variant's paired difference from the baseline, with its bootstrap interval, into
     summary[metric]["paired"] (None, with "paired_note", where it cannot be computed); returns the notes."""
-    from vltool.outcomes import Outcomes, paired_difference
-
     cache: dict[Path, Outcomes] = {}
     notes: list[str] = []
 
@@ -555,7 +555,7 @@ def _md_footer(report: dict) -> list[str]:
 def render_chart(report: dict, path: Path) -> str | None:
     """One panel per metric: a bar per variant (mean over seeds, sd as its error bar) and a dot per seed
     with that run's 95% interval; the chance level dashed. None when matplotlib is missing."""
-    try:
+    try:  # matplotlib is optional (and slow to import): loaded only to draw the chart
         import matplotlib
 
         matplotlib.use("Agg")
@@ -612,8 +612,6 @@ def report_stem(out_stem: str | Path) -> Path:
 def check_report_out(runs_dir: str | Path, out_stem: str | Path) -> Path:
     """Refuse a --out whose files would replace a run the report reads (RUNS_DIR/<variant>/seed<N>), or
     that cannot be written; in the CLI, lock it. STEM.json, .md and .png are replaced (no --overwrite)."""
-    from vltool.io import check_output, require_output_name
-
     stem = report_stem(require_output_name(out_stem))
     runs = [d for seeds in find_runs(Path(runs_dir)).values() for d in seeds.values()] if Path(runs_dir).is_dir() else []
     names = [stem.name + ext for ext in (".json", ".md", ".png")]
@@ -624,8 +622,6 @@ def check_report_out(runs_dir: str | Path, out_stem: str | Path) -> Path:
 
 def write_report(report: dict, out_stem: str | Path, *, chart: bool = True, overwrite: bool = True) -> dict[str, str]:
     """Write STEM.json, STEM.md and (with matplotlib) STEM.png atomically; returns the files written."""
-    from vltool.io import atomic_file, write_json_atomic
-
     stem = report_stem(out_stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     files = {}

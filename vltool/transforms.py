@@ -11,12 +11,16 @@ from __future__ import annotations
 
 from typing import Callable
 
+import transformers
+from open_clip.transform import PreprocessCfg, image_transform_v2
+from PIL import Image
+from torchvision import transforms as T
+from torchvision.transforms import InterpolationMode
+
 AUGMENTATIONS = ("none", "clip", "simclr")
 
 
 def _interp(name: str):
-    from torchvision.transforms import InterpolationMode
-
     return {"bicubic": InterpolationMode.BICUBIC, "bilinear": InterpolationMode.BILINEAR}.get(name, InterpolationMode.BICUBIC)
 
 
@@ -31,8 +35,6 @@ class HFImageTransform:
     exactly the processor's pixel_values."""
 
     def __init__(self, processor: dict):
-        import transformers
-
         self.processor = getattr(transformers, processor["image_processor_type"]).from_dict(processor)
 
     def __call__(self, im):
@@ -42,8 +44,6 @@ class HFImageTransform:
 
 def composite_on_white(im):
     """transformers' convert_rgb: a transparent image composited on white (PIL's convert drops the alpha)."""
-    from PIL import Image
-
     if im.mode == "RGB":
         return im
     rgba = im.convert("RGBA")
@@ -57,8 +57,6 @@ def eval_transform(preprocess: dict) -> Callable:
     Both take an image in its own mode (vltool.io.decode_image(v, rgb=False)) and convert it as their
     library does: open_clip after resizing (PIL's convert: alpha dropped), transformers' processors first
     (transparency composited on white)."""
-    from open_clip.transform import PreprocessCfg, image_transform_v2
-
     if preprocess.get("hf_image_processor"):
         return HFImageTransform(preprocess["hf_image_processor"])
     cfg = PreprocessCfg(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in preprocess.items() if k in PreprocessCfg.__dataclass_fields__})
@@ -67,8 +65,6 @@ def eval_transform(preprocess: dict) -> Callable:
 
 def train_transform(preprocess: dict, augment: str) -> Callable:
     """PIL.Image -> (3,H,W) float tensor with the model's normalisation and the chosen augmentation."""
-    from torchvision import transforms as T
-
     if augment == "none":
         return eval_transform(preprocess)
     size = int(preprocess["size"])

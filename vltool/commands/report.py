@@ -47,7 +47,7 @@ def report_command(
     seed: SeedOpt = 0,
     no_progress: NoProgressOpt = False,
 ) -> None:
-    # vltool.report (numpy; matplotlib when charting) is imported here, not at the top: commands/*.py stay light so `vltool --help` answers at once
+    # vltool.report (numpy, through vltool.outcomes) is imported here, not at the top: commands/*.py stay light so `vltool --help` answers at once
     from vltool.report import ReportConfig, build_report, check_report_out, parse_metric, parse_pairs, render_markdown, write_report
 
     config = ReportConfig(

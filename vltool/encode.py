@@ -17,6 +17,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -26,12 +28,18 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from vltool import checks
 from vltool import columns as C
-from vltool.cache import CacheKey, EmbeddingCache, row_filter, texts_digest
+from vltool.cache import CacheKey, EmbeddingCache, cant_write, row_filter, texts_digest
+from vltool.checks import clean_text, image_column, nonblank, read_json, require_texts, text_column
+from vltool.console import Bar
 from vltool.errors import UsageError, VltoolError
-from vltool.io import column_digest, column_values, decode_image, strings_digest  # noqa: F401  (decode_image re-exported: callers import it from here)
+from vltool.io import arrow_column, column_digest, column_values, write_json_atomic, decode_image, strings_digest  # noqa: F401  (decode_image re-exported: callers import it from here)
 from vltool.provenance import mark_first_batch
 from vltool.topology import is_main, process_state, warn
+
+# torch, accelerate, datasets, pyarrow and vltool.model (torch, open_clip) are imported inside the functions that
+# use them, not here: `vltool --help` loads this module (through commands/mine_positives.py) and must stay fast.
 
 FEATURES = ("post", "pre")
 PROMPTS_COLUMN = "<prompts>"  # the column name in the key of a list of texts that is not a dataset column
@@ -102,17 +110,12 @@ class LazyModel:
     """
 
     def __init__(self, model_dir: Path, cache_dir: str | Path | None = None):
-        import hashlib
-        import json
-
         from vltool.model import CONFIG_FILE, WEIGHTS_FILE
 
         self._loaded = None
         self.model_dir = Path(model_dir)
         self.source = str(self.model_dir)
         self.revision = {}  # a vltool model directory: its weight fingerprint names the weights
-        from vltool.checks import read_json
-
         self.config = read_json(self.model_dir / CONFIG_FILE, "the model config")
         config_bytes = (self.model_dir / CONFIG_FILE).read_bytes()
         h = hashlib.sha256(config_bytes)
@@ -127,7 +130,6 @@ class LazyModel:
 
     def _load(self):
         if self._loaded is None:
-            from vltool.io import write_json_atomic
             from vltool.model import load_model
 
             self._loaded = load_model(str(self.model_dir), device=encode_device())
@@ -136,8 +138,6 @@ class LazyModel:
                 try:
                     write_json_atomic(self._index, {"fingerprint": self.fingerprint, "model_dir": str(self.model_dir)})
                 except OSError as e:  # a read-only cache: the fingerprint is computed again next time
-                    from vltool.cache import cant_write
-
                     cant_write(self._index.parents[1], e)
         return self._loaded
 
@@ -319,8 +319,6 @@ def run_batches(
 
 def _progress(label: str, total: int, enabled: bool):
     """(bar, task) with advance(task, n), as run_batches uses it; None when off (--no-progress, or nothing to do)."""
-    from vltool.console import Bar
-
     bar = Bar(label, total, unit="rows", enabled=enabled)
     if bar.prog is None:
         return None
@@ -377,8 +375,6 @@ def encode_images(
     import datasets
     import torch
 
-    from vltool.checks import image_column
-
     ds = data.dataset
     image_column(ds, column, data.spec)  # path strings are refused here, not decoded as bad images
     n = len(ds)
@@ -432,8 +428,6 @@ def text_owner(values: Sequence) -> tuple[list[str], np.ndarray]:
 
     None, "" and whitespace-only texts are no text (vltool.checks.clean_text): they are left out, so a row
     whose texts are all empty owns none."""
-    from vltool.checks import clean_text
-
     texts: list[str] = []
     owner: list[int] = []
     for i, v in enumerate(values):
@@ -452,14 +446,12 @@ def arrow_texts(column) -> tuple[Any, np.ndarray]:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from vltool.checks import TEXT_SLICE_ROWS, nonblank
-
     if not isinstance(column, pa.ChunkedArray):
         column = pa.chunked_array([column])
     lists = pa.types.is_list(column.type) or pa.types.is_large_list(column.type)
     texts, owners = [], []
-    for a in range(0, len(column), TEXT_SLICE_ROWS):
-        part = column.slice(a, TEXT_SLICE_ROWS).combine_chunks()
+    for a in range(0, len(column), checks.TEXT_SLICE_ROWS):
+        part = column.slice(a, checks.TEXT_SLICE_ROWS).combine_chunks()  # (checks.X: read at call time; tests set it)
         if lists:  # (list_parent_indices counts from the start of one array)
             parent, flat = pc.list_parent_indices(part).to_numpy().astype(np.int64), pc.list_flatten(part)
         else:
@@ -496,12 +488,8 @@ def encode_texts(
     progress: bool = True,
 ) -> Encoded:
     """Embeddings of a text column (strings, or lists of strings such as `captions`); `owner` maps texts to rows."""
-    from vltool.checks import require_texts, text_column
-
     ds = data.dataset
     text_column(ds, column, data.spec, allow_list=True)
-    from vltool.io import arrow_column
-
     texts, owner = arrow_texts(arrow_column(ds, column))
     require_texts(len(texts), len(ds), column, data.spec)
     key = dataset_key(m, data, column, text_preprocessing(m))

@@ -31,20 +31,29 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import importlib.util
 import json
 import math
 import shutil
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
+import torch.utils.checkpoint
+import safetensors.torch  # (save_file / load_file through the module: tests replace them)
 from torch import nn
 from torch.nn import functional as F
 
 from vltool import hub
-from vltool.errors import UsageError, VltoolError
+from vltool.checks import read_json
+from vltool.errors import UsageError, VltoolError, check
 from vltool.hub import HF_SPEC
+
+# open_clip, transformers and torchvision (and vltool.transforms, which imports open_clip) are imported inside the
+# functions that build or export towers: reading a RUN_DIR's config or fingerprint (a cached evaluation, an export)
+# never needs them, and importing them costs seconds.
 
 FORMAT = "vltool-model"
 FORMAT_VERSION = 1
@@ -236,8 +245,6 @@ class batchnorm_stats_kept:
 def _checkpointed(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """module(x) whose activations are recomputed in the backward pass (the RNG state is replayed, and the
     recomputation leaves BatchNorm running statistics alone, so the result is the plain forward's)."""
-    from torch.utils.checkpoint import checkpoint
-
     calls = []
 
     def run(inp):
@@ -247,7 +254,7 @@ def _checkpointed(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
         with batchnorm_stats_kept(module):
             return module(inp)
 
-    return checkpoint(run, x, use_reentrant=False)
+    return torch.utils.checkpoint.checkpoint(run, x, use_reentrant=False)
 
 
 class CheckpointedSequential(nn.Sequential):
@@ -436,9 +443,7 @@ def _read_state_dict(path: str | Path) -> dict:
         raise UsageError(f"weights file {path} does not exist; {MOBILENET_HINT}")
     try:
         if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
-
-            state = load_file(str(path))
+            state = safetensors.torch.load_file(str(path))
         else:
             state = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as e:
@@ -851,8 +856,6 @@ def new_model_config(spec: ModelSpec, logit_scale_init: float, logit_scale_learn
 
 def create_model(spec: ModelSpec, logit_scale_init: float = 1 / 0.07, logit_scale_learnable: bool = True):
     """A new model (random towers, or pretrained ones from local files) and its tokenizer."""
-    from vltool.errors import check
-
     check(spec.validate())
     config = new_model_config(spec, logit_scale_init, logit_scale_learnable)
     model = TwoTower(config)
@@ -885,12 +888,10 @@ def state_dict_for_save(model: TwoTower) -> dict[str, torch.Tensor]:
 
 def save_model(model: TwoTower, tokenizer: Tokenizer, out_dir: Path | str) -> Path:
     """Write config.json, model.safetensors and the tokenizer files into `out_dir` (created)."""
-    from safetensors.torch import save_file
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     config = model.config
-    save_file(state_dict_for_save(model), str(out_dir / WEIGHTS_FILE), metadata={"format": "pt"})
+    safetensors.torch.save_file(state_dict_for_save(model), str(out_dir / WEIGHTS_FILE), metadata={"format": "pt"})
     tokenizer.save(out_dir)
     (out_dir / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
     return out_dir
@@ -898,8 +899,6 @@ def save_model(model: TwoTower, tokenizer: Tokenizer, out_dir: Path | str) -> Pa
 
 def export_open_clip(model: TwoTower, out_dir: Path | str) -> Path | None:
     """Write open_clip's local-dir layout when the model is expressible in open_clip; else None."""
-    from safetensors.torch import save_file
-
     cfg = open_clip_model_cfg(model.config)
     if cfg is None:
         return None
@@ -910,7 +909,7 @@ def export_open_clip(model: TwoTower, out_dir: Path | str) -> Path | None:
     (out_dir / OPEN_CLIP_CONFIG).write_text(
         json.dumps({"model_cfg": cfg, "preprocess_cfg": preprocess_cfg}, indent=2) + "\n"
     )
-    save_file(state_dict_for_save(model), str(out_dir / OPEN_CLIP_WEIGHTS), metadata={"format": "pt"})
+    safetensors.torch.save_file(state_dict_for_save(model), str(out_dir / OPEN_CLIP_WEIGHTS), metadata={"format": "pt"})
     return out_dir
 
 
@@ -956,9 +955,7 @@ def _incomplete_model(p: Path) -> str | None:
 
 
 def load_weights(model: nn.Module, path: Path) -> None:
-    from safetensors.torch import load_file
-
-    state = load_file(str(path))
+    state = safetensors.torch.load_file(str(path))
     model.load_state_dict(state, strict=True)
 
 
@@ -1032,8 +1029,6 @@ def _finish(model: TwoTower, tokenizer: Tokenizer, device, source: str, revision
 
 def read_model_dir(model_dir: Path) -> tuple[TwoTower, Tokenizer]:
     """The model and tokenizer of a vltool model directory (on CPU, not yet in eval mode)."""
-    from vltool.checks import read_json
-
     config = read_json(model_dir / CONFIG_FILE, "the model config")
     if config.get("format") != FORMAT:
         raise VltoolError(f"{model_dir / CONFIG_FILE} is not a vltool model config (format {config.get('format')!r})")
@@ -1068,8 +1063,6 @@ OPEN_CLIP_SPELLINGS = "open_clip:ARCH/TAG, open_clip:ARCH/FILE, open_clip:hf-hub
 def _open_clip_arch(spec: str, pretrained: str | Path | None) -> tuple[TwoTower, Tokenizer, dict]:
     """open_clip:ARCH[/TAG or /FILE] (or --pretrained TAG or FILE): open_clip's architecture with the weights
     its pretrained tag names (from the Hub, through huggingface_hub's cache), a local file, or fresh weights."""
-    import warnings
-
     arch, _, weights = spec[len(hub.OPEN_CLIP_SPEC):].partition("/")
     if weights and pretrained is not None:
         raise UsageError(f"--pretrained {pretrained}: {spec} names its weights already")
@@ -1114,8 +1107,6 @@ def _local_dir(spec: str) -> tuple[TwoTower, Tokenizer, dict]:
     cfg_file = path / OPEN_CLIP_CONFIG
     if not cfg_file.is_file():
         raise UsageError(f"{spec}: no {OPEN_CLIP_CONFIG} in {path}")
-    from vltool.checks import read_json
-
     oc = read_json(cfg_file, spec + ":")
     if not isinstance(oc.get("model_cfg"), dict):
         raise VltoolError(f"{spec}: {cfg_file} has no model_cfg object")
@@ -1292,8 +1283,6 @@ _SENTENCEPIECE_TOKENIZERS = ("Siglip", "T5", "Llama", "Gemma", "XLMRoberta", "Al
 
 def _tokenizer_problem(path: Path, e: Exception) -> str:
     """Why a tokenizer did not load, with the packages it lacks when that is the reason."""
-    import importlib.util
-
     try:
         tok_class = json.loads((path / "tokenizer_config.json").read_text()).get("tokenizer_class") or ""
     except (OSError, ValueError):

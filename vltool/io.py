@@ -14,18 +14,42 @@
 
 from __future__ import annotations
 
+import atexit
 import errno
+import glob
+import hashlib
+import io
 import json
 import os
 import shutil
+import stat
+import sys
+import tarfile
+import tempfile
+import time
 import uuid
+import warnings
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+import numpy as np
+
+from vltool import checks, provenance
 from vltool import columns as C
+from vltool.checks import read_json, require_decoded
+from vltool.console import Bar
+from vltool.distinct import duplicate, string_hashes
 from vltool.errors import DiskFull, UsageError, VltoolError, disk_full_cause, disk_full_message
+from vltool.shards import (
+    BAD_SHARD, DUPLICATE_ID, EMPTY_CAPTION, IMAGE_EXTS, NO_IMAGE, TAR_SUFFIXES, clean_captions, index_samples, is_compressed,
+    is_shard_spec, load_shards, parse_tar_url, read_member, sample_meta, tar_url,
+)
+from vltool.topology import is_local_main, is_main, launch_token, launched_processes, process_state, warn
+
+# datasets, pyarrow and PIL are imported inside the functions that use them, not here: `vltool --help` loads this
+# module (through commands/common.py), and importing them costs about a second.
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 # `emoji-openmoji`: emoji's test-split emoji in OpenMoji's art style (test only; vltool/assets/EMOJI_LICENSES.md).
@@ -176,8 +200,6 @@ def load_dataset(
     `images` must be image columns and `texts` text columns (strings; lists of strings too with
     `text_lists`), checked here by vltool.checks so that every command refuses the same inputs alike.
     """
-    from vltool import checks
-
     import datasets
 
     datasets.disable_progress_bars()  # vltool shows its own progress; datasets' bars are noise here
@@ -249,8 +271,6 @@ def tar_paths_add_no_bytes() -> None:
     tiny record batches, and a damaged first shard would stop every save."""
     import datasets.arrow_dataset as ad
 
-    from vltool.shards import parse_tar_url
-
     real = ad.xgetsize
     if getattr(real, "vltool_tar", False):
         return
@@ -302,8 +322,6 @@ def arrow_column(ds, name: str):
 
 def values_digest(values) -> str:
     """SHA-256 of the values in order, each as text followed by a NUL (vltool.cache.ids_digest)."""
-    import hashlib
-
     return hashlib.sha256("".join(f"{v}\0" for v in values).encode()).hexdigest()
 
 
@@ -321,8 +339,6 @@ def column_digest(ds, name: str) -> str:
 def strings_digest(strings) -> str:
     """values_digest of an Arrow string array without nulls (each string followed by a NUL, SHA-256),
     joined and hashed 2^16 strings at a time."""
-    import hashlib
-
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -363,8 +379,6 @@ def rows_in_both(a: "LoadedDataset", b: "LoadedDataset") -> list[str]:
 
 def _image_digests(ds, ids: Sequence[str]) -> dict[str, str]:
     """id -> sha256 of the image's encoded bytes, for the rows whose id is in `ids`."""
-    import hashlib
-
     import datasets
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -436,7 +450,6 @@ def _coerce(feature, column: str, value: str):
 
 def apply_where(ds, clauses: Sequence[Where], what: str = "the dataset"):
     """Keep rows matching every column's clauses (OR within a column, AND across columns)."""
-    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -557,8 +570,6 @@ OUTPUT_MARKS = (C.PROVENANCE_FILE, "state.json", "dataset_dict.json", "run.json"
 
 def _not_replaceable(out: Path, kind: str) -> str | None:
     """Why an existing `out` may not be replaced by a `kind` output ("dir" or "file"), or None."""
-    import stat
-
     try:
         mode = os.stat(out).st_mode  # (through a symlink: what it points to)
     except FileNotFoundError:
@@ -700,8 +711,6 @@ def hold_output_lock(out: Path | str, *, related: Sequence[str] = (), keep: Sequ
     _SCOPES[-1]["locks"].append(lk)
     removed = clean_stale(out, related=related, keep=keep)
     if removed:
-        from vltool.topology import warn
-
         shown = ", ".join(p.name for p in removed[:3]) + (", ..." if len(removed) > 3 else "")
         warn(f"removed what {len(removed)} killed or stopped write(s) of {out} left beside it ({shown})")
 
@@ -724,7 +733,7 @@ def _make_parents(out: Path) -> None:
 
 
 def _acquire(out: Path) -> _Lock:
-    import fcntl
+    import fcntl  # POSIX only: imported where a lock is taken, so the module still imports elsewhere
 
     path = lock_file(out)
     while True:
@@ -770,7 +779,7 @@ def refuse_if_busy(out: Path | str) -> None:
     """Raise OutputBusy when another live process holds `out`'s lock (looked at without taking it): a second
     writer of `out` is told that, not what the first one's output looks like half made (a run directory
     with run.json only, a directory vltool "did not write")."""
-    import fcntl
+    import fcntl  # (POSIX only: see _acquire)
 
     out = Path(out).expanduser()
     if str(out.resolve()) in _HELD:
@@ -832,8 +841,6 @@ def clean_stale(out: Path | str, *, related: Sequence[str] = (), keep: Sequence[
 
 
 def _glob_escape(name: str) -> str:
-    import glob
-
     return glob.escape(name)
 
 
@@ -952,7 +959,6 @@ def save_dataset(ds, out: Path | str, provenance: dict, *, overwrite: bool = Fal
     out = Path(out).expanduser()
     if len(ds) == 0:
         raise VltoolError(f"nothing to write to {out}: no row is left (every row was filtered out or dropped)")
-    from vltool.topology import is_main
 
     if is_main():
         with atomic_output(out, overwrite) as tmp:
@@ -967,7 +973,6 @@ def read_provenance(path: Path | str) -> dict | None:
     f = Path(path) / C.PROVENANCE_FILE
     if not f.is_file():
         return None
-    from vltool.checks import read_json
 
     return read_json(f, "the provenance record")
 
@@ -985,8 +990,6 @@ def image_size_policy() -> None:
 
     The rule is put back in front of the warning filters whenever something (a notebook's or a test's
     warnings.catch_warnings, a library) has replaced or shadowed it."""
-    import warnings
-
     from PIL import Image
 
     first = warnings.filters[0] if warnings.filters else None
@@ -1006,7 +1009,6 @@ def image_bytes(value) -> bytes | None:
     path = value.get("path")
     if not path:
         return None
-    from vltool.shards import parse_tar_url, read_member
 
     if parse_tar_url(path) is not None:
         return read_member(path)
@@ -1022,8 +1024,6 @@ def decode_image(value, rgb: bool = True):
     Training, encoding and pseudo-labelling all read images through this, so they agree on what a bad
     image is (skipped and counted; images over the size limit too, see image_size_policy). A path
     `tar://MEMBER::SHARD` (the shard index's) is read from the shard by offset."""
-    import io
-
     from PIL import Image
 
     image_size_policy()
@@ -1042,8 +1042,6 @@ def require_a_decodable_image(ds, column: str, what: str) -> None:
     """An error before any work when not one image of `column` decodes (every image corrupt, missing or
     too large). Cheap when the data are fine: the scan stops at the first image that decodes."""
     import datasets
-
-    from vltool.checks import require_decoded
 
     if isinstance(ds.features[column], datasets.Image) and ds.features[column].decode:
         ds = ds.cast_column(column, datasets.Image(decode=False))
@@ -1073,8 +1071,6 @@ def is_shard_input(spec: str | Path) -> bool:
     """Whether a dataset argument names WebDataset shards: a pattern or path ending in .tar (.tar.gz, .tgz),
     or a folder holding .tar files that is not a saved dataset (CLIP_benchmark's layout keeps its split
     folders' shards one level down, and is read by vltool.importer.clip_benchmark_input)."""
-    from vltool.shards import TAR_SUFFIXES, is_shard_spec
-
     text = str(spec)
     if text in BUILTIN_DATASETS:
         return False
@@ -1100,12 +1096,6 @@ def shard_index(spec: str | Path, cache_dir: str | Path | None = None) -> ShardI
     process of each node builds it (a cache shared by the nodes: one of them, the others wait for its lock)
     and every process waits at a barrier. A cache that cannot be written: the index is built for this run
     in a temporary directory, with a warning."""
-    import atexit
-    import hashlib
-    import time
-
-    from vltool.shards import is_compressed, load_shards
-
     if not is_shard_input(spec):
         return None
     source = load_shards(str(spec))
@@ -1118,7 +1108,6 @@ def shard_index(spec: str | Path, cache_dir: str | Path | None = None) -> ShardI
     digest = hashlib.sha256(f"v{SHARD_INDEX_VERSION}:{source.fingerprint}".encode()).hexdigest()[:16]
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     dest = root / SHARD_INDEX_DIR / f"{source.path.name or 'shards'}-{digest}"
-    from vltool.topology import is_local_main, launched_processes, process_state
 
     if is_local_main():
         while not _index_ready(dest):
@@ -1156,16 +1145,10 @@ def _index_ready(dest: Path) -> bool:
 def _run_index(digest: str) -> Path:
     """Where the index is built for this run alone when the cache cannot be written: in a temporary
     directory that every process of this launch on this node names alike (the builder removes it at exit)."""
-    import tempfile
-
-    from vltool.topology import launch_token
-
     return Path(tempfile.gettempdir()) / f"vltool-shard-index-{digest}-{launch_token()}" / "index"
 
 
 def _warn(message: str) -> None:
-    import sys
-
     if is_main_process():
         print(f"warning: {message}", file=sys.stderr)
 
@@ -1175,10 +1158,6 @@ def _json_columns(shards: Sequence[Path], peek: int = 8) -> tuple[dict[str, str]
     the first samples of the first `peek` shards (img2dataset's url, width, height, status, ...; not the
     contract's own column names), typed by their values (null: string), and whether it carries a
     `captions` list (vltool export writes one)."""
-    import tarfile
-
-    from vltool.shards import index_samples, sample_meta
-
     for shard in shards[:peek]:
         try:
             for _, files in index_samples(shard):
@@ -1214,11 +1193,6 @@ def _index_rows(shards: list[str], columns: dict, captions: bool, stats: dict) -
     """A row per sample with an image and a text, as `vltool import` reads a sample (id: the json's `id`,
     else the key; the image: the first of IMAGE_EXTS, as its tar:// URL; caption: the txt, else the json's
     caption); skipped samples and damaged shards go to `stats`."""
-    import tarfile
-
-    from vltool.shards import (EMPTY_CAPTION, IMAGE_EXTS, NO_IMAGE, clean_captions, index_samples, sample_meta,
-                               tar_url)
-
     skipped = stats["skipped"]
     for shard in shards:
         key, n = None, 0
@@ -1264,11 +1238,6 @@ def _build_shard_index(source, dest: Path, digest: str, spec) -> None:
     into Arrow columns of INDEX_BATCH rows written by datasets' ArrowWriter (bounded memory, no per-row
     encoding by datasets), then duplicate ids dropped (the first kept) by a second pass when there are any."""
     import datasets
-
-    from vltool import provenance
-    from vltool.console import Bar
-    from vltool.distinct import duplicate
-    from vltool.shards import BAD_SHARD, DUPLICATE_ID
 
     timer = provenance.Timer()
     shards = [os.path.abspath(p) for p in source.shards]
@@ -1371,7 +1340,6 @@ def _read_arrow(path: Path):
 
 def _drop_index_rows(path: Path, features, drop: list[int]) -> int:
     """Rewrite the Arrow file `path` without the rows `drop`, batch by batch; returns the rows left."""
-    import numpy as np
     import pyarrow as pa
     from datasets.arrow_writer import ArrowWriter
 
@@ -1396,10 +1364,6 @@ def duplicate_rows(ids) -> list[int]:
 
     Memory is 16 bytes a row (a 64-bit hash of each id, vltool.distinct's, and a sort order), not a set of
     the ids: rows whose hashes collide are compared by their ids, so a collision never counts a row twice."""
-    import numpy as np
-
-    from vltool.distinct import string_hashes
-
     hashes = string_hashes(ids)
     order = np.argsort(hashes, kind="stable")  # equal hashes stay in row order
     sorted_h = hashes[order]

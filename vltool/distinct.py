@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
+# pyarrow is imported inside the functions: vltool.io and vltool.checks import this module, and `vltool
+# --help` loads them, so a module-level pyarrow would slow every command's start.
+
 SLICE_ROWS = 1 << 18  # rows hashed per step: bounds the transient memory (their bytes, a few arrays of that many rows)
 
 _M1 = np.uint64(0x9E3779B97F4A7C15)  # odd multipliers of the mix (golden ratio; murmur3's fmix64 constants)
@@ -30,7 +33,7 @@ def _fmix(h: np.ndarray) -> np.ndarray:
 
 def _binary_parts(arr):
     """(offsets (n + 1,) int64 into data, data (bytes,) uint8) of a string or binary array."""
-    import pyarrow as pa
+    import pyarrow as pa  # (lazy: see the top)
 
     if not (pa.types.is_string(arr.type) or pa.types.is_binary(arr.type)
             or pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)):
@@ -68,7 +71,7 @@ def _hash_strings(arr) -> np.ndarray:
 
 def string_hashes(column) -> np.ndarray:
     """(rows,) uint64: a hash of each value of a string (or binary) column; equal values hash equal."""
-    import pyarrow as pa
+    import pyarrow as pa  # (lazy: see the top)
 
     if not isinstance(column, pa.ChunkedArray):
         column = pa.chunked_array([column])
@@ -82,7 +85,7 @@ def string_hashes(column) -> np.ndarray:
 def duplicate(column) -> tuple[bool, object]:
     """(True, a value that occurs more than once) or (False, None). Memory: 8 bytes per row, plus the rows
     whose hashes repeat (none in practice: a pair of different values shares a hash about once in 2^64)."""
-    import pyarrow as pa
+    import pyarrow as pa  # (lazy: see the top)
 
     if not isinstance(column, pa.ChunkedArray):
         column = pa.chunked_array([column])
@@ -102,19 +105,19 @@ def duplicate(column) -> tuple[bool, object]:
 
 def duplicate_reference(column) -> tuple[bool, object]:
     """`duplicate` by Arrow's hash table of every value (the tests' reference)."""
-    import pyarrow as pa
+    import pyarrow as pa  # (lazy: see the top)
 
     return _exact_duplicate(column if isinstance(column, pa.ChunkedArray) else pa.chunked_array([column]))
 
 
 def _hashable(t) -> bool:
-    import pyarrow as pa
+    import pyarrow as pa  # (lazy: see the top)
 
     return any(f(t) for f in (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary, pa.types.is_large_binary))
 
 
 def _exact_duplicate(values) -> tuple[bool, object]:
-    import pyarrow.compute as pc
+    import pyarrow.compute as pc  # (lazy: see the top)
 
     if pc.count_distinct(values, mode="all").as_py() == len(values):
         return False, None

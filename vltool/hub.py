@@ -15,16 +15,21 @@ is read; a model that is not there is one line naming the id and the cache. `Res
 goes into every output's provenance: the repository and the commit hash of the snapshot, or the open_clip
 tag, its file and the file's sha256.
 
-A leaf module: huggingface_hub and open_clip are imported inside the functions.
+A leaf module (vltool.errors only). open_clip is imported where a tag is resolved: importing it costs
+seconds (torch, its model registry), which a Hub id or a local folder never needs.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from huggingface_hub import constants, hf_hub_download, snapshot_download
+from huggingface_hub.errors import EntryNotFoundError, GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
 
 from vltool.errors import UsageError
 
@@ -56,8 +61,6 @@ class Resolved:
 
 def hub_cache() -> Path:
     """huggingface_hub's cache folder as the environment names it now (HF_HUB_CACHE, else HF_HOME/hub)."""
-    from huggingface_hub import constants
-
     if os.environ.get("HF_HUB_CACHE"):
         return Path(os.path.expandvars(os.path.expanduser(os.environ["HF_HUB_CACHE"])))
     if os.environ.get("HF_HOME"):
@@ -67,8 +70,6 @@ def hub_cache() -> Path:
 
 def hub_offline() -> bool:
     """HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) set, as huggingface_hub reads it."""
-    from huggingface_hub import constants
-
     value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE")
     if value is None:
         return bool(constants.HF_HUB_OFFLINE)
@@ -103,9 +104,6 @@ def file_sha256(path: Path) -> str:
 def _hub_error(spec: str, repo: str, revision: str | None, e: Exception) -> UsageError:
     """One line for every way a Hub look-up fails: not cached offline, no such repository / revision / file,
     no network."""
-    from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError,
-                                        RevisionNotFoundError)
-
     at = f"{repo}@{revision}" if revision else repo
     cache = hub_cache()
     if isinstance(e, LocalEntryNotFoundError):
@@ -127,8 +125,6 @@ def _hub_error(spec: str, repo: str, revision: str | None, e: Exception) -> Usag
 
 def hub_snapshot(spec: str, repo: str, revision: str | None, allow=None, ignore=None) -> Path:
     """The folder of `repo` at `revision` in huggingface_hub's cache, fetched unless offline."""
-    from huggingface_hub import snapshot_download
-
     try:
         return Path(snapshot_download(repo, revision=revision, cache_dir=hub_cache(), local_files_only=hub_offline(),
                                       allow_patterns=allow, ignore_patterns=ignore))
@@ -138,8 +134,6 @@ def hub_snapshot(spec: str, repo: str, revision: str | None, allow=None, ignore=
 
 def hub_file(spec: str, repo: str, filename: str, revision: str | None) -> Path:
     """One file of `repo` at `revision` from huggingface_hub's cache, fetched unless offline."""
-    from huggingface_hub import hf_hub_download
-
     try:
         return Path(hf_hub_download(repo, filename, revision=revision, cache_dir=hub_cache(), local_files_only=hub_offline()))
     except Exception as e:
@@ -185,7 +179,7 @@ def resolve_hf(spec: str, allow=None) -> Resolved:
 
 def open_clip_tag(spec: str) -> tuple[str, str] | None:
     """open_clip:ARCH/TAG -> (ARCH, TAG) when open_clip knows TAG for ARCH; else None."""
-    import open_clip
+    import open_clip  # (lazy: see the module docstring)
 
     arch, _, tag = str(spec)[len(OPEN_CLIP_SPEC):].partition("/")
     if not tag:
@@ -201,7 +195,7 @@ def _tag_preprocess(pretrained_cfg: dict) -> dict:
 
 def resolve_open_clip_tag(spec: str, arch: str, tag: str, model_cfg: dict) -> Resolved:
     """open_clip:ARCH/TAG -> the weights file from the Hub repository open_clip names for the tag."""
-    import open_clip
+    import open_clip  # (lazy: see the module docstring)
 
     pcfg = open_clip.get_pretrained_cfg(arch, tag)
     hub = pcfg.get("hf_hub") or ""
@@ -220,8 +214,6 @@ def resolve_open_clip_tag(spec: str, arch: str, tag: str, model_cfg: dict) -> Re
 
 def _first_hub_file(spec: str, repo: str, names: list[str], revision: str | None) -> Path:
     """The first of `names` that `repo` has (open_clip's order: safetensors before a pickle)."""
-    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
-
     last = None
     for name in names:
         try:
@@ -236,8 +228,6 @@ def _first_hub_file(spec: str, repo: str, names: list[str], revision: str | None
 
 def resolve_open_clip_hub(spec: str) -> Resolved:
     """open_clip:hf-hub:ORG/NAME[@REVISION] -> the repository's open_clip_config.json and weights."""
-    import json
-
     rest = str(spec)[len(OPEN_CLIP_SPEC + HF_HUB_PREFIX):]
     parsed = parse_repo_id(rest)
     if parsed is None:

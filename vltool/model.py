@@ -1318,13 +1318,18 @@ def check_hf_dual(spec: str):
     a missing directory or config.json, a model_type vltool does not read, or an image processor or
     tokenizer that transformers cannot load."""
     path, _ = hf_dual_dir(spec)
+    cls = _hf_dual_class_of(spec, path)
+    hf_processors(spec, path)
+    return path, cls
+
+
+def _hf_dual_class_of(spec: str, path: Path):
+    """The transformers class of the dual encoder whose config.json is in `path` (hf_dual_class)."""
     try:
         model_type = json.loads((path / CONFIG_FILE).read_text()).get("model_type")
     except (OSError, json.JSONDecodeError) as e:
         raise UsageError(f"{spec}: cannot read {path / CONFIG_FILE}: {e}") from None
-    cls = hf_dual_class(model_type, spec)
-    hf_processors(spec, path)
-    return path, cls
+    return hf_dual_class(model_type, spec)
 
 
 def load_hf_dual(spec: str) -> tuple[TwoTower, Tokenizer, dict]:
@@ -1333,11 +1338,7 @@ def load_hf_dual(spec: str) -> tuple[TwoTower, Tokenizer, dict]:
     import transformers
 
     path, revision = hf_dual_dir(spec)
-    try:
-        model_type = json.loads((path / CONFIG_FILE).read_text()).get("model_type")
-    except (OSError, json.JSONDecodeError) as e:
-        raise UsageError(f"{spec}: cannot read {path / CONFIG_FILE}: {e}") from None
-    cls = hf_dual_class(model_type, spec)
+    cls = _hf_dual_class_of(spec, path)
     image_processor, tokenizer = hf_processors(spec, path)
     transformers.utils.logging.disable_progress_bar()
     try:

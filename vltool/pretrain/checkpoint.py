@@ -14,10 +14,14 @@ from pathlib import Path
 from typing import Iterator
 
 import numpy as np
+import safetensors.torch  # (save_file / load_file through the module: tests replace them)
 import torch
+from accelerate.utils import gather_object
 
 from vltool.errors import DiskFull, VltoolError, disk_full_cause, disk_full_message
+from vltool.checks import read_json
 from vltool.io import final_of_work_dir
+from vltool.model import state_dict_for_save
 from vltool.pretrain.config import CHECKPOINTS, METRICS_FILE
 
 
@@ -60,8 +64,6 @@ def searched_bias_of(run_dir: Path):
 def gather_set(items: set, accelerator) -> set:
     if accelerator.num_processes == 1:
         return set(items)
-    from accelerate.utils import gather_object
-
     return set(gather_object(sorted(items)))
 
 
@@ -108,19 +110,15 @@ def save_checkpoint(run_dir: Path, step: int, model, loss_fn, optimizer, acceler
 def _write_checkpoint(tmp: Path, rank: int, model, loss_fn, optimizer, accelerator, data_positions: dict | None) -> None:
     """This process's files of a checkpoint into `tmp`: its RNG states (and stream positions), and on the main
     process the model, the objective's state, the optimizer and the grad scaler."""
-    from safetensors.torch import save_file
-
-    from vltool.model import state_dict_for_save
-
     torch.save(_rng_state(), tmp / f"rng_{rank}.pt")
     if data_positions is not None:
         (tmp / f"data_{rank}.json").write_text(json.dumps({"streams": {str(k): list(v) for k, v in sorted(data_positions.items())}}))
     if accelerator.is_main_process:
         plain = model.module if hasattr(model, "module") else model
-        save_file(state_dict_for_save(plain), str(tmp / "model.safetensors"))
+        safetensors.torch.save_file(state_dict_for_save(plain), str(tmp / "model.safetensors"))
         loss_state = {k: v.detach().cpu().contiguous() for k, v in loss_fn.state_dict().items()}
         if loss_state:
-            save_file(loss_state, str(tmp / "loss.safetensors"))
+            safetensors.torch.save_file(loss_state, str(tmp / "loss.safetensors"))
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         if accelerator.scaler is not None:
             torch.save(accelerator.scaler.state_dict(), tmp / "scaler.pt")
@@ -151,18 +149,14 @@ def _disk_full_message(run_dir: Path, step: int) -> str:
 
 
 def load_checkpoint(ckpt: Path, model, loss_fn, optimizer, accelerator, rank: int):
-    from safetensors.torch import load_file
-
     plain = model.module if hasattr(model, "module") else model
-    plain.load_state_dict(load_file(str(ckpt / "model.safetensors")), strict=True)
+    plain.load_state_dict(safetensors.torch.load_file(str(ckpt / "model.safetensors")), strict=True)
     if (ckpt / "loss.safetensors").is_file():
-        loss_fn.load_state_dict(load_file(str(ckpt / "loss.safetensors")), strict=True)
+        loss_fn.load_state_dict(safetensors.torch.load_file(str(ckpt / "loss.safetensors")), strict=True)
     optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", map_location="cpu", weights_only=True))
     if accelerator.scaler is not None and (ckpt / "scaler.pt").is_file():
         accelerator.scaler.load_state_dict(torch.load(ckpt / "scaler.pt", weights_only=True))
     _set_rng_state(torch.load(ckpt / f"rng_{rank}.pt", weights_only=True))
-    from vltool.checks import read_json
-
     state = read_json(ckpt / "state.json", "the checkpoint state")
     return state["step"], state["samples_seen"], set(state["bad_image_ids"]), state.get("first_loss")
 

@@ -12,6 +12,10 @@ from dataclasses import dataclass, field
 
 from vltool import columns as C
 from vltool.errors import UsageError
+from vltool.losses import LOSSES
+from vltool.model import ModelSpec, _check_open_clip_cfg, arch_config
+from vltool.templates import load_templates
+from vltool.transforms import AUGMENTATIONS
 
 RUN_FILE = "run.json"  # what the run was started with; --resume reads it
 METRICS_FILE = "metrics.jsonl"
@@ -100,8 +104,6 @@ class PretrainConfig:
     device: str = "auto"
 
     def model_spec(self):
-        from vltool.model import ModelSpec
-
         return ModelSpec(
             arch=self.arch,
             image_tower=self.image_tower,
@@ -129,8 +131,6 @@ def _model_problems(c: PretrainConfig) -> list[str]:
     if c.init is None:
         problems += c.model_spec().validate()
         if c.image_tower is None or c.text_tower is None:
-            from vltool.model import _check_open_clip_cfg, arch_config
-
             try:
                 _check_open_clip_cfg(arch_config(c.arch), f"--arch {c.arch}")
             except UsageError as e:
@@ -152,8 +152,6 @@ def _model_problems(c: PretrainConfig) -> list[str]:
 
 
 def _objective_problems(c: PretrainConfig) -> list[str]:
-    from vltool.losses import LOSSES
-
     problems = []
     if c.loss not in LOSSES:
         problems.append(f"--loss {c.loss!r}: unknown; available: {', '.join(sorted(LOSSES))}")
@@ -196,8 +194,6 @@ def _objective_problems(c: PretrainConfig) -> list[str]:
     if c.balanced and not c.label_data:
         problems.append("--balanced needs --label-data (it draws as many image-text rows as image-label rows)")
     if c.label_data:
-        from vltool.templates import load_templates
-
         try:
             load_templates(c.templates)
         except UsageError as e:
@@ -208,8 +204,6 @@ def _objective_problems(c: PretrainConfig) -> list[str]:
 
 
 def _data_problems(c: PretrainConfig) -> list[str]:
-    from vltool.transforms import AUGMENTATIONS
-
     problems = []
     if c.caption_sampling is not None and c.caption_sampling not in CAPTION_SAMPLING:
         problems.append(f"--caption-sampling {c.caption_sampling!r}: use random or first")

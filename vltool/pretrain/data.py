@@ -11,20 +11,32 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import random
+import sys
+import tarfile
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+import datasets
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 
 from vltool import columns as C
-from vltool.checks import has_text
+from vltool.cache import row_filter
+from vltool.checks import has_text, text_column
 from vltool.derived import add_columns
 from vltool.distinct import duplicate
 from vltool.errors import UsageError, VltoolError
-from vltool.io import arrow_column, decode_image
+from vltool.io import (arrow_column, atomic_file, column_values, decode_image, default_cache_dir, load_dataset, read_from_disk,
+                       read_provenance, shard_index)
 from vltool.pretrain.config import PretrainConfig
+from vltool.shards import DUPLICATE_ID, iter_samples, load_shards, sample_id, sample_image, sample_text
+from vltool.templates import load_templates
+from vltool.topology import is_local_main, warn
 
 
 @dataclass
@@ -45,16 +57,12 @@ class TrainData:
 
     @property
     def ids(self) -> list:
-        from vltool.io import column_values
-
         return column_values(self.dataset, C.ID)
 
 
 def rows_key(loaded, role: Sequence[str], prefix_ids: bool, dropped: Sequence[int]) -> dict:
     """What identifies the training rows without reading them: each input's on-disk fingerprint and row
     filter (vltool.cache's convention), and the rows dropped for having no text."""
-    import hashlib
-
     return {
         "inputs": [{**_input_key(s), "role": r} for s, r in zip(loaded, role)],
         "prefix_ids": prefix_ids,
@@ -64,8 +72,6 @@ def rows_key(loaded, role: Sequence[str], prefix_ids: bool, dropped: Sequence[in
 
 def _input_key(src) -> dict:
     """An input's part of a key: its on-disk fingerprint and row filter (vltool.cache's convention)."""
-    from vltool.cache import row_filter
-
     return {"fingerprint": src.fingerprint, **row_filter(src.split, src.where)}
 
 
@@ -79,18 +85,12 @@ def load_train_data(
     data: Sequence[str], config: PretrainConfig, where: Sequence[str] = (), split: str | None = None, what: str = "input"
 ) -> TrainData:
     """Load and concatenate the inputs, check their columns, drop rows without text (counted)."""
-    import datasets
-
-    from vltool.io import load_dataset
-
     lists = bool(config.caption_sampling) or config.captions_per_image > 1
     text_col = C.CAPTIONS if lists else config.text_column
     needed = [C.ID, C.IMAGE, text_col]
     if config.mined_positives and what == "input":
         needed.append(C.POSITIVES)
     loaded = [load_dataset(spec, split=split, where=where, required=needed) for spec in data]
-    from vltool.checks import text_column
-
     for src in loaded:
         if src.index is not None:  # shards read through their index, which left out the samples repeating an id
             refuse_repeated_ids(src.spec, src.index.path)
@@ -101,11 +101,6 @@ def load_train_data(
                         hint="; a row's several texts are sampled with --caption-sampling (which reads 'captions')")
         if not isinstance(src.dataset.features[C.IMAGE], datasets.Image):
             raise UsageError(f"column {C.IMAGE!r} of {src.spec!r} is not an image column (it is {src.dataset.features[C.IMAGE]})")
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    from vltool.io import arrow_column
-
     # The rows are checked on the inputs as loaded, before any column is selected or cast (each of those
     # makes new Arrow objects for every record batch, and the check's transient memory adds to them
     # otherwise). The verdict (the rows without text of inputs whose ids passed) is kept in the cache under
@@ -149,9 +144,6 @@ def check_ids(named_ids: list, prefixed: bool, hint: str = "") -> None:
     '<input index>:<id>' cannot clash). named_ids: (spec, its Arrow id column) of each input. By their
     sorted 64-bit hashes (vltool.distinct: 8 bytes a row, where Arrow's count_distinct kept 0.7 GB at 10M
     ids); only the offending ids become Python objects."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     for spec_, ids in named_ids:
         repeated, an_id = duplicate(ids)
         if repeated:
@@ -172,10 +164,6 @@ def check_rows(loaded, text_col: str, lists: bool, prefixed: bool) -> np.ndarray
     input, and on an id in two inputs unless `prefixed` (--prefix-ids: '<input index>:<id>' cannot clash).
 
     Whole-column work in Arrow and numpy, no per-row Python: ids by check_ids, texts by a vectorised test."""
-    import pyarrow as pa
-
-    from vltool.io import arrow_column
-
     check_ids([(src.spec, arrow_column(src.dataset, C.ID)) for src in loaded], prefixed)
     dropped, offset = [], 0
     for src in loaded:
@@ -192,11 +180,6 @@ VERDICT_VERSION = 1  # part of the key: a change to what is checked makes new ve
 def _verdict_file(loaded, text_col: str, lists: bool, prefix_ids: bool):
     """Where the verdict on these inputs is kept: keyed by each input's on-disk fingerprint and row filter
     (vltool.cache's convention), the text column and how it is read, and --prefix-ids."""
-    import hashlib
-    import json
-
-    from vltool.io import default_cache_dir
-
     key = {"version": VERDICT_VERSION, "text": text_col, "lists": lists, "prefix_ids": prefix_ids and len(loaded) > 1,
            "inputs": [{**_input_key(s), "rows": s.rows} for s in loaded]}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
@@ -215,9 +198,6 @@ def _read_verdict(path) -> np.ndarray | None:
 def _write_verdict(path, dropped: np.ndarray) -> None:
     """Keep the verdict (atomically, by the first process of a node; a cache that cannot be written is
     skipped: the verdict is only a shortcut)."""
-    from vltool.io import atomic_file
-    from vltool.topology import is_local_main
-
     if not is_local_main():
         return
     try:
@@ -237,10 +217,6 @@ def _positive_rows(ds) -> dict[int, list[int]]:
     a row's own id, are ignored). Arrow's lookup of the listed ids among the training ids, SLICE_ROWS
     rows at a time: Python objects for the rows that have positives only (the plain loop over rows,
     `_positive_rows_reference`, took a dict of every id)."""
-    import pyarrow.compute as pc
-
-    from vltool.io import arrow_column
-
     ids = arrow_column(ds, C.ID).combine_chunks()
     listed = arrow_column(ds, C.POSITIVES)
     positives: dict[int, list[int]] = {}
@@ -259,8 +235,6 @@ def _positive_rows(ds) -> dict[int, list[int]]:
 
 def _positive_rows_reference(ds) -> dict[int, list[int]]:
     """`_positive_rows` row by row in Python (the tests' reference)."""
-    from vltool.io import column_values
-
     row_of = {i: r for r, i in enumerate(column_values(ds, C.ID))}
     positives = {}
     for r, ps in enumerate(column_values(ds, C.POSITIVES)):
@@ -282,13 +256,6 @@ def load_unicl_data(config: PretrainConfig, where: Sequence[str] = (), split: st
     row's class found by Arrow's lookup. A caption or string label column becomes the text column as it
     is, memory-mapped (rows without text are dropped, so their values are never read); a ClassLabel
     column's names are taken into a new column."""
-    import datasets
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    from vltool.io import arrow_column, load_dataset
-    from vltool.templates import load_templates
-
     specs = [(s, "label") for s in config.label_data] + [(s, "text") for s in config.text_data]
     if not specs:
         raise UsageError("--loss unicl needs --label-data and/or --text-data (or DATA, taken as --text-data)")
@@ -349,12 +316,6 @@ def load_unicl_data(config: PretrainConfig, where: Sequence[str] = (), split: st
 
 def _role_texts(ds, col: str, role: str, spec_: str):
     """(rows,) Arrow strings: a label row's class name (null for a missing class), or a row's caption."""
-    import datasets
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    from vltool.io import arrow_column
-
     feat = ds.features[col]
     values = arrow_column(ds, col)
     if role == "label":
@@ -364,8 +325,6 @@ def _role_texts(ds, col: str, role: str, spec_: str):
         if isinstance(feat, datasets.Value) and feat.dtype in ("string", "large_string"):
             return values
         raise UsageError(f"--label-column {col!r} of {spec_!r} must be a ClassLabel or string column (it is {feat})")
-    from vltool.checks import text_column
-
     text_column(ds, col, spec_)
     return values
 
@@ -431,8 +390,6 @@ class PairDataset:
 
     def item(self, epoch: int, row: int, id_: str, text, image: dict | None) -> dict:
         """One training item from a row's id, text value and undecoded image ({"bytes", "path"})."""
-        import torch
-
         out = {"row": row, "id": id_}
         s = row_seed(self.seed, epoch, row)
         k = self.captions_per_image
@@ -477,8 +434,6 @@ class Collate:
         self.bad_rows = bad_rows  # rows whose image failed to decode when the image features were cached
 
     def __call__(self, items: list[dict]) -> dict:
-        import torch
-
         bad = [it.get("bad", False) or it["row"] in self.bad_rows for it in items]
         good = [it for it, b in zip(items, bad) if not b]
         batch = {
@@ -565,8 +520,6 @@ class ShardData:
 def load_shard_data(data: Sequence[str], config: PretrainConfig, where: Sequence[str] = (), split: str | None = None) -> ShardData:
     """The shards of every DATA argument (patterns expanded, each shard checked to exist); what streaming
     cannot do is refused here, before anything is written."""
-    from vltool.shards import load_shards
-
     problems = []
     if where or split:
         problems.append("--where and --split select rows of a dataset; shards are streamed whole (select before sharding)")
@@ -591,8 +544,6 @@ def shard_samples_index(source):
     """The index of a DATA argument's shards (vltool.io.shard_index: built once, one pass over the shards'
     headers and small members, then read from the cache): one row per sample with an image and a text.
     Shards whose samples repeat an id are refused, as a dataset whose ids repeat is (check_ids)."""
-    from vltool.io import read_from_disk, shard_index
-
     path = shard_index(source.spec).path
     refuse_repeated_ids(source.spec, path)
     return read_from_disk(path, source.spec)
@@ -601,9 +552,6 @@ def shard_samples_index(source):
 def refuse_repeated_ids(spec: str, index_path) -> None:
     """The rule of check_ids for shards: ids are unique. Their index keeps the first sample of a repeated id
     and counts the others (its vltool.json, stats.skipped), which a stream would train on too."""
-    from vltool.io import read_provenance
-    from vltool.shards import DUPLICATE_ID
-
     repeated = ((read_provenance(index_path) or {}).get("stats") or {}).get("skipped", {}).get(DUPLICATE_ID, 0)
     if repeated:
         raise UsageError(f"{spec!r} has duplicate ids ({repeated:,} samples repeat the id, json 'id' or key, of an earlier "
@@ -613,8 +561,6 @@ def refuse_repeated_ids(spec: str, index_path) -> None:
 def counted_samples(source, indexed: int) -> int:
     """The samples an epoch of `source` holds: the index's count. img2dataset's statistics files
     (`successes`), when every shard has one, are only compared with it: a disagreement is a warning."""
-    from vltool.topology import warn
-
     if source.rows is not None and source.rows != indexed:
         warn(f"{source.spec}: img2dataset's statistics files (*_stats.json) count {source.rows:,} samples, but the shards "
              f"hold {indexed:,} with an image and a text; an epoch is the {indexed:,}")
@@ -661,11 +607,6 @@ class ShardStream(torch.utils.data.IterableDataset):
         """(shard index, index in the shard, key, files) of the stream's epoch, in shard order (unshuffled).
         A damaged shard is read up to the damage, with a warning; the stream reads on from its next shard
         (the same samples every time, so a resumed run still sees exactly the uninterrupted run's)."""
-        import sys
-        import tarfile
-
-        from vltool.shards import iter_samples
-
         for shard in self.shard_order(epoch)[stream :: self.streams]:
             j = 0
             try:
@@ -704,8 +645,6 @@ class ShardStream(torch.utils.data.IterableDataset):
             epoch, skip = epoch + 1, 0
 
     def item(self, epoch: int, raw) -> dict:
-        from vltool.shards import sample_id, sample_image, sample_text
-
         shard, j, key, files = raw
         image = sample_image(files)
         return self.make_item(epoch, shard << 32 | j, sample_id(key, files), sample_text(files, self.text_column),

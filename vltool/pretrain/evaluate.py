@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from vltool import columns as C
+from vltool.checks import require_decoded
 from vltool.io import decode_image
 from vltool.losses import LossInput
 from vltool.model import to_device
@@ -30,8 +31,6 @@ def evaluate(model, tokenizer, eval_data: TrainData, transform, loss_fn, batch: 
             imgs.append(i.float())
             txts.append(t.float())
     if not imgs:
-        from vltool.checks import require_decoded
-
         require_decoded([True] * len(ds), "--eval-data")
     img, txt = torch.cat(imgs), torch.cat(txts)  # (N, D)
     scale = model.logit_scale.exp().detach().float()

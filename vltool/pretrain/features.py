@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 import torch
 
 from vltool import columns as C
+from vltool.cache import CacheKey, EmbeddingCache, texts_digest
 from vltool.io import decode_image
+from vltool.losses import gather_keep_grad
 from vltool.model import fingerprint, to_device
 from vltool.pretrain.data import TrainData, texts_of
 
@@ -119,8 +121,6 @@ def table_texts(train: TrainData) -> list[str]:
 
 
 def _key(tower, train: TrainData | None, column: str, preprocessing: dict, texts: list[str] | None = None):
-    from vltool.cache import CacheKey, texts_digest
-
     if texts is not None:
         return CacheKey(model=fingerprint(tower, {}), dataset=texts_digest(texts), rows={}, column=column, preprocessing=preprocessing)
     return CacheKey(model=fingerprint(tower, {}), dataset="pretrain-rows", rows=train.rows_key, column=column, preprocessing=preprocessing)
@@ -128,8 +128,6 @@ def _key(tower, train: TrainData | None, column: str, preprocessing: dict, texts
 
 def _through_cache(key, compute, accelerator) -> tuple[torch.Tensor, set, bool]:
     """(features (N, W) float32, rows that are NaN (bad images), read from the cache)."""
-    from vltool.cache import EmbeddingCache
-
     if accelerator.num_processes > 1:
         feats = compute()
         return feats, _nan_rows(feats), False
@@ -157,8 +155,6 @@ def _nan_rows(feats: torch.Tensor) -> set:
 def _encode_rows(model, train: TrainData, config, accelerator, image=None, tokenizer=None) -> torch.Tensor:
     """The image trunk's features of every row (`image`: the transform; bad images NaN), or the text
     trunk's of every row's first caption (`tokenizer`). (N, W) float32 on the CPU."""
-    from vltool.losses import gather_keep_grad
-
     ds, n = train.dataset, len(train.dataset)
     world, rank = accelerator.num_processes, accelerator.process_index
     lo, hi = rank * n // world, (rank + 1) * n // world
@@ -184,8 +180,6 @@ def _encode_rows(model, train: TrainData, config, accelerator, image=None, token
 @torch.no_grad()
 def _encode_texts(model, tokenizer, texts: list[str], config, accelerator) -> torch.Tensor:
     """The text trunk's features of each text of the table, (U, W) float32 on the CPU."""
-    from vltool.losses import gather_keep_grad
-
     world, rank = accelerator.num_processes, accelerator.process_index
     n = len(texts)
     lo, hi = (rank * n // world, (rank + 1) * n // world) if n >= world else (0, n)

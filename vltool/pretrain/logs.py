@@ -6,6 +6,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from PIL import Image, ImageDraw
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+from vltool.console import err
+
+# TensorBoard and matplotlib are optional: imported where they are used, and the run goes on without them.
+
 
 class MetricsLog:
     """One JSON line per event in metrics.jsonl, written by the main process only; numeric fields also go to
@@ -17,16 +24,12 @@ class MetricsLog:
         if not is_main:
             return
         try:
-            from torch.utils.tensorboard import SummaryWriter
+            from torch.utils.tensorboard import SummaryWriter  # (optional: see the top)
 
             self.tb = SummaryWriter(str(self.path.parent / "tensorboard"))
         except Exception:
             self.tb = None
         if progress:
-            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-
-            from vltool.console import err
-
             self.bar = Progress(TextColumn("[bold]pretrain[/] step {task.completed}/{task.total}"), BarColumn(),
                                 TextColumn("{task.fields[info]}"), TimeRemainingColumn(), console=err, transient=False)
             self.task = self.bar.add_task("train", total=total_steps, completed=start_step, info="")
@@ -63,7 +66,7 @@ def plot_curves(metrics: list[dict], path: Path) -> str:
     if not train:
         return "no points"
     try:
-        import matplotlib
+        import matplotlib  # (optional: see the top)
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
@@ -81,8 +84,6 @@ def plot_curves(metrics: list[dict], path: Path) -> str:
         return "matplotlib"
     except ImportError:
         pass
-    from PIL import Image, ImageDraw
-
     W, H, L, R, T, B = 640, 400, 60, 20, 20, 40
     im = Image.new("RGB", (W, H), "white")
     d = ImageDraw.Draw(im)

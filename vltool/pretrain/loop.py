@@ -16,6 +16,7 @@ objective (vltool.pretrain.objectives), not decided here.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import math
 import os
@@ -27,10 +28,20 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
+import transformers
+from accelerate import Accelerator
+from accelerate.state import AcceleratorState
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from vltool import columns as C
 from vltool import provenance
+from vltool.checks import read_json
 from vltool.errors import UsageError, VltoolError
+from vltool.io import (check_output, final_of_work_dir, hold_output_lock, is_shard_input, refuse_if_busy, replace_path,
+                       require_a_decodable_image, shared_ids, work_dir, write_json_atomic)
+from vltool.io import model_inputs as model_reads  # (what --init reads; features.model_inputs is a batch's model inputs)
+from vltool.model import (MODEL_DIR, OPEN_CLIP_DIR, build_from_spec, check_init, create_model, export_open_clip, fingerprint, pinned_spec,
+                          save_model)
 from vltool.pretrain import checkpoint as ckpt
 from vltool.pretrain.config import METRICS_FILE, PLOT_FILE, RUN_FILE, PretrainConfig, RunSpec
 from vltool.pretrain.data import (Collate, PairDataset, ShardData, ShardStream, TrainData, load_shard_data, load_train_data,
@@ -40,6 +51,8 @@ from vltool.pretrain.features import FrozenFeatures, frozen_features, model_inpu
 from vltool.pretrain.logs import MetricsLog, plot_curves
 from vltool.pretrain.objectives import Objective, build_objective, cached_backward
 from vltool.pretrain.optim import GradientSync, apply_freezing, build_optimizer, local_parameters, lr_at, set_train_mode
+from vltool.topology import is_main, launch_token, shutdown_at_exit, warn
+from vltool.transforms import eval_transform, train_transform
 
 
 @dataclass
@@ -135,8 +148,6 @@ def pretrain(
 def _drop_if_nothing_to_resume(run_dir: Path) -> None:
     """A run this invocation started that failed before its first checkpoint leaves nothing behind (there
     is nothing to resume); one with a checkpoint stays, for --resume."""
-    from vltool.topology import is_main
-
     if is_main() and (run_dir / RUN_FILE).is_file() and not (run_dir / C.PROVENANCE_FILE).exists() \
             and not ckpt.list_checkpoints(run_dir):
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -150,8 +161,6 @@ def resolve_run(data, out, config, where, split, eval_data, eval_where, resume) 
             raise UsageError(f"--resume {run_dir}: not a vltool pretrain run directory (no {RUN_FILE})")
         if (run_dir / C.PROVENANCE_FILE).is_file():
             raise UsageError(f"--resume {run_dir}: this run has finished (its model is {run_dir / 'model'})")
-        from vltool.checks import read_json
-
         saved = read_json(run_dir / RUN_FILE, f"--resume {run_dir}:")
         try:
             spec = RunSpec(**saved)
@@ -174,9 +183,6 @@ def resolve_run(data, out, config, where, split, eval_data, eval_where, resume) 
             # An existing output (with --overwrite; _load_data refuses it otherwise) is replaced only once the new
             # run is complete: the run is built in a hidden sibling that finish() swaps in. Every process of a
             # launch names the sibling alike.
-            from vltool.io import work_dir
-            from vltool.topology import launch_token
-
             run_dir = work_dir(run_dir, launch_token())
         config = config or PretrainConfig()
         spec = RunSpec(list(data), list(where), split, list(eval_data), list(eval_where), asdict(config), 0)
@@ -296,9 +302,6 @@ def _keep_freed_memory(keep: bool) -> bool:
     same (jemalloc/tcmalloc). `keep=False` sets glibc's default values again (128 KiB); the mmap threshold
     then stays fixed at that value, where glibc's own would have adapted (any mallopt of it turns the
     adaptation off for the process). True when it applied."""
-    import ctypes
-    import sys
-
     if not sys.platform.startswith("linux"):
         return False
     try:
@@ -382,8 +385,6 @@ def _attention_kernel(run: RunState):
     them but not the kernel choice (a block recomputed with another kernel fails its checkpoint check)."""
     if not run.math_attention:
         return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     return sdpa_kernel([SDPBackend.MATH])
 
 
@@ -435,9 +436,6 @@ def _after_step(run: RunState, stats: dict, lr: float) -> None:
 
 def finish(run: RunState, bad_all: set, timer) -> dict:
     """Final evaluation; the model (and its open_clip export), loss.png and vltool.json, by the main process."""
-    from vltool.io import replace_path
-    from vltool.model import MODEL_DIR, OPEN_CLIP_DIR, export_open_clip, save_model
-
     final_eval = None
     if run.evald is not None:
         final_eval = _evaluate(run)
@@ -458,8 +456,6 @@ def finish(run: RunState, bad_all: set, timer) -> dict:
             replace_path(tmp, run.run_dir / OPEN_CLIP_DIR, overwrite=True)
         plotted = plot_curves(run.log.read(), run.run_dir / PLOT_FILE)
         stats = _final_stats(run, plain, final_eval, bad_all, exported is not None, plotted)
-        from vltool.io import final_of_work_dir
-
         final = final_of_work_dir(run.run_dir)  # a run replacing an existing RUN_DIR, built beside it
         if final is not None:
             for key in ("model", "open_clip_export"):
@@ -470,8 +466,6 @@ def finish(run: RunState, bad_all: set, timer) -> dict:
                    "eval_data": spec.eval_data, "eval_where": spec.eval_where, "init_revision": spec.init_revision or None}
         inputs = run.train.inputs + (run.evald.inputs if run.evald else [])
         prov = provenance.make("pretrain", options, inputs, rows_in=run.train.rows_in, rows_out=None, stats=stats, timer=timer)
-        from vltool.io import write_json_atomic
-
         write_json_atomic(run.run_dir / C.PROVENANCE_FILE, prov)
         if final is not None:  # complete: now it replaces the old RUN_DIR (which stayed whole until here)
             replace_path(run.run_dir, final, overwrite=True)
@@ -485,9 +479,6 @@ def finish(run: RunState, bad_all: set, timer) -> dict:
 
 
 def _accelerator(config: PretrainConfig):
-    from accelerate import Accelerator
-    from accelerate.state import AcceleratorState
-
     if AcceleratorState._shared_state:  # an earlier run in this process (notebook, tests): new precision allowed
         AcceleratorState._reset_state()
     try:
@@ -497,16 +488,11 @@ def _accelerator(config: PretrainConfig):
     except (ValueError, RuntimeError) as e:
         raise UsageError(f"--precision {config.precision}: {e}") from None
     if acc.num_processes > 1:
-        from vltool.topology import shutdown_at_exit
-
         shutdown_at_exit()  # the process group destroyed before interpreter teardown (a gloo group left to it can abort)
     return acc
 
 
 def _load_data(spec: RunSpec, config: PretrainConfig, run_dir: Path, overwrite: bool, resumed: bool):
-    from vltool.io import check_output, final_of_work_dir, hold_output_lock, model_inputs, refuse_if_busy
-    from vltool.topology import is_main
-
     if _is_shards(spec.data, config):
         train = load_shard_data(spec.data, config, spec.where, spec.split)
         if max(1, config.workers) > config.batch_size:
@@ -520,8 +506,6 @@ def _load_data(spec: RunSpec, config: PretrainConfig, run_dir: Path, overwrite: 
         train = load_train_data(spec.data, config, spec.where, spec.split)
     evald = load_train_data(spec.eval_data, config, spec.eval_where, None, what="--eval-data") if spec.eval_data else None
     if evald is not None:
-        from vltool.io import require_a_decodable_image
-
         require_a_decodable_image(evald.dataset, C.IMAGE, "--eval-data " + ", ".join(s.spec for s in evald.inputs))
     if evald is not None:
         _refuse_training_rows_in_eval(train, evald)
@@ -540,7 +524,7 @@ def _load_data(spec: RunSpec, config: PretrainConfig, run_dir: Path, overwrite: 
         )
     # every path read: datasets (with the shards their images live in) or the shards streamed
     sources = list(train.inputs) + (list(evald.inputs) if evald else [])
-    inputs = [p for s in sources for p in s.reads] + model_inputs(config.init)
+    inputs = [p for s in sources for p in s.reads] + model_reads(config.init)
     check_output(final, overwrite, inputs=inputs, lock=is_main())
     return train, evald
 
@@ -548,8 +532,6 @@ def _load_data(spec: RunSpec, config: PretrainConfig, run_dir: Path, overwrite: 
 def _refuse_training_rows_in_eval(train, evald) -> None:
     """Evaluation rows never reach training: an id of --eval-data among the training rows' ids (streamed
     shards: their index's) is refused."""
-    from vltool.io import shared_ids
-
     tables = [shard_samples_index(s) for s in train.inputs] if isinstance(train, ShardData) else [train.dataset]
     overlap = sorted({i for table in tables for i in shared_ids(table, evald.dataset)})
     if overlap:
@@ -562,8 +544,6 @@ def _refuse_training_rows_in_eval(train, evald) -> None:
 def _is_shards(data: Sequence[str], config: PretrainConfig) -> bool:
     """--data-format wds, or auto and DATA naming tar shards (a pattern, or a folder of .tar files). With
     --data-format hf, shards are read through their index (vltool.io.shard_index) like a dataset on disk."""
-    from vltool.io import is_shard_input
-
     if config.data_format != "auto":
         return config.data_format == "wds"
     flags = [is_shard_input(d) for d in data]
@@ -575,8 +555,6 @@ def _is_shards(data: Sequence[str], config: PretrainConfig) -> bool:
 def _start_run_dir(run: RunState) -> None:
     """A new run: RUN_DIR made anew with run.json (what --resume reads)."""
     if run.config.init:  # resolved (fetched from the Hub where it names a Hub id) and checked before RUN_DIR is made
-        from vltool.model import check_init
-
         run.spec.init_revision = check_init(run.config.init)
     acc = run.accelerator
     acc.wait_for_everyone()
@@ -584,15 +562,11 @@ def _start_run_dir(run: RunState) -> None:
         # Never a removal of an existing output here: RUN_DIR is new, or the hidden sibling a run that replaces
         # RUN_DIR is built in (resolve_run; finish() swaps it in). A sibling left by a killed launch of the same
         # name is stale.
-        from vltool.io import final_of_work_dir
-
         if final_of_work_dir(run.run_dir) is not None and run.run_dir.is_dir():
             shutil.rmtree(run.run_dir)
         run.run_dir.mkdir(parents=True)
         run.spec.num_processes = acc.num_processes
         run.spec.command_line = provenance.command_line()
-        from vltool.io import write_json_atomic
-
         write_json_atomic(run.run_dir / RUN_FILE, asdict(run.spec))
     acc.wait_for_everyone()
 
@@ -600,8 +574,6 @@ def _start_run_dir(run: RunState) -> None:
 def _build_model(run: RunState) -> None:
     """Model and tokenizer, what the objective adds to them, freezing, the optimizer, frozen features and
     the dataset of the training rows."""
-    from vltool.transforms import eval_transform, train_transform
-
     config, acc = run.config, run.accelerator
     torch.manual_seed(config.seed)
     run.objective = build_objective(config, run.train, run.total_steps)
@@ -645,8 +617,6 @@ def _build_model(run: RunState) -> None:
 
 
 def _new_or_init_model(config: PretrainConfig, objective: Objective, init_revision: dict | None = None):
-    from vltool.model import build_from_spec, create_model, pinned_spec
-
     if config.init:  # the exact weights the run started from (a Hub id pinned to the commit it resolved to)
         model, tokenizer, _, _ = build_from_spec(pinned_spec(config.init, init_revision))
         if config.logit_scale_init is not None:
@@ -657,8 +627,6 @@ def _new_or_init_model(config: PretrainConfig, objective: Objective, init_revisi
             model.config["logit_scale"]["learnable"] = config.logit_scale_learnable
         return model, tokenizer
     try:
-        import transformers
-
         transformers.utils.logging.disable_progress_bar()
     except Exception:
         pass
@@ -719,8 +687,6 @@ def _log_ema(run: RunState) -> None:
     if momentum is None:
         return
     if run.objective.warning:
-        from vltool.topology import warn
-
         warn(run.objective.warning)
     if run.accelerator.is_main_process and not run.resumed:
         with open(run.run_dir / METRICS_FILE, "a") as f:
@@ -735,8 +701,6 @@ def _save(run: RunState) -> Path:
 
 
 def _evaluate(run: RunState) -> dict:
-    from vltool.transforms import eval_transform
-
     return evaluate(run.model, run.tokenizer, run.evald, eval_transform(run.model.config["preprocess"]), run.objective.loss,
                     run.config.batch_size * run.accelerator.num_processes, run.accelerator, run.config.seed)
 
@@ -749,8 +713,6 @@ def _epochs(run: RunState) -> float | None:
 
 
 def _final_stats(run: RunState, plain, final_eval, bad_all: set, exported: bool, plotted: str) -> dict:
-    from vltool.model import MODEL_DIR, OPEN_CLIP_DIR, fingerprint
-
     c, trained = run.config, run.step - run.start_step
     new_samples = run.samples_seen - run.samples_at_start  # this invocation's
     return {

@@ -53,6 +53,7 @@ from dataclasses import dataclass
 import torch
 
 from vltool.losses import LOSSES, BiasSearch, LossInput, MemoryBankLoss, SigmoidLoss, build_loss, gather_many, positive_mask, search_logit_bias
+from vltool.model import batchnorm_stats_kept
 from vltool.pretrain.data import TrainData
 
 
@@ -174,8 +175,6 @@ def cached_backward(objective: Objective, model, batches, inputs_of, autocast, b
     trainer's backward (Accelerate's, which scales an fp16 loss: the cached feature gradients are then
     scaled too, like every other gradient); `before_last()`: called before the last backward pass (the
     gradient synchronisation over processes overlaps it)."""
-    from vltool.model import batchnorm_stats_kept
-
     device = model.logit_scale.device
     cached = []
     with torch.no_grad(), batchnorm_stats_kept(model):  # (a): the running statistics move in (c), once per micro-batch

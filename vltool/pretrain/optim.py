@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.distributed as dist
 
 from vltool.errors import UsageError, VltoolError
 from vltool.pretrain.config import PretrainConfig
@@ -75,8 +76,6 @@ def param_groups(named_params, weight_decay: float) -> list[dict]:
 
 def sum_gradients(params) -> None:
     """All-reduce (sum) the gradients of parameters each process only sees through its own rows."""
-    import torch.distributed as dist
-
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return
     params = [p for p in params if p.requires_grad]
@@ -104,8 +103,6 @@ class GradientSync:
     all) is reduced, every reduction is waited for and copied back. With one process it does nothing."""
 
     def __init__(self, params, bucket_mb: float = 25.0):
-        import torch.distributed as dist
-
         self.world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         self.params = [p for p in params if p.requires_grad]
         self.buckets: list[list] = []
@@ -138,8 +135,6 @@ class GradientSync:
             self._launch(self.next)
 
     def _launch(self, b: int) -> None:
-        import torch.distributed as dist
-
         ps = self.buckets[b]
         flat = torch._utils._flatten_dense_tensors([p.grad if p.grad is not None else torch.zeros_like(p) for p in ps])
         self.handles.append((b, flat, dist.all_reduce(flat, async_op=True)))

@@ -18,6 +18,7 @@ number of captions containing the word, over every alphabetic token, ties alphab
 
 from __future__ import annotations
 
+import math
 import random
 from collections import Counter
 from dataclasses import dataclass
@@ -27,12 +28,14 @@ from typing import Sequence
 import datasets
 import faiss
 import numpy as np
+import torch
 
 from vltool import columns as C
 from vltool import provenance
-from vltool.cache import EmbeddingCache
+from vltool.cache import CacheKey, EmbeddingCache, ids_digest, row_filter
 from vltool.checks import clean_texts, missing_text_warning, require_decoded, text_column
-from vltool.encode import encode_texts, load_eval_model, model_record
+from vltool.deform import row_seed
+from vltool.encode import decode_image, encode_texts, image_preprocessing, load_eval_model, model_record, run_batches
 from vltool.errors import UsageError
 from vltool.io import LoadedDataset, check_output, load_dataset, model_inputs, save_dataset, shared_ids
 from vltool.text import english_stopwords, tokenize
@@ -151,8 +154,6 @@ def agreement_with_withheld(pseudo: list[str], truth: list[frozenset[str]], seed
 
 def crop_box(width: int, height: int, rng) -> tuple[int, int, int, int]:
     """A random resized crop's box (left, top, right, bottom), as torchvision's RandomResizedCrop draws it."""
-    import math
-
     area = width * height
     for _ in range(10):
         target = area * rng.uniform(*CROP_SCALE)
@@ -168,21 +169,11 @@ def crop_box(width: int, height: int, rng) -> tuple[int, int, int, int]:
 
 
 def view_seed(seed: int, row_id: str) -> int:
-    from vltool.deform import row_seed
-
     return row_seed(seed, f"pseudolabel:{row_id}")
 
 
 def encode_views(m, src, config: PseudolabelConfig, cache) -> tuple[np.ndarray, np.ndarray]:
     """(N, crops, D) embeddings of seeded random crops of every image, and the (N,) mask of bad images."""
-    import datasets
-    import numpy as np
-    import torch
-
-    from vltool import columns as C
-    from vltool.cache import CacheKey, ids_digest, row_filter
-    from vltool.encode import decode_image, image_preprocessing, run_batches
-
     ds = src.dataset
     raw = ds.select_columns([C.IMAGE])
     if isinstance(raw.features[C.IMAGE], datasets.Image):

@@ -32,14 +32,24 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import datasets
+import numpy as np
+import pyarrow.compute as pc
+import torch
+from PIL import Image
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForSeq2SeqLM, AutoProcessor,
+                          AutoTokenizer, LogitsProcessor, LogitsProcessorList)
+from transformers.models.auto import modeling_auto as ma
+from transformers.utils import logging as hf_logging
 
 from vltool import columns as C
 from vltool import provenance
 from vltool import hub
 from vltool.checks import clean_text, require_texts, text_column
+from vltool.console import err, progress_enabled
 from vltool.console import log as console_log
 from vltool.errors import UsageError, VltoolError
-from vltool.io import LoadedDataset, check_output, decode_image, load_dataset, require_a_decodable_image, save_dataset
+from vltool.io import LoadedDataset, check_output, decode_image, load_dataset, require_a_decodable_image, save_dataset, write_json_atomic
 from vltool.topology import process_state, warn
 
 STRATEGIES = ("nucleus", "beam")
@@ -241,9 +251,6 @@ def make_row_sampler(generators: list, temperature: float, top_p: float):
     from its generator and picks the token by inverse CDF. It returns scores that are 0 for the picked
     token and -inf elsewhere, so generate's own sampling step can only pick that token.
     """
-    import torch
-    from transformers import LogitsProcessor
-
     class RowSampler(LogitsProcessor):
         def __call__(self, input_ids, scores):  # scores (N, V), N = rows * k in generate's order
             if scores.shape[0] != len(generators):
@@ -272,8 +279,6 @@ def make_row_sampler(generators: list, temperature: float, top_p: float):
 
 def _auto_names() -> tuple[dict, dict]:
     """model_type -> class name of transformers' image-to-text models, and of its language models."""
-    from transformers.models.auto import modeling_auto as ma
-
     captioners = dict(ma.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)
     captioners.update(getattr(ma, "MODEL_FOR_VISION_2_SEQ_MAPPING_NAMES", {}))  # older transformers
     return captioners, {**_causal_names(), **_seq2seq_names()}
@@ -295,8 +300,6 @@ def inspect_model(path: Path | str, paraphrase: bool) -> dict:
         )
     if not (path / "config.json").is_file():
         raise UsageError(f"{opt} {path} is not a transformers model directory (it has no config.json)")
-    from transformers import AutoConfig
-
     try:
         config = AutoConfig.from_pretrained(str(path), local_files_only=True)
     except Exception as e:  # unknown model_type, corrupt JSON: transformers raises several kinds
@@ -331,14 +334,10 @@ def inspect_model(path: Path | str, paraphrase: bool) -> dict:
 
 
 def _causal_names() -> dict:
-    from transformers.models.auto import modeling_auto as ma
-
     return dict(ma.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 
 
 def _seq2seq_names() -> dict:
-    from transformers.models.auto import modeling_auto as ma
-
     return dict(ma.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES)
 
 
@@ -354,8 +353,6 @@ def model_fingerprint(path: Path) -> str:
 
 
 def resolve_device(device: str) -> str:
-    import torch
-
     if device != "auto":
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise UsageError(f"--device {device}: CUDA is not available on this machine")
@@ -364,8 +361,6 @@ def resolve_device(device: str) -> str:
 
 
 def resolve_dtype(dtype: str, device: str):
-    import torch
-
     if dtype == "auto":
         return torch.float16 if device.startswith("cuda") else torch.float32
     return getattr(torch, dtype)
@@ -375,16 +370,12 @@ class _Quiet:
     """Silence transformers' info logs and progress bars while loading (vltool shows its own)."""
 
     def __enter__(self):
-        from transformers.utils import logging as hf_logging
-
         self._level = hf_logging.get_verbosity()
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
         return self
 
     def __exit__(self, *exc):
-        from transformers.utils import logging as hf_logging
-
         hf_logging.set_verbosity(self._level)
         hf_logging.enable_progress_bar()
         return False
@@ -410,8 +401,6 @@ class Generator:
         return getattr(self.processor, "tokenizer", self.processor)
 
     def _generate_kwargs(self, ids: Sequence[str]) -> dict:
-        from transformers import LogitsProcessorList
-
         s = self.settings
         k = s["num_captions"]
         kw = dict(
@@ -421,8 +410,6 @@ class Generator:
             num_return_sequences=k,
         )
         if s["strategy"] == "nucleus":
-            import torch
-
             gens = [torch.Generator().manual_seed(caption_seed(s["seed"], i, j)) for i in ids for j in range(k)]
             sampler = make_row_sampler(gens, s["temperature"], s["top_p"])
             # generate's own warpers are neutral: RowSampler has already chosen the token
@@ -442,8 +429,6 @@ class Generator:
         return self.processor(prompts, return_tensors="pt", padding=True)
 
     def __call__(self, items: Sequence[Any], ids: Sequence[str], prepared: Any = None) -> list[list[str]]:
-        import torch
-
         if not items:
             return []
         inputs = prepared if prepared is not None else self.prepare(items)
@@ -473,8 +458,6 @@ class Generator:
 
 def to_rgb(image):
     """A PIL image as RGB; transparent pixels (emoji, icons) composited onto white."""
-    from PIL import Image
-
     if image.mode in ("RGBA", "LA") or (image.mode == "P" and "transparency" in image.info):
         image = image.convert("RGBA")
         background = Image.new("RGBA", image.size, (255, 255, 255, 255))
@@ -491,9 +474,6 @@ def newline_token_ids(tokenizer) -> list[int]:
 
 def load_generator(info: dict, config: RecaptionConfig, device: str) -> Generator:
     """Load the model directory described by `inspect_model` with its processor or tokenizer."""
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForSeq2SeqLM, AutoProcessor, \
-        AutoTokenizer
-
     path, kind = info["path"], info["kind"]
     dtype = resolve_dtype(config.dtype, device)
     opt = "--lm" if config.paraphrase else "--model"
@@ -559,8 +539,6 @@ class WorkDir:
 
     def open(self, job: dict, restart: bool) -> int:
         """Create or resume; returns how many shards were already done. A different job is refused."""
-        from vltool.io import write_json_atomic
-
         job_file = self.root / "job.json"
         if restart and self.root.exists():
             shutil.rmtree(self.root)
@@ -637,11 +615,6 @@ class Interrupted(VltoolError):
 
 def _progress():
     """A progress bar on stderr: rows done of this process's share, rows per second, time left."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
-        TimeRemainingColumn
-
-    from vltool.console import err, progress_enabled
-
     return Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
         TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TimeRemainingColumn(),
@@ -813,10 +786,6 @@ def assemble(ds, generated: list[list[str]], config: RecaptionConfig, label: str
 
 
 def generation_stats(ds, generated: list[list[str]], config: RecaptionConfig, input_column: str) -> dict:
-    import numpy as np
-
-    import pyarrow.compute as pc
-
     n = len(generated)
     k = config.num_captions
     flat = [t for g in generated for t in g]

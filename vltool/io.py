@@ -553,13 +553,15 @@ def check_output(
     if resolved == ASSETS or ASSETS in resolved.parents:
         raise UsageError(f"--out {out} is inside vltool's built-in data; choose another --out")
     check_writable(out)
-    refuse_if_busy(out)
+    locks = lock if lock is not None else is_main_process()  # the process that locks `out` (of a launch: the main one)
+    if locks:  # (the other processes of a launch find `out` locked by their own main process)
+        refuse_if_busy(out)
     not_ours = _not_replaceable(out, kind)
     if not_ours:
         raise UsageError(f"--out {out} {not_ours}; vltool replaces only what it wrote (even with --overwrite): choose another --out")
     if out.exists() and not overwrite:
         raise UsageError(f"{out} exists; pass --overwrite to replace it")
-    if _SCOPES and (lock if lock is not None else is_main_process()):
+    if _SCOPES and locks:
         hold_output_lock(out, related=related)
     return out
 

@@ -514,7 +514,8 @@ def _load_data(spec: RunSpec, config: PretrainConfig, run_dir: Path, overwrite: 
         if is_main():  # only the main process of a launch locks RUN_DIR (for the command's lifetime, in the CLI)
             hold_output_lock(final, keep=[run_dir])
         return train, evald
-    refuse_if_busy(final)  # a run another process is starting or training is "in use", not "unfinished"
+    if is_main():  # a run another launch is starting or training is "in use", not "unfinished" (this launch's main locks it)
+        refuse_if_busy(final)
     if not overwrite and (final / RUN_FILE).is_file() and not (final / C.PROVENANCE_FILE).is_file():
         found = ckpt.list_checkpoints(final)
         at = f"its last checkpoint is {found[-1].name}" if found else "it has no checkpoint yet"

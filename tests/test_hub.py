@@ -416,3 +416,12 @@ def test_an_empty_pretrained_is_refused_not_fresh_weights(cli):
     """`--model open_clip:ARCH --pretrained ""` started encoding with random weights: refused in one line."""
     r = cli("zeroshot", "emoji", "--where", "split=test", "--model", "open_clip:vltool-micro", "--pretrained", "", "--bootstrap", "0")
     assert r.exit_code == 2 and "--pretrained is empty" in r.stderr
+
+
+def test_out_may_not_touch_the_hub_cache_a_model_is_read_from(hub, cli):
+    """A Hub id's files are an input like a local model folder: --out inside huggingface_hub's cache is refused."""
+    snapshot = hub / "hub" / "models--testorg--tiny-clip" / "snapshots" / SHA["clip"]
+    for spec in ("hf:testorg/tiny-clip", "open_clip:hf-hub:testorg/tiny-open-clip"):
+        r = cli("mine-positives", "emoji", "--where", "split=test", "--model", spec, "--out", snapshot / "mined")
+        assert r.exit_code == 2 and "inputs are never modified" in r.stderr, r.stderr
+    assert not (snapshot / "mined").exists()

@@ -497,21 +497,32 @@ def _some_values(arr, feature, k: int = 5) -> str:
 
 def model_inputs(spec: str | Path | None, pretrained: str | Path | None = None) -> list[Path]:
     """What a --model value reads, protected like an input dataset: a vltool RUN_DIR (or RUN_DIR/model)
-    as given, local-dir:PATH's PATH, hf:DIR's DIR, open_clip:ARCH's --pretrained file."""
+    as given, local-dir:PATH's PATH, hf:DIR's DIR, open_clip:ARCH's weights file, and huggingface_hub's
+    cache for a Hub id or an open_clip tag (its files are read from there)."""
     if spec is None or not str(spec).strip():
         return []
     s = str(spec)
     if s.startswith("open_clip:"):  # --pretrained FILE or open_clip:ARCH/FILE; a tag's or a Hub id's files are in the Hub cache
         files = [pretrained] if pretrained else [s[len("open_clip:"):].partition("/")[2]]
-        return [Path(f).expanduser() for f in files if f and Path(f).expanduser().is_file()]
+        local = [Path(f).expanduser() for f in files if f and Path(f).expanduser().is_file()]
+        return local or (_hub_cache() if any(files) else [])
     if s.startswith("local-dir:"):
         if not s[len("local-dir:"):].strip():  # (Path("") is the current directory, which --out would then "overwrite")
             raise UsageError(f"{s!r} names no directory: expected local-dir:PATH (open_clip's local-dir layout)")
         return [Path(s[len("local-dir:"):]).expanduser()]
     if s.startswith("hf:"):  # a local folder; hf:ORG/NAME's files are in the Hub cache
         path = Path(s[len("hf:"):]).expanduser()
-        return [path] if s[len("hf:"):] and path.exists() else []
+        if not s[len("hf:"):]:
+            return []
+        return [path] if path.exists() else _hub_cache()
     return [Path(s).expanduser()]
+
+
+def _hub_cache() -> list[Path]:
+    """huggingface_hub's cache, where a Hub id's files are read from."""
+    from vltool.hub import hub_cache  # (lazy: vltool --help loads this module; huggingface_hub is not needed there)
+
+    return [hub_cache()]
 
 
 def _overlaps(out: Path, inp: Path) -> bool:

@@ -1156,8 +1156,10 @@ def check_init(spec: str) -> dict:
     The weights themselves are read when the model is built (build_from_spec)."""
     s = str(spec)
     if s.startswith(HF_SPEC):
-        check_hf_dual(s)
-        return hf_dual_dir(s)[1]
+        path, revision = hf_dual_dir(s)  # (resolved once: a Hub id is looked up once)
+        _hf_dual_class_of(s, path)
+        hf_processors(s, path)
+        return revision
     if s.startswith(hub.OPEN_CLIP_SPEC + hub.HF_HUB_PREFIX):
         return hub.resolve_open_clip_hub(s).revision
     if s.startswith(hub.OPEN_CLIP_SPEC):
@@ -1311,16 +1313,6 @@ def hf_processors(spec: str, path: Path):
     if tokenizer is None or isinstance(tokenizer, bool):
         raise UsageError(f"{spec}: no usable tokenizer in {path} ({_tokenizer_problem(path, ValueError('none found'))})")
     return image_processor, tokenizer
-
-
-def check_hf_dual(spec: str):
-    """hf:DIR or hf:ORG/NAME -> (DIR, the transformers class), without loading the weights: a UsageError for
-    a missing directory or config.json, a model_type vltool does not read, or an image processor or
-    tokenizer that transformers cannot load."""
-    path, _ = hf_dual_dir(spec)
-    cls = _hf_dual_class_of(spec, path)
-    hf_processors(spec, path)
-    return path, cls
 
 
 def _hf_dual_class_of(spec: str, path: Path):

@@ -27,7 +27,7 @@ import torch
 
 from vltool import columns as C
 from vltool.cache import row_filter
-from vltool.checks import has_text, require_unique_ids, text_column
+from vltool.checks import has_text, text_column
 from vltool.derived import add_columns
 from vltool.distinct import duplicate
 from vltool.errors import UsageError, VltoolError
@@ -145,7 +145,9 @@ def check_ids(named_ids: list, prefixed: bool, hint: str = "") -> None:
     sorted 64-bit hashes (vltool.distinct: 8 bytes a row, where Arrow's count_distinct kept 0.7 GB at 10M
     ids); only the offending ids become Python objects."""
     for spec_, ids in named_ids:
-        require_unique_ids(ids, spec_)
+        repeated, an_id = duplicate(ids)
+        if repeated:
+            raise UsageError(f"{spec_!r} has duplicate ids (e.g. {an_id!r}); ids must be unique")
     if len(named_ids) > 1 and not prefixed:
         columns = [ids for _, ids in named_ids]
         clashes, clash = duplicate(pa.chunked_array([c for ids in columns for c in ids.chunks], type=columns[0].type))

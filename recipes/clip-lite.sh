@@ -36,8 +36,7 @@ train() {  # train VARIANT SEED BATCH [pretrain options and data...], then evalu
     vltool pretrain "$@" --out "$dir/run" --seed "$seed" "${TOWERS[@]}" "${LOCKED[@]}" --augment none \
         --batch-size "$batch" --lr 1e-3 "${LENGTH[@]}" "${DEVICE_OPTS[@]}" --no-progress --overwrite > /dev/null
     evaluate "$dir/run" "$dir"
-    vltool probe "$DATA" --where split=train --eval-data "$DATA" --eval-where split=test --model "$dir/run" \
-        --protocol fff --features post --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" --out "$dir/probe.json" --overwrite --no-progress > /dev/null
+    probe "$dir/run" "$dir" fff --features post
 }
 
 for SEED in $SEEDS; do

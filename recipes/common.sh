@@ -19,6 +19,14 @@ GROUP_COLUMN=${GROUP_COLUMN-base_id}
 EVAL_GROUPS=(); if [ -n "$GROUP_COLUMN" ]; then EVAL_GROUPS=(--group-column "$GROUP_COLUMN"); fi
 RESULTS=${RESULTS:-results}
 
+# A second art style of the same test examples, none of it in training: every evaluation below scores it too,
+# into the same file name with "-style2" before ".json" (zeroshot-style2.json, ...), and the reports set the two
+# styles side by side (--style). Built-in emoji data: emoji-openmoji (OpenMoji's drawings). STYLE2= : none.
+if [ "${DATA:-}" = "emoji" ]; then STYLE2=${STYLE2-emoji-openmoji}; else STYLE2=${STYLE2-}; fi
+STYLE1_NAME=${STYLE1_NAME:-$([ "${DATA:-}" = "emoji" ] && echo Noto || echo "$DATA")}
+STYLE2_NAME=${STYLE2_NAME:-$([ "$STYLE2" = "emoji-openmoji" ] && echo OpenMoji || echo "$STYLE2")}
+STYLES=(); if [ -n "$STYLE2" ]; then STYLES=(--style "$STYLE1_NAME=" --style "$STYLE2_NAME=-style2"); fi
+
 if [ "${SMOKE:-0}" = "1" ]; then
     # End to end on about 8% of the data (whole base_id groups, both splits) with a handful of steps:
     # checks that the recipe runs, not what it measures. Results go under $OUT, never to results/.
@@ -37,21 +45,31 @@ fi
 
 # evaluate MODEL DIR [extra --where clauses...]: zero-shot classification and image-text retrieval on
 # the test split (whose base_id groups never occur in training), into DIR/zeroshot.json, DIR/retrieve.json.
+# With STYLE2, the same on its test rows, into DIR/zeroshot-style2.json, DIR/retrieve-style2.json.
 evaluate() {
-    local model=$1 dir=$2
+    local model=$1 dir=$2 data suffix
     shift 2
-    vltool zeroshot "$DATA" --where split=test "$@" --model "$model" --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" \
-        --out "$dir/zeroshot.json" --overwrite --no-progress > /dev/null
-    vltool retrieve "$DATA" --where split=test "$@" --model "$model" --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" \
-        --out "$dir/retrieve.json" --overwrite --no-progress > /dev/null
+    for data in "$DATA" ${STYLE2:+"$STYLE2"}; do
+        suffix=""; if [ "$data" != "$DATA" ]; then suffix=-style2; fi
+        vltool zeroshot "$data" --where split=test "$@" --model "$model" --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" \
+            --out "$dir/zeroshot$suffix.json" --overwrite --no-progress > /dev/null
+        vltool retrieve "$data" --where split=test "$@" --model "$model" --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" \
+            --out "$dir/retrieve$suffix.json" --overwrite --no-progress > /dev/null
+    done
 }
 
-# probe MODEL DIR PROTOCOL: a linear probe fitted on the training split's frozen image features,
-# scored on the test split, into DIR/probe.json.
+# probe MODEL DIR PROTOCOL [probe options...]: a linear probe fitted on the training split's frozen image
+# features, scored on the test split, into DIR/probe.json; with STYLE2, the same probe (fitted on the training
+# style) scored on STYLE2's test rows, into DIR/probe-style2.json.
 probe() {
-    local model=$1 dir=$2 protocol=$3
-    vltool probe "$DATA" --where split=train --eval-data "$DATA" --eval-where split=test --model "$model" \
-        --protocol "$protocol" --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" --out "$dir/probe.json" --overwrite --no-progress > /dev/null
+    local model=$1 dir=$2 protocol=$3 data suffix
+    shift 3
+    for data in "$DATA" ${STYLE2:+"$STYLE2"}; do
+        suffix=""; if [ "$data" != "$DATA" ]; then suffix=-style2; fi
+        vltool probe "$DATA" --where split=train --eval-data "$data" --eval-where split=test --model "$model" \
+            --protocol "$protocol" "$@" --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" --out "$dir/probe$suffix.json" \
+            --overwrite --no-progress > /dev/null
+    done
 }
 
 say() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }

@@ -40,8 +40,11 @@ for SEED in $SEEDS; do
         edit=()
         if [ "$v" != before ]; then edit=(--debias "$dir/gender"); fi
         if [ "$v" = images-and-queries ]; then edit+=(--debias-text); fi
-        vltool zeroshot "$DATA" --where split=test --model "$dir/run" "${edit[@]}" --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" \
-            --out "$OUT/$v/seed$SEED/zeroshot.json" --overwrite --no-progress > /dev/null
+        for data in "$DATA" ${STYLE2:+"$STYLE2"}; do   # in each style
+            suffix=""; if [ "$data" != "$DATA" ]; then suffix=-style2; fi
+            vltool zeroshot "$data" --where split=test --model "$dir/run" "${edit[@]}" --bootstrap "$BOOTSTRAP" \
+                "${EVAL_GROUPS[@]}" --out "$OUT/$v/seed$SEED/zeroshot$suffix.json" --overwrite --no-progress > /dev/null
+        done
     done
 done
 

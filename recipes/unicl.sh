@@ -44,12 +44,27 @@ train() {  # train VARIANT SEED [pretrain options and data...], then evaluate
     for part in unseen seen; do   # zero-shot among the held-out (unseen) subgroups, and among the seen ones
         vltool zeroshot "$classes/$part" --where split=test --present-classes-only --templates "$TEMPLATES" \
             --model "$dir/run" --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" --out "$dir/zeroshot-$part.json" --overwrite --no-progress > /dev/null
+        if [ -n "$STYLE2" ]; then   # the same subgroups in the second style
+            mapfile -t where < <(part_where "$classes/$part")
+            vltool zeroshot "$STYLE2" --where split=test "${where[@]}" --present-classes-only \
+                --templates "$TEMPLATES" --model "$dir/run" --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" \
+                --out "$dir/zeroshot-$part-style2.json" --overwrite --no-progress > /dev/null
+        fi
     done
-    vltool retrieve "$DATA" --where split=test --model "$dir/run" --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" \
-        --out "$dir/retrieve.json" --overwrite --no-progress > /dev/null
+    evaluate_retrieval "$dir/run" "$dir"
     # the towers are locked, so the probe reads the learned embedding (after the projection)
-    vltool probe "$DATA" --where split=train --eval-data "$DATA" --eval-where split=test --model "$dir/run" \
-        --protocol fff --features post --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" --out "$dir/probe.json" --overwrite --no-progress > /dev/null
+    probe "$dir/run" "$dir" fff --features post
+}
+part_where() {  # part_where DIR: --where subgroup=G for each subgroup G of the part DIR, an argument a line
+    python -c "import datasets, sys; print('\n'.join(f'--where\nsubgroup={g}' for g in sorted(set(datasets.load_from_disk(sys.argv[1])['subgroup']))))" "$1"
+}
+evaluate_retrieval() {  # evaluate_retrieval MODEL DIR: image-text retrieval on the test split, in each style
+    local data suffix
+    for data in "$DATA" ${STYLE2:+"$STYLE2"}; do
+        suffix=""; if [ "$data" != "$DATA" ]; then suffix=-style2; fi
+        vltool retrieve "$data" --where split=test --model "$1" --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" \
+            --out "$2/retrieve$suffix.json" --overwrite --no-progress > /dev/null
+    done
 }
 
 for SEED in $SEEDS; do

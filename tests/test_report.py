@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from vltool.cli import app
 from vltool.errors import VltoolError
-from vltool.report import Metric, ReportConfig, build_report, parse_metric, render_markdown, write_report
+from vltool.report import Metric, ReportConfig, build_report, parse_metric, parse_styles, render_markdown, write_report
 
 
 def entry(v, lo, hi, chance=0.01):
@@ -90,7 +90,8 @@ def test_seeds_missing_a_variant_are_left_out(runs):
 # ----------------------------------------------------------------------------------------------------
 
 
-def write_run(d, hits, *, ids=("a1", "a2", "b1", "b2"), groups=("A", "A", "B", "B"), group_column="base_id", classes=None):
+def write_run(d, hits, *, ids=("a1", "a2", "b1", "b2"), groups=("A", "A", "B", "B"), group_column="base_id", classes=None,
+              name="zeroshot"):
     """A zeroshot results JSON and its per-example outcomes: example i a hit (true class ranked first) or not."""
     import numpy as np
 
@@ -101,11 +102,11 @@ def write_run(d, hits, *, ids=("a1", "a2", "b1", "b2"), groups=("A", "A", "B", "
     arrays = base_arrays("zeroshot", "classification", np.asarray(ids), np.asarray(groups) if group_column else None, group_column)
     arrays.update({"class": np.asarray(classes if classes is not None else [0] * len(hits)), "greater": (1 - hits)[None].astype(np.int32),
                    "tied": np.zeros((1, len(hits)), np.int32), "num_classes": np.asarray(2)})
-    write_examples(d / "zeroshot.examples.npz", arrays)
+    write_examples(d / f"{name}.examples.npz", arrays)
     values = Outcomes(arrays).statistic()(None)
-    d.joinpath("zeroshot.json").write_text(json.dumps({
+    d.joinpath(f"{name}.json").write_text(json.dumps({
         "metrics": {k: entry(v, None, None, 0.5) for k, v in values.items()},
-        "examples": {"file": "zeroshot.examples.npz", "format": "vltool-examples/1"}}))
+        "examples": {"file": f"{name}.examples.npz", "format": "vltool-examples/1"}}))
     return values
 
 
@@ -224,3 +225,58 @@ def test_paired_examples_are_matched_by_id_and_must_be_the_same(tmp_path):
     (runs / "up" / "seed0" / "zeroshot.json").write_text(json.dumps(rec))
     with pytest.raises(VltoolError, match="come from different runs"):
         build_report(runs, cfg)
+
+
+# ----------------------------------------------------------------------------------------------------
+# --style: the same test examples in a second art style, and where each difference holds
+# ----------------------------------------------------------------------------------------------------
+
+
+def test_styles_side_by_side_and_where_each_difference_holds(tmp_path):
+    # base hits one example of each group in both styles; each variant's difference is the same in every group
+    # and seed, so its paired interval is a point: +0.5 (all hits), -0.5 (no hit) or 0 (the base's hits)
+    up, same, down = [1, 1, 1, 1], [1, 0, 1, 0], [0, 0, 0, 0]
+    styles = {"base": (same, same), "both": (up, up), "noto-only": (up, same), "opposite": (up, down), "none": (same, same)}
+    for variant, (noto, openmoji) in styles.items():
+        for seed in range(3):
+            d = tmp_path / "runs" / variant / f"seed{seed}"
+            write_run(d, noto)
+            write_run(d, openmoji, name="zeroshot-style2")
+            (d / "data").mkdir()
+            (d / "data" / "vltool.json").write_text(json.dumps({"stats": {"rows": 10}}))
+    cfg = ReportConfig(metrics=[parse_metric("ZS=zeroshot:top1"), parse_metric("rows=data/vltool.json:stats.rows")],
+                       variants=[(v, v) for v in styles], baseline="base", styles=parse_styles(["Noto=", "OpenMoji=-style2"]),
+                       bootstrap=200)
+    r = build_report(tmp_path / "runs", cfg)
+    # the twin follows its metric; the plain number has no file in the second style, so no twin
+    assert [(m["label"], m["file"], m.get("style"), m.get("twin_of")) for m in r["metrics"]] == [
+        ("ZS", "zeroshot", "Noto", None), ("ZS, OpenMoji", "zeroshot-style2", "OpenMoji", "zeroshot:top1"),
+        ("rows", "data/vltool.json", "Noto", None)]
+    by = {v["name"]: v["summary"] for v in r["variants"]}
+    assert by["noto-only"]["zeroshot-style2:top1"]["mean"] == pytest.approx(0.5)
+    assert by["noto-only"]["zeroshot:top1"]["paired"]["delta"] == pytest.approx(0.5)
+    assert by["opposite"]["zeroshot-style2:top1"]["paired"]["delta"] == pytest.approx(-0.5)
+    verdicts = {n: s["zeroshot:top1"]["styles"] for n, s in by.items() if n != "base"}
+    assert verdicts == {
+        "both": {"verdict": "both styles", "by_style": {"Noto": "up", "OpenMoji": "up"}},
+        "noto-only": {"verdict": "Noto only", "by_style": {"Noto": "up", "OpenMoji": "within noise"}},
+        "opposite": {"verdict": "opposite signs", "by_style": {"Noto": "up", "OpenMoji": "down"}},
+        "none": {"verdict": "neither style", "by_style": {"Noto": "within noise", "OpenMoji": "within noise"}}}
+    assert "styles" not in by["both"]["data/vltool.json:stats.rows"]
+    md = render_markdown(r)
+    assert "| noto-only | Noto only (Noto ↑ OpenMoji –) |" in md
+    assert "| opposite | opposite signs (Noto ↑ OpenMoji ↓) |" in md
+    assert "Holds in one style only: noto-only, ZS (Noto only)." in md
+    assert "| Variant | ZS | ZS, OpenMoji | rows |" in md
+    # without --style: no twins, no verdicts
+    plain = build_report(tmp_path / "runs", ReportConfig(metrics=cfg.metrics, variants=cfg.variants, baseline="base", bootstrap=200))
+    assert len(plain["metrics"]) == 2 and "Across styles" not in render_markdown(plain)
+
+
+@pytest.mark.parametrize("specs", [["Noto=-a", "OpenMoji=-b"], ["Noto="], ["Noto=", "Noto=-b"], ["Noto", "OpenMoji=-b"]])
+def test_style_options_are_checked(specs, tmp_path):
+    with pytest.raises(Exception, match="--style"):
+        parse_styles(specs)
+    args = ["report", str(tmp_path), "--out", str(tmp_path / "o"), "--metric", "zeroshot:top1"]
+    r = CliRunner().invoke(app, args + [a for s in specs for a in ("--style", s)])
+    assert r.exit_code == 2 and "--style" in r.output

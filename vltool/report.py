@@ -25,7 +25,7 @@ import math
 import os
 import platform
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,8 @@ class Metric:
     relpath: str
     key: str
     percent: bool | None = None  # None: evaluation fractions are shown in percent, ranks and plain values as they are
+    style: str | None = None  # with --style: the art style (or any second test set) this metric was measured in
+    twin_of: str | None = None  # a second style's metric: the name of the same metric in the first style
 
     @property
     def name(self) -> str:
@@ -59,6 +61,7 @@ class ReportConfig:
     recipe: str | None = None
     paper: dict[str, str] = field(default_factory=dict)  # variant -> the paper's finding for the same comparison
     notes: list[str] = field(default_factory=list)
+    styles: list[tuple[str, str]] = field(default_factory=list)  # (name, file suffix); "" names the metrics as given
     bootstrap: int = 1000  # resamples of the paired bootstrap
     seed: int = 0  # its seed
 
@@ -83,6 +86,45 @@ def parse_pairs(specs: list[str], what: str) -> list[tuple[str, str]]:
         if not name:
             raise UsageError(f"{what} {s!r}: expected NAME=TEXT")
         out.append((name, value if sep else name))
+    return out
+
+
+def parse_styles(specs: list[str]) -> list[tuple[str, str]]:
+    """--style NAME=SUFFIX, repeatable: exactly one with an empty SUFFIX (the metrics as given), and at least one other."""
+    styles = []
+    for spec in specs:
+        name, sep, suffix = spec.partition("=")
+        if not sep or not name.strip():
+            raise UsageError(f"--style {spec!r}: expected NAME=SUFFIX, e.g. 'Noto=' and 'OpenMoji=-style2'")
+        if any(n == name.strip() for n, _ in styles) or any(x == suffix for _, x in styles):
+            raise UsageError(f"--style {spec!r}: each style needs its own name and file suffix")
+        styles.append((name.strip(), suffix))
+    if styles and (sum(x == "" for _, x in styles) != 1 or len(styles) < 2):
+        raise UsageError("--style: give the style of the metrics as given (NAME=, an empty suffix) and at least one "
+                         "other (NAME=SUFFIX, its files named like the first style's with SUFFIX before .json)")
+    return styles
+
+
+def with_suffix(relpath: str, suffix: str) -> str:
+    """'zeroshot' -> 'zeroshot-style2', 'a/probe.json' -> 'a/probe-style2.json'."""
+    return relpath[:-5] + suffix + ".json" if relpath.endswith(".json") else relpath + suffix
+
+
+def add_style_twins(metrics: list[Metric], styles: list[tuple[str, str]], found: dict[str, dict[int, Path]]) -> list[Metric]:
+    """With --style, each metric is followed by its twin in every other style: the same KEY in the run's file
+    with that style's suffix, labelled "LABEL, STYLE", where any run has that file (plain numbers of a
+    run's own vltool.json have none)."""
+    if not styles:
+        return metrics
+    first = next(n for n, x in styles if x == "")
+    runs = [d for seeds in found.values() for d in seeds.values()]
+    out = []
+    for m in metrics:
+        out.append(Metric(m.label, m.relpath, m.key, m.percent, style=first))
+        for name, suffix in styles:
+            rel = with_suffix(m.relpath, suffix)
+            if suffix and any((d / rel).exists() or (d / (rel + ".json")).exists() for d in runs):
+                out.append(Metric(f"{m.label}, {name}", rel, m.key, m.percent, style=name, twin_of=m.name))
     return out
 
 
@@ -186,16 +228,20 @@ def build_report(runs_dir: str | Path, config: ReportConfig) -> dict:
     """The report of the runs under `runs_dir`: every number per seed, summarised per variant, and the
     differences from the baseline (paired where the runs kept their per-example outcomes).
 
-    Stages: find_variants -> read_runs -> keep_complete_seeds -> summarise -> paired_comparisons -> report_record.
+    Stages: find_variants -> add_style_twins -> read_runs -> keep_complete_seeds -> summarise -> paired_comparisons
+    -> style_verdicts -> report_record.
     """
     runs_dir = Path(runs_dir)
     found, order = find_variants(runs_dir, config)
+    config = replace(config, metrics=add_style_twins(config.metrics, config.styles, found))
     variants, sources = read_runs(found, order, config)
     incomplete = keep_complete_seeds(variants, runs_dir, order)
     base = next((v for v in variants if v["name"] == config.baseline), None)
     for v in variants:
         v["summary"] = {m.name: s for m in config.metrics if (s := summarise(v, base, m)) is not None}
     paired_notes = paired_comparisons(variants, base, config, sources) if base is not None else []
+    if base is not None and config.styles:
+        style_verdicts(variants, base, config)
     units = sorted({u for _, r in sources.values() if (u := _bootstrap_unit(r))})
     return report_record(runs_dir, config, variants, incomplete, paired_notes, units)
 
@@ -299,7 +345,9 @@ def report_record(runs_dir: Path, config: ReportConfig, variants: list[dict], in
         "seeds": seeds,
         "incomplete_seeds": incomplete,
         "baseline": config.baseline,
-        "metrics": [{"name": m.name, "label": m.label, "file": m.relpath, "key": m.key} for m in config.metrics],
+        "metrics": [{"name": m.name, "label": m.label, "file": m.relpath, "key": m.key,
+                     **({"style": m.style, "twin_of": m.twin_of} if config.styles else {})} for m in config.metrics],
+        "styles": [{"name": n, "suffix": x} for n, x in config.styles] or None,
         "variants": variants,
         "bootstrap_units": units,
         "paired": {
@@ -403,6 +451,44 @@ def paired_comparisons(variants: list[dict], base: dict, config: ReportConfig, s
     return notes
 
 
+def style_verdict(by_style: dict[str, dict | None]) -> str | None:
+    """Where a paired difference holds, over the styles {name: summary["paired"]}: 'both styles' / 'every style'
+    (the same sign everywhere), 'NAME only' / 'A, B only', 'opposite signs', 'neither style' / 'no style'; None
+    when a style has no interval."""
+    if any(p is None or p.get("ci_low") is None for p in by_style.values()):
+        return None
+    differs = {n: p for n, p in by_style.items() if p["differs"]}
+    if not differs:
+        return "neither style" if len(by_style) == 2 else "no style"
+    if len({p["delta"] > 0 for p in differs.values()}) > 1:
+        return "opposite signs"
+    if len(differs) == len(by_style):
+        return "both styles" if len(by_style) == 2 else "every style"
+    return ", ".join(differs) + " only"
+
+
+def style_verdicts(variants: list[dict], base: dict, config: ReportConfig) -> None:
+    """Each variant's verdict across styles, per metric of the first style with twins: summary[metric]["styles"]
+    = {"verdict", "by_style": {style: "up" | "down" | "within noise"}}."""
+    twins: dict[str, list[Metric]] = {}
+    for m in config.metrics:
+        if m.twin_of is not None:
+            twins.setdefault(m.twin_of, []).append(m)
+    first = {m.name: m for m in config.metrics if m.name in twins}
+    for v in variants:
+        if v is base:
+            continue
+        for name, others in twins.items():
+            s = v["summary"].get(name)
+            if s is None or "delta_vs_baseline" not in s:
+                continue
+            by = {first[name].style: s.get("paired")} | {t.style: (v["summary"].get(t.name) or {}).get("paired") for t in others}
+            s["styles"] = {"verdict": style_verdict(by),
+                           "by_style": {n: None if p is None or p.get("ci_low") is None else
+                                        ("up" if p["delta"] > 0 else "down") if p["differs"] else "within noise"
+                                        for n, p in by.items()}}
+
+
 def _scale(kind: str, key: str) -> float:
     return 100.0 if kind == "eval" and "rank" not in key else 1.0
 
@@ -440,6 +526,8 @@ def render_markdown(report: dict) -> str:
     lines = _md_intro(report) + _md_results_table(report)
     if report["baseline"] is not None and len(report["variants"]) > 1:
         lines += _md_baseline_table(report)
+        if report.get("styles"):
+            lines += _md_styles_table(report)
     return "\n".join(lines + _md_footer(report)) + "\n"
 
 
@@ -513,6 +601,36 @@ def _md_baseline_table(report: dict) -> list[str]:
             lines.append("| " + " | ".join([v["label"]] + [_delta_cell(v["summary"].get(m["name"], {}), m) for m in metrics]) + " |")
     if any(s.get("paired") is None and s.get("delta_vs_baseline") for v in report["variants"] for s in v["summary"].values()):
         lines += ["", "[-]: no paired interval. " + " ".join(report.get("paired_notes") or [])]
+    return lines
+
+
+def _md_styles_table(report: dict) -> list[str]:
+    """Where each difference from the baseline holds: in every style, in one only, in none, or with opposite signs."""
+    metrics = [m for m in report["metrics"] if any(x.get("twin_of") == m["name"] for x in report["metrics"])]
+    rows = [v for v in report["variants"] if v["name"] != report["baseline"]]
+    if not metrics or not any("styles" in (v["summary"].get(m["name"]) or {}) for v in rows for m in metrics):
+        return []
+    names = [s["name"] for s in report["styles"]]
+    arrow = {"up": "↑", "down": "↓", "within noise": "–", None: "?"}
+    lines = ["", f"Across styles ({', '.join(names)}: the same test examples drawn in each): where each difference "
+                 "above differs from 0, by its paired interval in each style. ↑ / ↓: differs, up or down; –: within noise. "
+                 "*NAME only*: a difference that holds in that style alone.", ""]
+    lines.append("| Variant | " + " | ".join(m["label"] for m in metrics) + " |")
+    lines.append("|---|" + "---|" * len(metrics))
+    one_only = []
+    for v in rows:
+        cells = [v["label"]]
+        for m in metrics:
+            st = (v["summary"].get(m["name"]) or {}).get("styles")
+            if st is None:
+                cells.append("-")
+                continue
+            verdict = st["verdict"] or "no interval in some style"
+            cells.append(f"{verdict} ({' '.join(n + ' ' + arrow[st['by_style'][n]] for n in names if n in st['by_style'])})")
+            if st["verdict"] and st["verdict"].endswith(" only"):
+                one_only.append(f"{v['label']}, {m['label']} ({st['verdict']})")
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Holds in one style only: " + ("; ".join(one_only) + "." if one_only else "none.")]
     return lines
 
 

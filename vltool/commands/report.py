@@ -20,13 +20,18 @@ into the file. The table gives mean +- sd over seeds, the mean 95% bootstrap hal
 chance level, and with --baseline each variant's difference from the baseline with its 95% paired
 bootstrap interval over the same test examples (from the runs' per-example outcomes, X.examples.npz;
 whole groups resampled when the runs were evaluated with --group-column; pooled over seeds), marked
-"differs" when the interval excludes 0. See docs/evaluation.md.
+"differs" when the interval excludes 0. With --style, each metric is set beside the same metric in
+another style of the same test examples (its file named with the style's suffix), and a last table
+says where each difference holds: in every style, in one only, or in none. See docs/evaluation.md.
 
 Examples:
 
   vltool report runs/fistful --out results/fistful-of-words --baseline intact \\
       --variant intact=Intact --variant bow=Only-BoW \\
       --metric "ZS top-1=zeroshot:top1" --metric "I2T R@1=retrieve:image_to_text_R@1"
+
+  vltool report runs/fff --out results/fff --baseline sigmoid --metric "ZS top-1=zeroshot:top1" \\
+      --style "Noto=" --style "OpenMoji=-style2"     # also zeroshot-style2.json: both styles, side by side
 
   vltool report runs/fff --out results/fff --metric "mined precision=mined/vltool.json:stats.groups.precision"
 """
@@ -40,6 +45,7 @@ def report_command(
     baseline: Annotated[Optional[str], typer.Option("--baseline", help="The variant the others are compared with, on the same test examples and seeds.")] = None,
     paper: Annotated[Optional[list[str]], typer.Option("--paper", help="VARIANT=TEXT: the paper's finding for the same comparison (a column).")] = None,
     note: Annotated[Optional[list[str]], typer.Option("--note", help="A line below the table (repeatable).")] = None,
+    style: Annotated[Optional[list[str]], typer.Option("--style", help="NAME=SUFFIX, repeatable: the same test examples in another art style, its files named with SUFFIX before .json; NAME= (empty) names the metrics as given. Adds each metric's twin and a verdict of where each difference holds.")] = None,
     title: Annotated[Optional[str], typer.Option("--title", help="The table's heading.")] = None,
     recipe: Annotated[Optional[str], typer.Option("--recipe", help="The recipe that made the runs (recorded).")] = None,
     chart: Annotated[bool, typer.Option("--chart/--no-chart", help="Draw STEM.png.")] = True,
@@ -48,7 +54,8 @@ def report_command(
     no_progress: NoProgressOpt = False,
 ) -> None:
     # vltool.report (numpy, through vltool.outcomes) is imported here, not at the top: commands/*.py stay light so `vltool --help` answers at once
-    from vltool.report import ReportConfig, build_report, check_report_out, parse_metric, parse_pairs, render_markdown, write_report
+    from vltool.report import (ReportConfig, build_report, check_report_out, parse_metric, parse_pairs, parse_styles, render_markdown,
+                               write_report)
 
     config = ReportConfig(
         metrics=[parse_metric(m) for m in metric],
@@ -58,6 +65,7 @@ def report_command(
         recipe=recipe,
         paper=dict(parse_pairs(paper or [], "--paper")),
         notes=list(note or []),
+        styles=parse_styles(style or []),
         bootstrap=bootstrap,
         seed=seed,
     )

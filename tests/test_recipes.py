@@ -43,6 +43,14 @@ def test_recipe_runs_in_smoke_mode(recipe, tmp_path):
             assert by_name[v]["runs"]["0"], f"{name}: {v} has no numbers"
         assert report["commands"] and all(c["command_line"].startswith("vltool ") for c in report["commands"])
         assert (out / "results" / f"{name}.md").read_text().startswith("# ")
+        # every evaluation is also scored in the second art style (emoji-openmoji), its twin beside it
+        evals = [m for m in report["metrics"] if m["file"].split("/")[-1].startswith(("zeroshot", "retrieve", "probe"))]
+        if evals:
+            assert [s["name"] for s in report["styles"]] == ["Noto", "OpenMoji"]
+            twins = [m for m in evals if m.get("twin_of")]
+            assert twins and {m["twin_of"] for m in twins} == {m["name"] for m in evals if not m.get("twin_of")}
+            runs = [by_name[v]["runs"]["0"] for v in variants]
+            assert all(m["name"] in r for m in twins for r in runs if m["twin_of"] in r)
     CHECKS.get(recipe, lambda out: None)(out)
 
 

@@ -2,6 +2,7 @@
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 from typer.testing import CliRunner
@@ -268,6 +269,21 @@ def test_styles_side_by_side_and_where_each_difference_holds(tmp_path):
     assert "| opposite | opposite signs (Noto ↑ OpenMoji ↓) |" in md
     assert "Holds in one style only: noto-only, ZS (Noto only)." in md
     assert "| Variant | ZS | ZS, OpenMoji | rows |" in md
+    # --pair: a contrast the baseline table does not hold, paired and judged across styles the same way
+    r2 = build_report(tmp_path / "runs", replace(cfg, pairs=[("noto-only", "both"), ("both", "base")]))
+    c1, c2 = r2["contrasts"]
+    assert (c1["name"], c1["reference"]) == ("noto-only", "both")
+    assert c1["summary"]["zeroshot:top1"]["paired"]["delta"] == pytest.approx(0.0)
+    assert c1["summary"]["zeroshot-style2:top1"]["paired"]["delta"] == pytest.approx(-0.5)
+    assert c1["summary"]["zeroshot:top1"]["styles"] == {"verdict": "OpenMoji only", "by_style": {"Noto": "within noise", "OpenMoji": "down"}}
+    both = by["both"]["zeroshot-style2:top1"]["paired"]
+    assert {k: c2["summary"]["zeroshot-style2:top1"]["paired"][k] for k in ("delta", "ci_low", "ci_high")} == {
+        k: both[k] for k in ("delta", "ci_low", "ci_high")}
+    md2 = render_markdown(r2)
+    assert "| noto-only − both | +0.0 [+0.0, +0.0] *within noise*<br>sd 0.0 | −50.0 [−50.0, −50.0] **differs**<br>sd 0.0 |" in md2
+    assert "noto-only − both, ZS (OpenMoji only)" in md2
+    with pytest.raises(Exception, match="--pair"):
+        build_report(tmp_path / "runs", replace(cfg, pairs=[("nope", "base")]))
     # without --style: no twins, no verdicts
     plain = build_report(tmp_path / "runs", ReportConfig(metrics=cfg.metrics, variants=cfg.variants, baseline="base", bootstrap=200))
     assert len(plain["metrics"]) == 2 and "Across styles" not in render_markdown(plain)

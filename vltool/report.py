@@ -62,6 +62,7 @@ class ReportConfig:
     paper: dict[str, str] = field(default_factory=dict)  # variant -> the paper's finding for the same comparison
     notes: list[str] = field(default_factory=list)
     styles: list[tuple[str, str]] = field(default_factory=list)  # (name, file suffix); "" names the metrics as given
+    pairs: list[tuple[str, str]] = field(default_factory=list)  # (variant, reference): paired contrasts besides --baseline
     bootstrap: int = 1000  # resamples of the paired bootstrap
     seed: int = 0  # its seed
 
@@ -86,6 +87,17 @@ def parse_pairs(specs: list[str], what: str) -> list[tuple[str, str]]:
         if not name:
             raise UsageError(f"{what} {s!r}: expected NAME=TEXT")
         out.append((name, value if sep else name))
+    return out
+
+
+def parse_variant_pairs(specs: list[str]) -> list[tuple[str, str]]:
+    """--pair VARIANT=REFERENCE, repeatable."""
+    out = []
+    for spec in specs:
+        a, sep, b = spec.partition("=")
+        if not sep or not a or not b:
+            raise UsageError(f"--pair {spec!r}: expected VARIANT=REFERENCE, e.g. sigmoid-k=sigmoid-1ofk")
+        out.append((a, b))
     return out
 
 
@@ -229,7 +241,7 @@ def build_report(runs_dir: str | Path, config: ReportConfig) -> dict:
     differences from the baseline (paired where the runs kept their per-example outcomes).
 
     Stages: find_variants -> add_style_twins -> read_runs -> keep_complete_seeds -> summarise -> paired_comparisons
-    -> style_verdicts -> report_record.
+    -> style_verdicts -> contrast (each --pair) -> report_record.
     """
     runs_dir = Path(runs_dir)
     found, order = find_variants(runs_dir, config)
@@ -242,8 +254,21 @@ def build_report(runs_dir: str | Path, config: ReportConfig) -> dict:
     paired_notes = paired_comparisons(variants, base, config, sources) if base is not None else []
     if base is not None and config.styles:
         style_verdicts(variants, base, config)
+    contrasts = [contrast(variants, a, b, config, sources, paired_notes) for a, b in config.pairs]
     units = sorted({u for _, r in sources.values() if (u := _bootstrap_unit(r))})
-    return report_record(runs_dir, config, variants, incomplete, paired_notes, units)
+    return report_record(runs_dir, config, variants, incomplete, paired_notes, units, contrasts)
+
+
+def contrast(variants: list[dict], name: str, ref: str, config: ReportConfig, sources: dict, notes: list[str]) -> dict:
+    """--pair VARIANT=REFERENCE: VARIANT's difference from REFERENCE, summarised and paired exactly as a
+    difference from the baseline is (and with --style, where it holds)."""
+    v, b = (next(x for x in variants if x["name"] == n) for n in (name, ref))
+    c = {"name": name, "label": v["label"], "reference": ref, "reference_label": b["label"], "runs": v["runs"]}
+    c["summary"] = {m.name: s for m in config.metrics if (s := summarise(v, b, m)) is not None}
+    notes += [n for n in paired_comparisons([b, c], b, config, sources) if n not in notes]
+    if config.styles:
+        style_verdicts([b, c], b, config)
+    return c
 
 
 def find_variants(runs_dir: Path, config: ReportConfig) -> tuple[dict[str, dict[int, Path]], list[tuple[str, str]]]:
@@ -262,6 +287,9 @@ def find_variants(runs_dir: Path, config: ReportConfig) -> tuple[dict[str, dict[
         raise VltoolError(f"{runs_dir}: no runs of variant(s) {', '.join(missing)} (found: {', '.join(sorted(found))})")
     if config.baseline is not None and config.baseline not in dict(order):
         raise UsageError(f"--baseline {config.baseline!r} is not one of the variants ({', '.join(v for v, _ in order)})")
+    for a, b in config.pairs:
+        if a not in dict(order) or b not in dict(order) or a == b:
+            raise UsageError(f"--pair {a}={b}: expected two different variants of the report ({', '.join(v for v, _ in order)})")
     return found, order
 
 
@@ -329,12 +357,12 @@ def summarise(v: dict, base: dict | None, m: Metric) -> dict | None:
 
 
 def report_record(runs_dir: Path, config: ReportConfig, variants: list[dict], incomplete: list[int], paired_notes: list[str],
-                  units: list[str]) -> dict:
+                  units: list[str], contrasts: list[dict]) -> dict:
     """STEM.json: the variants' numbers and summaries, how the paired intervals were made, the machine, and
     every command that made the runs with its wall time."""
     commands, wall = collect_commands(runs_dir)
     seeds = sorted({int(s) for v in variants for s in v["runs"]})
-    has_base = any(v["name"] == config.baseline for v in variants)
+    has_base = any(v["name"] == config.baseline for v in variants) or bool(contrasts)
     return {
         "title": config.title,
         "recipe": config.recipe,
@@ -349,6 +377,7 @@ def report_record(runs_dir: Path, config: ReportConfig, variants: list[dict], in
                      **({"style": m.style, "twin_of": m.twin_of} if config.styles else {})} for m in config.metrics],
         "styles": [{"name": n, "suffix": x} for n, x in config.styles] or None,
         "variants": variants,
+        "contrasts": contrasts,
         "bootstrap_units": units,
         "paired": {
             "method": "paired bootstrap of the difference from the baseline over the same test examples: "
@@ -527,7 +556,11 @@ def render_markdown(report: dict) -> str:
     if report["baseline"] is not None and len(report["variants"]) > 1:
         lines += _md_baseline_table(report)
         if report.get("styles"):
-            lines += _md_styles_table(report)
+            lines += _md_styles_table(report, [(v["label"], v["summary"]) for v in report["variants"] if v["name"] != report["baseline"]])
+    if report.get("contrasts"):
+        lines += _md_contrasts_table(report)
+        if report.get("styles"):
+            lines += _md_styles_table(report, [(f"{c['label']} − {c['reference_label']}", c["summary"]) for c in report["contrasts"]])
     return "\n".join(lines + _md_footer(report)) + "\n"
 
 
@@ -604,11 +637,23 @@ def _md_baseline_table(report: dict) -> list[str]:
     return lines
 
 
-def _md_styles_table(report: dict) -> list[str]:
-    """Where each difference from the baseline holds: in every style, in one only, in none, or with opposite signs."""
+def _md_contrasts_table(report: dict) -> list[str]:
+    """Each --pair: a variant's paired difference from its own reference, as in the baseline table."""
+    metrics = report["metrics"]
+    lines = ["", "Paired contrasts (--pair): each variant against its own reference on the same test examples, Δ and its "
+                 "95% paired bootstrap interval made as in the table above.", ""]
+    lines.append("| Contrast | " + " | ".join(m["label"] for m in metrics) + " |")
+    lines.append("|---|" + "---:|" * len(metrics))
+    for c in report["contrasts"]:
+        lines.append("| " + " | ".join([f"{c['label']} − {c['reference_label']}"]
+                                       + [_delta_cell(c["summary"].get(m["name"], {}), m) for m in metrics]) + " |")
+    return lines
+
+
+def _md_styles_table(report: dict, rows: list[tuple[str, dict]]) -> list[str]:
+    """Where each difference holds (rows: label, summary): in every style, in one only, in none, or with opposite signs."""
     metrics = [m for m in report["metrics"] if any(x.get("twin_of") == m["name"] for x in report["metrics"])]
-    rows = [v for v in report["variants"] if v["name"] != report["baseline"]]
-    if not metrics or not any("styles" in (v["summary"].get(m["name"]) or {}) for v in rows for m in metrics):
+    if not metrics or not any("styles" in (summary.get(m["name"]) or {}) for _, summary in rows for m in metrics):
         return []
     names = [s["name"] for s in report["styles"]]
     arrow = {"up": "↑", "down": "↓", "within noise": "–", None: "?"}
@@ -618,17 +663,17 @@ def _md_styles_table(report: dict) -> list[str]:
     lines.append("| Variant | " + " | ".join(m["label"] for m in metrics) + " |")
     lines.append("|---|" + "---|" * len(metrics))
     one_only = []
-    for v in rows:
-        cells = [v["label"]]
+    for label, summary in rows:
+        cells = [label]
         for m in metrics:
-            st = (v["summary"].get(m["name"]) or {}).get("styles")
+            st = (summary.get(m["name"]) or {}).get("styles")
             if st is None:
                 cells.append("-")
                 continue
             verdict = st["verdict"] or "no interval in some style"
             cells.append(f"{verdict} ({' '.join(n + ' ' + arrow[st['by_style'][n]] for n in names if n in st['by_style'])})")
             if st["verdict"] and st["verdict"].endswith(" only"):
-                one_only.append(f"{v['label']}, {m['label']} ({st['verdict']})")
+                one_only.append(f"{label}, {m['label']} ({st['verdict']})")
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "Holds in one style only: " + ("; ".join(one_only) + "." if one_only else "none.")]
     return lines

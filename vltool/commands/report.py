@@ -19,10 +19,11 @@ RELPATH in each run directory (".json" may be left off) and KEY in its "metrics"
 into the file. The table gives mean +- sd over seeds, the mean 95% bootstrap half-width of one run, the
 chance level, and with --baseline each variant's difference from the baseline with its 95% paired
 bootstrap interval over the same test examples (from the runs' per-example outcomes, X.examples.npz;
-whole groups resampled when the runs were evaluated with --group-column; pooled over seeds), marked
-"differs" when the interval excludes 0. With --style, each metric is set beside the same metric in
-another style of the same test examples (its file named with the style's suffix), and a last table
-says where each difference holds: in every style, in one only, or in none. See docs/evaluation.md.
+whole groups resampled when the runs were evaluated with --group-column; from 3 seeds, the seeds
+resampled too), marked "differs" when the interval excludes 0; --pair A=B adds A's paired difference
+from B. With --style, each metric is set beside the same metric in another style of the same test
+examples (its file named with the style's suffix), and a last table says where each difference holds:
+in every style, in one only, or in none. See docs/evaluation.md.
 
 Examples:
 
@@ -43,6 +44,7 @@ def report_command(
     metric: Annotated[list[str], typer.Option("--metric", help="[LABEL=]RELPATH:KEY, repeatable, in column order.")],
     variant: Annotated[Optional[list[str]], typer.Option("--variant", help="DIR[=LABEL], repeatable, in row order [default: every variant found].")] = None,
     baseline: Annotated[Optional[str], typer.Option("--baseline", help="The variant the others are compared with, on the same test examples and seeds.")] = None,
+    pair: Annotated[Optional[list[str]], typer.Option("--pair", help="VARIANT=REFERENCE, repeatable: also the paired difference of VARIANT from REFERENCE (a contrast the baseline table does not hold).")] = None,
     paper: Annotated[Optional[list[str]], typer.Option("--paper", help="VARIANT=TEXT: the paper's finding for the same comparison (a column).")] = None,
     note: Annotated[Optional[list[str]], typer.Option("--note", help="A line below the table (repeatable).")] = None,
     style: Annotated[Optional[list[str]], typer.Option("--style", help="NAME=SUFFIX, repeatable: the same test examples in another art style, its files named with SUFFIX before .json; NAME= (empty) names the metrics as given. Adds each metric's twin and a verdict of where each difference holds.")] = None,
@@ -54,8 +56,8 @@ def report_command(
     no_progress: NoProgressOpt = False,
 ) -> None:
     # vltool.report (numpy, through vltool.outcomes) is imported here, not at the top: commands/*.py stay light so `vltool --help` answers at once
-    from vltool.report import (ReportConfig, build_report, check_report_out, parse_metric, parse_pairs, parse_styles, render_markdown,
-                               write_report)
+    from vltool.report import (ReportConfig, build_report, check_report_out, parse_metric, parse_pairs, parse_styles,
+                               parse_variant_pairs, render_markdown, write_report)
 
     config = ReportConfig(
         metrics=[parse_metric(m) for m in metric],
@@ -66,6 +68,7 @@ def report_command(
         paper=dict(parse_pairs(paper or [], "--paper")),
         notes=list(note or []),
         styles=parse_styles(style or []),
+        pairs=parse_variant_pairs(pair or []),
         bootstrap=bootstrap,
         seed=seed,
     )

@@ -34,6 +34,12 @@ for SEED in $SEEDS; do
     mkdir -p "$OUT/images-and-queries/seed$SEED"
     vltool debias --model "$dir/run" --subspace "$dir/gender" --eval-data "$DATA" --where split=test --group-column gender \
         --zeroshot-label label --debias-text --out "$OUT/images-and-queries/seed$SEED/debias.json" --overwrite > /dev/null
+    if [ -n "$STYLE2" ]; then   # the same subspace, measured on the test images in the second style
+        vltool debias --model "$dir/run" --subspace "$dir/gender" --eval-data "$STYLE2" --where split=test --group-column gender \
+            --zeroshot-label label --out "$dir/debias-style2.json" --overwrite > /dev/null
+        vltool debias --model "$dir/run" --subspace "$dir/gender" --eval-data "$STYLE2" --where split=test --group-column gender \
+            --zeroshot-label label --debias-text --out "$OUT/images-and-queries/seed$SEED/debias-style2.json" --overwrite > /dev/null
+    fi
     # zero-shot before and after the edit on the same test images, with per-example outcomes, so that the
     # report gives the paired interval of the change (clustered by base_id, as every recipe's evaluation)
     for v in before images images-and-queries; do

@@ -418,6 +418,12 @@ def test_an_empty_pretrained_is_refused_not_fresh_weights(cli):
     assert r.exit_code == 2 and "--pretrained is empty" in r.stderr
 
 
+def test_a_missing_model_path_names_every_spelling(cli, tmp_path):
+    r = cli("zeroshot", "emoji", "--model", str(tmp_path / "nope"), "--bootstrap", "0")
+    assert r.exit_code == 2 and "does not exist" in r.stderr
+    assert all(s in r.stderr for s in ("hf:ORG/NAME", "open_clip:ARCH/TAG", "open_clip:hf-hub:", "local-dir:PATH"))
+
+
 def test_out_may_not_touch_the_hub_cache_a_model_is_read_from(hub, cli):
     """A Hub id's files are an input like a local model folder: --out inside huggingface_hub's cache is refused."""
     snapshot = hub / "hub" / "models--testorg--tiny-clip" / "snapshots" / SHA["clip"]

@@ -934,7 +934,7 @@ def resolve_model_dir(path: Path | str) -> Path:
     if (p / MODEL_DIR / CONFIG_FILE).is_file():
         return p / MODEL_DIR
     if not p.exists():
-        raise UsageError(f"model {str(path)!r} does not exist (give a vltool RUN_DIR, RUN_DIR/model, open_clip:ARCH, local-dir:PATH or hf:DIR)")
+        raise UsageError(f"model {str(path)!r} does not exist (give a vltool RUN_DIR, RUN_DIR/model, hf:ORG/NAME, hf:DIR, open_clip:ARCH/TAG, open_clip:hf-hub:ORG/NAME or local-dir:PATH)")
     incomplete = _incomplete_model(p)
     if incomplete:
         raise UsageError(incomplete)

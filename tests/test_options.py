@@ -53,6 +53,8 @@ FIELD_OPTIONS = {
     ("report", "metrics"): "--metric",
     ("report", "variants"): "--variant",
     ("report", "notes"): "--note",
+    ("report", "styles"): "--style",
+    ("report", "pairs"): "--pair",
 }
 
 # Spellings replaced by the canonical ones: never a visible option (they live on as hidden aliases).

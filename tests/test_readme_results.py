@@ -60,11 +60,15 @@ def test_readme_summary_quotes_its_results_exactly():
         md = (ROOT / "results" / f"{name}.md").read_text()
         quoted = re.sub(r"`results/[\w.-]+\.md`", "", re.sub(r"\]\([^)]*\)", "]", row))
         assert [n for n in number.findall(quoted) if n not in md] == [], row
-        paired = re.fullmatch(r"([+−]\d+(?:\.\d+)? \[[^\]]+\]); sd ([\d.]+)", cells[3])
-        if paired:
-            verdict = "**differs**" if cells[4].startswith("**differs**") else "*within noise*"
-            assert cells[4].startswith(verdict)
-            assert f"{paired[1]} {verdict}<br>sd {paired[2]}" in md, row
+        # Noto's (the training style) and OpenMoji's difference, each with its verdict, then where it holds
+        for delta, verdict_cell in ((cells[3], cells[4]), (cells[5], cells[6])):
+            paired = re.fullmatch(r"([+−]\d+(?:\.\d+)? \[[^\]]+\]); sd ([\d.]+)", delta)
+            if paired:
+                verdict = "**differs**" if verdict_cell.startswith("**differs**") else "*within noise*"
+                assert verdict_cell.startswith(verdict)
+                assert f"{paired[1]} {verdict}<br>sd {paired[2]}" in md, row
+        if re.fullmatch(r"(both styles|neither style|opposite signs|Noto only|OpenMoji only)", cells[7]):
+            assert f"| {cells[7]} (Noto" in md, row
 
 
 def _anchor(heading: str) -> str:

@@ -276,3 +276,26 @@ def test_options_docs_prints_one_table(capsys):
     assert out.startswith("| option | default | meaning |\n|---|---|---|\n")
     assert "| `--part-column` | `part` | The column written: each row's part name. |" in out
     assert "--column" not in out.replace("--part-column", "")
+
+
+def seed_commands() -> list[str]:
+    import typer.main
+
+    from vltool.cli import app
+
+    group = typer.main.get_command(app)
+    return sorted(name for name, c in group.commands.items() if any("--seed" in getattr(p, "opts", ()) for p in c.params))
+
+
+@pytest.mark.parametrize("value", ["-1", str(2**32)])
+def test_a_seed_out_of_range_is_refused_by_every_command(cli, tmp_path, value):
+    """A negative --seed was "internal error (ValueError: expected non-negative integer)" in zeroshot, retrieve,
+    probe, deform, pretrain, split, pseudolabel, filter and report (issue 44): one check, SeedOpt's, for all."""
+    commands = seed_commands()
+    assert {"zeroshot", "retrieve", "probe", "deform", "pretrain", "split", "pseudolabel", "filter", "report"} <= set(commands)
+    for name in commands:
+        r = cli(name, f"--seed={value}", "emoji", "--out", tmp_path / name)
+        assert r.exit_code == 2, (name, r.stderr)
+        line = r.stderr.strip().splitlines()[-1]
+        assert line.startswith("error: Invalid value for '--seed': ") and value in line and "--seed 0" in line, (name, line)
+        assert "internal error" not in r.stderr and not (tmp_path / name).exists()

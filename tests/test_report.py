@@ -296,3 +296,31 @@ def test_style_options_are_checked(specs, tmp_path):
     args = ["report", str(tmp_path), "--out", str(tmp_path / "o"), "--metric", "zeroshot:top1"]
     r = CliRunner().invoke(app, args + [a for s in specs for a in ("--style", s)])
     assert r.exit_code == 2 and "--style" in r.output
+
+
+@pytest.mark.parametrize("theirs", ["notes.md", "notes.png", "notes.json"])
+def test_out_never_replaces_files_the_report_did_not_write(runs, tmp_path, theirs):
+    """`report RUNS --out DIR/notes` wrote DIR/notes.md over the user's notes, exit 0, no --overwrite asked
+    (issue 44). Now: an existing STEM.* needs --overwrite, and even then only a report's own files are replaced."""
+    out = tmp_path / "dir"
+    out.mkdir()
+    (out / theirs).write_text("my own notes\n")
+    args = ["report", str(runs), "--out", str(out / "notes"), "--metric", "zeroshot:top1", "--no-chart"]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 2 and "pass --overwrite" in r.stderr, r.stderr
+    r = CliRunner().invoke(app, [*args, "--overwrite"])
+    assert r.exit_code == 2, r.stderr
+    line = r.stderr.strip().splitlines()[-1]
+    assert f"{out / theirs} was not written by vltool report" in line and "choose another --out" in line, line
+    assert [p.name for p in out.iterdir()] == [theirs] and (out / theirs).read_text() == "my own notes\n"
+
+
+def test_overwrite_replaces_an_earlier_report(runs, tmp_path):
+    args = ["report", str(runs), "--out", str(tmp_path / "res" / "x"), "--metric", "zeroshot:top1"]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 2 and "pass --overwrite" in r.stderr
+    r = CliRunner().invoke(app, [*args, "--overwrite", "--title", "again"])
+    assert r.exit_code == 0, r.stderr
+    assert (tmp_path / "res" / "x.md").read_text().startswith("# again")
+    assert sorted(p.name for p in (tmp_path / "res").iterdir()) == ["x.json", "x.md", "x.png"]

@@ -772,15 +772,39 @@ def report_stem(out_stem: str | Path) -> Path:
     return stem.with_suffix("") if stem.suffix in (".json", ".md", ".png") else stem
 
 
-def check_report_out(runs_dir: str | Path, out_stem: str | Path) -> Path:
+REPORT_FILES = (".json", ".md", ".png")
+
+
+def check_report_out(runs_dir: str | Path, out_stem: str | Path, overwrite: bool = False) -> Path:
     """Refuse a --out whose files would replace a run the report reads (RUNS_DIR/<variant>/seed<N>), or
-    that cannot be written; in the CLI, lock it. STEM.json, .md and .png are replaced (no --overwrite)."""
+    that cannot be written; in the CLI, lock it. STEM.json, .md and .png exist: refused without
+    --overwrite, as every command's output is; with it, replaced only when vltool wrote them (STEM.json is
+    a report that names them), never a file of the user's that happens to have the name."""
     stem = report_stem(require_output_name(out_stem))
     runs = [d for seeds in find_runs(Path(runs_dir)).values() for d in seeds.values()] if Path(runs_dir).is_dir() else []
-    names = [stem.name + ext for ext in (".json", ".md", ".png")]
+    names = [stem.name + ext for ext in REPORT_FILES]
     for name in names:
-        check_output(stem.with_name(name), True, inputs=runs, lock=False, kind="file")
+        check_output(stem.with_name(name), overwrite, inputs=runs, lock=False, kind="file")
+    existing = [stem.with_name(n) for n in names if os.path.lexists(stem.with_name(n))]
+    if existing:
+        written = _report_files(stem.with_name(stem.name + ".json"))
+        for p in existing:
+            if p.name not in written:
+                raise UsageError(f"--out {stem}: {p} was not written by vltool report (no report {stem.name}.json names it); "
+                                 "vltool replaces only what it wrote (even with --overwrite): choose another --out")
     return check_output(stem, True, inputs=runs, related=names, kind="file")
+
+
+def _report_files(json_path: Path) -> set[str]:
+    """The names of the files a report STEM.json says it wrote (itself included); empty when it is not a report."""
+    try:
+        record = json.loads(json_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return set()
+    if not isinstance(record, dict) or not {"vltool_version", "variants", "metrics", "files"} <= record.keys():
+        return set()
+    files = record["files"] if isinstance(record["files"], dict) else {}
+    return {json_path.name} | {Path(f).name for f in files.values() if isinstance(f, str)}
 
 
 def write_report(report: dict, out_stem: str | Path, *, chart: bool = True, overwrite: bool = True) -> dict[str, str]:

@@ -324,3 +324,21 @@ def test_overwrite_replaces_an_earlier_report(runs, tmp_path):
     assert r.exit_code == 0, r.stderr
     assert (tmp_path / "res" / "x.md").read_text().startswith("# again")
     assert sorted(p.name for p in (tmp_path / "res").iterdir()) == ["x.json", "x.md", "x.png"]
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbled", "empty"])
+def test_a_damaged_outcomes_file_names_the_file_and_the_run(tmp_path, damage):
+    """`report` over a run whose X.examples.npz was truncated: "internal error (BadZipFile)" (issue 44)."""
+    runs = tmp_path / "runs"
+    write_run(runs / "base" / "seed0", [1, 0, 0, 0])
+    write_run(runs / "up" / "seed0", [1, 1, 1, 1])
+    npz = runs / "up" / "seed0" / "zeroshot.examples.npz"
+    data = npz.read_bytes()
+    npz.write_bytes({"truncated": data[: len(data) // 2], "garbled": data[:40] + bytes(len(data) - 80) + data[-40:],
+                     "empty": b""}[damage])
+    r = CliRunner().invoke(app, ["report", str(runs), "--out", str(tmp_path / "o"), "--metric", "zeroshot:top1",
+                                 "--baseline", "base", "--no-chart"])
+    assert r.exit_code == 1 and "internal error" not in r.stderr, r.stderr
+    line = r.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: run up/seed0: ") and str(npz) in line and "re-run" in line, line
+    assert not list(tmp_path.glob("o.*"))

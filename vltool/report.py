@@ -425,7 +425,10 @@ def paired_comparisons(variants: list[dict], base: dict, config: ReportConfig, s
         if p is None:
             return None
         if p not in cache:
-            cache[p] = Outcomes.read(p)
+            try:
+                cache[p] = Outcomes.read(p)
+            except VltoolError as e:
+                raise VltoolError(f"run {key[0]}/seed{key[1]}: {e}; re-run that run's evaluation to write it again") from None
         return cache[p]
 
     def note(text: str) -> None:

@@ -137,6 +137,10 @@ def add_style_twins(metrics: list[Metric], styles: list[tuple[str, str]], found:
             rel = with_suffix(m.relpath, suffix)
             if suffix and any((d / rel).exists() or (d / (rel + ".json")).exists() for d in runs):
                 out.append(Metric(f"{m.label}, {name}", rel, m.key, m.percent, style=name, twin_of=m.name))
+    for name, suffix in styles:  # a style none of whose files exist: a wrong suffix, or runs evaluated in one style
+        if suffix and not any(t.style == name for t in out):
+            raise UsageError(f"--style {name}={suffix}: no run has a file named with {suffix!r} "
+                             f"(e.g. {with_suffix(metrics[0].relpath, suffix)}.json); check the suffix, or leave the style out")
     return out
 
 
@@ -307,15 +311,31 @@ def read_runs(found: dict[str, dict[int, Path]], order: list[tuple[str, str]], c
                 if not p.exists() and p.suffix != ".json":
                     p = p.with_name(p.name + ".json")
                 if not p.exists():
+                    if m.twin_of is not None and m.twin_of in row:  # the run has the metric in one style only
+                        raise VltoolError(f"run {name}/seed{seed} has {m.twin_of} but not its {m.style} twin "
+                                          f"{d / m.relpath}(.json); evaluate that run in every --style, or leave the style out")
                     continue
                 record = _read_json(p)
                 e = lookup(record, m.key)
                 if e is not None and e["value"] is not None:
+                    _check_numbers(e, p, m.key, f"{name}/seed{seed}")
                     row[m.name] = e
                     sources[(name, str(seed), m.name)] = (p, record)
             runs[str(seed)] = row
         variants.append({"name": name, "label": label, "paper": config.paper.get(name), "runs": runs})
     return variants, sources
+
+
+def _check_numbers(e: dict, path: Path, key: str, run: str) -> None:
+    """A metric's value, interval and chance are finite numbers: a NaN or inf in a results file is refused,
+    never averaged into a table."""
+    for part in ("value", "ci_low", "ci_high", "chance"):
+        x = e.get(part)
+        if x is None and part != "value":
+            continue
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+            raise VltoolError(f"{path}: {key} has {part} {x!r}, not a finite number (run {run}); the evaluation that wrote "
+                              "it failed or the file was edited: re-run it")
 
 
 def keep_complete_seeds(variants: list[dict], runs_dir: Path, order: list[tuple[str, str]]) -> list[int]:

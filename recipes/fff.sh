@@ -76,7 +76,7 @@ METRICS=(--metric "ZS top-1=zeroshot:top1" --metric "I→T R@1=retrieve:image_to
          --metric "T→I R@1=retrieve:text_to_image_R@1")
 MINED=(--metric "Mined pairs=data/vltool.json:stats.groups.mined_pairs"
        --metric "Same base_id=data/vltool.json:stats.groups.precision")
-vltool report "$OUT" --out "$RESULTS/fff" --recipe recipes/fff.sh "${STYLES[@]}" --baseline sigmoid \
+vltool report "$OUT" --overwrite --out "$RESULTS/fff" --recipe recipes/fff.sh "${STYLES[@]}" --baseline sigmoid \
     --title "FFF, Table 4 on emoji: fixing false negatives and batch text augmentation" \
     --variant clip="CLIP (InfoNCE)" --variant sigmoid="Sigmoid" --variant sigmoid-mined="Sigmoid + mined positives" \
     --variant sigmoid-k="Sigmoid + $K captions" --variant sigmoid-1ofk="Sigmoid + 1 random caption per step (control)" \
@@ -86,13 +86,13 @@ vltool report "$OUT" --out "$RESULTS/fff" --recipe recipes/fff.sh "${STYLES[@]}"
     --paper sigmoid-mined-k="32.9 (+14.3; all pseudo-captions in the batch + mining, which adds +1.8; Tab. 4)" \
     --paper sigmoid-mined-1ofk="31.4 (1 of 5 captions sampled at random: −1.5 from 32.9; CC3M, section 6)" \
     --note "Paper: for Tab. 4 (ViT-B/16 on CC3M, ImageNet zero-shot top-1) FFF's text gives the baseline (18.6), mining's gain with web captions (+2.7), with one pseudo-caption (+3.5) and with all pseudo-captions (+1.8), and the total (32.9); it names no number for the other rows."
-vltool report "$OUT" --out "$RESULTS/fff-terms" --recipe recipes/fff.sh "${STYLES[@]}" --baseline sigmoid \
+vltool report "$OUT" --overwrite --out "$RESULTS/fff-terms" --recipe recipes/fff.sh "${STYLES[@]}" --baseline sigmoid \
     --title "FFF, Table 5 on emoji: the three terms of M" \
     --variant sigmoid="Sigmoid, no mining" --variant mined-it="S_it > p1 only" --variant mined-ii="S_ii > p2 only" \
     --variant mined-tt="S_tt > p3 and S_it > p1' only" --variant sigmoid-mined="All three (M)" "${METRICS[@]}" "${MINED[@]}" \
     --paper mined-it="the most impactful term, viewed independently (Tab. 5)" \
     --note "Paper: FFF's text gives no number from Tab. 5; it says that, viewed independently, S_it is the most impactful term, for ground-truth and pseudo-captions alike."
-vltool report "$OUT" --out "$RESULTS/fff-batch" --recipe recipes/fff.sh "${STYLES[@]}" --baseline "sigmoid-b$BIG_BATCH" \
+vltool report "$OUT" --overwrite --out "$RESULTS/fff-batch" --recipe recipes/fff.sh "${STYLES[@]}" --baseline "sigmoid-b$BIG_BATCH" \
     --title "FFF on emoji: does mining help once mined positives share batches? (batch $BATCH vs $BIG_BATCH)" \
     --variant sigmoid="Sigmoid, batch $BATCH" --variant sigmoid-mined="Sigmoid + mined positives, batch $BATCH" \
     --variant "sigmoid-b$BIG_BATCH=Sigmoid, batch $BIG_BATCH" \

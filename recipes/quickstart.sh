@@ -43,7 +43,7 @@ for SEED in $SEEDS; do
 done
 
 # with STYLE2, each metric beside the same metric in the second style (--style: files named *-style2.json)
-vltool report "$OUT" --out "$RESULTS/quickstart" --recipe recipes/quickstart.sh "${STYLES[@]}" --variant lit-bow="LiT on bags of words" \
+vltool report "$OUT" --overwrite --out "$RESULTS/quickstart" --recipe recipes/quickstart.sh "${STYLES[@]}" --variant lit-bow="LiT on bags of words" \
     --title "Quick start: MobileNetV2 + MiniLM aligned on bags of words of the emoji names" \
     --metric "ZS top-1=zeroshot:top1" --metric "ZS top-5=zeroshot:top5" \
     --metric "I→T R@1=retrieve:image_to_text_R@1" --metric "T→I R@1=retrieve:text_to_image_R@1" \

@@ -81,7 +81,7 @@ for SEED in $SEEDS; do
         --templates "$TEMPLATES"
 done
 
-vltool report "$OUT" --out "$RESULTS/unicl" --recipe recipes/unicl.sh "${STYLES[@]}" --baseline unicl-text \
+vltool report "$OUT" --overwrite --out "$RESULTS/unicl" --recipe recipes/unicl.sh "${STYLES[@]}" --baseline unicl-text \
     --title "UniCL, Tables 5 and 6 on emoji: image-text, image-label, and both (held-out subgroups for zero-shot)" \
     --variant unicl-text="UniCL, image-text rows (CLIP's loss, UniCL's settings)" --variant clip="CLIP, image-text rows" \
     --variant unicl-label="UniCL, image-label rows (seen subgroups)" \
@@ -94,7 +94,7 @@ vltool report "$OUT" --out "$RESULTS/unicl" --recipe recipes/unicl.sh "${STYLES[
     --note "Paper: Table 6 (Swin-Tiny, 32 epochs, a standard data sampler): ImageNet-1K zero-shot / linear probe on 18 datasets. UniCL, both here uses appendix B.2's balanced sampler, the setting of Table 5 (section 4.2.1), where ImageNet-1K + YFCC-14M against ImageNet-1K alone gives 40.0 vs 30.2 zero-shot on 14 datasets and 80.1 vs 78.0 on the probe." \
     --note "Every variant trains as many steps as CLIP takes for $EPOCHS epochs of the image-text rows; the paired differences are against UniCL on the image-text rows alone (CLIP's loss with UniCL's logit-scale start e). UniCL, both changes more than the label rows: --balanced gives the image-text rows half the rows they fill in the baseline, the label rows are the same training images with a second text, and those texts are the same $TEMPLATES prompts that zero-shot scores with."
 # Table 5's question: image-text rows added to image-label rows, against the image-label rows alone
-vltool report "$OUT" --out "$RESULTS/unicl-labels" --recipe recipes/unicl.sh "${STYLES[@]}" --baseline unicl-label \
+vltool report "$OUT" --overwrite --out "$RESULTS/unicl-labels" --recipe recipes/unicl.sh "${STYLES[@]}" --baseline unicl-label \
     --title "UniCL, Table 5 on emoji: image-label rows with and without image-text rows" \
     --variant unicl-label="UniCL, image-label rows (seen subgroups)" --variant unicl-both="UniCL, both (balanced)" \
     --metric "ZS top-1, held-out subgroups=zeroshot-unseen:top1" --metric "ZS top-1, seen subgroups=zeroshot-seen:top1" \

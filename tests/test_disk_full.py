@@ -157,3 +157,69 @@ def test_debias_on_a_full_disk_leaves_no_lock(cli, small_disk, model):
     line = one_error_line(r)
     assert FULL in line and f"writing {disk / 'sub'}" in line, line
     assert leftovers(disk) == []  # (was: an empty .sub.lock)
+
+
+def test_a_full_disk_while_torch_writes_optimizer_pt_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    """The disk fills while torch.save writes step 2's optimizer.pt: torch's zip writer says only "[enforce fail
+    at inline_container.cc:672] unexpected pos" (issue 44, was a raw RuntimeError). Now one line: step 1's
+    checkpoint is kept, and `--resume` continues from it exactly. (The write is made to fail as torch's does
+    on a full tmpfs: a few bytes written, then that RuntimeError.)"""
+    import torch
+
+    from vltool.pretrain import pretrain
+
+    data = make_pairs(tmp_path / "pairs", n=16)
+    save = torch.save
+
+    def full_at_step_2(obj, f, *args, **kwargs):
+        if Path(str(f)).name == "optimizer.pt" and "step_00000002" in str(f):
+            Path(f).write_bytes(b"PK\x03\x04" + b"\0" * 60)
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 1728 vs 1640")
+        return save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", full_at_step_2)
+    run = tmp_path / "run"
+    with pytest.raises(DiskFull) as e:
+        pretrain([data], run, micro(steps=3, checkpoint_every=1), progress=False)
+    assert str(e.value) == (f"{FULL} writing {run}; the checkpoint of step 2 could not be written; the previous checkpoint, "
+                            f"step_00000001, is kept: free some space and continue with `vltool pretrain --resume {run}` "
+                            "(exactly from that checkpoint)")
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_00000001"]  # no half checkpoint
+    monkeypatch.setattr(torch, "save", save)
+    assert pretrain(resume=run, progress=False)["stats"]["steps"] == 3
+
+
+def test_a_full_disk_at_the_final_save_names_the_checkpoint_to_resume_from(tmp_path, monkeypatch):
+    """The final model does not fit: it said "choose another --out" though a complete checkpoint remained (the
+    run's last, written before the model); --resume then only writes the model."""
+    from safetensors import SafetensorError
+
+    import vltool.pretrain.loop as loop
+    from vltool.pretrain import pretrain
+
+    data = make_pairs(tmp_path / "pairs", n=16)
+    save_model = loop.save_model
+
+    def full(*args, **kwargs):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(loop, "save_model", full)
+    run = tmp_path / "run"
+    with pytest.raises(DiskFull) as e:
+        pretrain([data], run, micro(steps=3, checkpoint_every=2), progress=False)
+    assert str(e.value) == (f"{FULL} writing {run}; the final model of step 3 could not be written; the previous checkpoint, "
+                            f"step_00000003, is kept: free some space and continue with `vltool pretrain --resume {run}` "
+                            "(exactly from that checkpoint)")
+    assert "choose another --out" not in str(e.value) and not (run / "model").exists()
+    monkeypatch.setattr(loop, "save_model", save_model)
+    assert pretrain(resume=run, progress=False)["stats"]["steps"] == 3 and (run / "model").is_dir()
+
+
+def test_torch_saves_short_write_on_a_full_disk_is_recognised(small_disk):
+    """What torch.save raises on a real full disk (its zip writer's "unexpected pos", without an errno) is a full disk."""
+    import torch
+
+    disk = small_disk("256k")
+    with pytest.raises(Exception) as e:
+        torch.save({"w": torch.zeros(1 << 17)}, disk / "optimizer.pt")  # 512 KB
+    assert disk_full_cause(e.value) is not None, repr(e.value)

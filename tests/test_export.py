@@ -157,6 +157,25 @@ def test_csv_layout_round_trip(tmp_path):
     assert ds["id"] == src["id"] and ds["caption"] == src["caption"]
 
 
+def test_csv_captions_with_line_breaks_read_back_whole(tmp_path):
+    """`export --to csv` of a caption holding a line break: `vltool import` read 59 of 60 rows back, and
+    open_clip's reader (pandas.read_csv with sep) split a lone carriage return into a row (issue 44)."""
+    import pandas as pd
+
+    src = make_dataset(tmp_path / "data")
+    captions = ["two\nlines", "dos\r\nlines", "a lone\rreturn", 'a "quote"\tand a tab', "plain"]
+    src.remove_columns("caption").add_column("caption", captions).save_to_disk(str(tmp_path / "data2"))
+    out = tmp_path / "csv"
+    r = runner.invoke(app, ["export", str(tmp_path / "data2"), "--to", "csv", "--out", str(out)])
+    assert r.exit_code == 0, r.stderr
+    back = pd.read_csv(out / "data.csv", sep="\t")  # open_clip_train.data.CsvDataset
+    assert list(back["title"]) == captions and list(back["id"]) == src["id"]
+    r = runner.invoke(app, ["import", str(out / "data.csv"), "--out", str(tmp_path / "back")])
+    assert r.exit_code == 0, r.stderr
+    ds = datasets.load_from_disk(str(tmp_path / "back"))
+    assert ds["id"] == src["id"] and ds["caption"] == captions
+
+
 def test_export_emoji_subset_and_errors(tmp_path):
     from vltool.io import load_dataset
 

@@ -106,24 +106,67 @@ def test_csv_open_clip_layout(tmp_path):
     assert prov["inputs"][0]["format"] == "csv"
 
 
-def test_csv_rows_over_several_lines_or_with_extra_fields_are_skipped_and_named(tmp_path):
-    """A quote never closed: csv reads the rest of the file as one caption ("rows skipped 0", and one row
-    that holds three). Such a row, and a row with more fields than the header, are unreadable rows, named
-    by their lines in skipped.jsonl and on stderr; the rows around them are imported."""
+@pytest.mark.parametrize("rows,where,expect", [
+    ("imgs/img0.jpg,a cat\nimgs/img1.jpg,a dog,and more\nimgs/img2.jpg,a bird\n", "row 1 (line 3)", "has 3 fields where the header has 2"),
+    ("imgs/img0.jpg,a cat\nimgs/img1.jpg\nimgs/img2.jpg,a bird\n", "row 1 (line 3)", "has 1 fields where the header has 2"),
+    ('imgs/img0.jpg,a cat\nimgs/img2.jpg,"a bird\nimgs/img0.jpg,a cow\nimgs/img1.jpg,a hen\n', "row 1 from line 3",
+     "cannot be read (unexpected end of data): a quote is not closed"),
+])
+def test_csv_ragged_rows_and_an_unclosed_quote_are_refused_with_the_row(tmp_path, rows, where, expect):
+    """A row with more fields than the header was skipped, one with fewer padded (caption None, skipped as
+    empty), and a quote never closed read the rest of the file as one caption (issue 44): the table cannot be
+    read row by row, so it is refused, naming the row and its line; nothing is written."""
     write_images(tmp_path / "imgs", 3)
-    (tmp_path / "t.csv").write_text("filepath,title\nimgs/img0.jpg,a cat\nimgs/img1.jpg,a dog,and more\n"
-                                    'imgs/img2.jpg,"a bird\nimgs/img0.jpg,a cow\nimgs/img1.jpg,a hen\n')
+    (tmp_path / "t.csv").write_text("filepath,title\n" + rows)
     out = tmp_path / "data"
-    result = runner.invoke(app, ["import", str(tmp_path / "t.csv"), "--out", str(out), "--json"])
-    assert result.exit_code == 0, result.stderr
-    s = json.loads(result.stdout)
-    assert (s["rows_out"], s["rows_skipped"], s["skipped"]) == (1, 2, {"unreadable row": 2})
-    assert load(out)["caption"] == ["a cat"]
-    rep = report(out)
-    assert [(r["source"], r["reason"]) for r in rep] == [("t.csv row 1", "unreadable row"), ("t.csv row 2", "unreadable row")]
-    assert rep[0]["detail"].startswith("line 3 has 3 fields where the header has 2")
-    assert rep[1]["detail"].startswith("lines 4-6 were read as one row: a quote is not closed")
-    assert "lines 4-6 were read as one row" in result.stderr
+    result = runner.invoke(app, ["import", str(tmp_path / "t.csv"), "--out", str(out)])
+    assert result.exit_code == 2, result.stderr
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"error: {tmp_path / 't.csv'}: ") and where in line and expect in line, line
+    assert not out.exists()
+
+
+def test_csv_header_naming_a_column_twice_is_refused(tmp_path):
+    """`filepath,title,title`: one of the two columns was kept silently, the caption maybe from the wrong one."""
+    write_images(tmp_path / "imgs", 1)
+    (tmp_path / "t.csv").write_text("filepath,title,title\nimgs/img0.jpg,a cat,a dog\n")
+    result = runner.invoke(app, ["import", str(tmp_path / "t.csv"), "--out", str(tmp_path / "data")])
+    assert result.exit_code == 2
+    assert result.stderr.strip().splitlines()[-1] == (f"error: {tmp_path / 't.csv'}: the header names a column twice ('title' in "
+                                                      "columns 2, 3); give each column its own name")
+    assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.parametrize("encoding", ["utf-8-sig", "utf-16", "utf-16-le-bom", "utf-16-be-bom"])
+@pytest.mark.parametrize("sep", [",", "\t"])
+def test_csv_with_a_bom_and_crlf_line_ends(tmp_path, encoding, sep):
+    """What a spreadsheet saves: a byte-order mark (UTF-8, or UTF-16 for "Unicode text") and CRLF line ends,
+    the caption first so the mark touches its name."""
+    import codecs
+
+    write_images(tmp_path / "imgs", 2)
+    text = f"title{sep}filepath\r\na cat{sep}imgs/img0.jpg\r\n\"a dog\r\non two lines\"{sep}imgs/img1.jpg\r\n"
+    if encoding == "utf-16-le-bom":
+        data = codecs.BOM_UTF16_LE + text.encode("utf-16-le")
+    elif encoding == "utf-16-be-bom":
+        data = codecs.BOM_UTF16_BE + text.encode("utf-16-be")
+    else:
+        data = text.encode(encoding)
+    (tmp_path / "t.csv").write_bytes(data)
+    s = run_import(str(tmp_path / "t.csv"), "--out", str(tmp_path / "data"))
+    assert (s["rows_out"], s["caption_column"], s["image_column"]) == (2, "title", "filepath")
+    assert load(tmp_path / "data")["caption"] == ["a cat", "a dog\r\non two lines"]
+
+
+def test_tsv_with_a_quoted_multi_line_field_is_read(tmp_path):
+    """A quoted field holding line breaks is one field of one row (it was skipped as "read over several lines")."""
+    write_images(tmp_path / "imgs", 3)
+    (tmp_path / "t.tsv").write_text('filepath\ttitle\nimgs/img0.jpg\t"a cat\non two lines"\nimgs/img1.jpg\ta dog\n'
+                                    'imgs/img2.jpg\t"a ""quoted"" bird\twith a tab"\n')
+    s = run_import(str(tmp_path / "t.tsv"), "--out", str(tmp_path / "data"))
+    assert (s["rows_out"], s["rows_skipped"]) == (3, 0)
+    ds = load(tmp_path / "data")
+    assert ds["caption"] == ["a cat\non two lines", "a dog", 'a "quoted" bird\twith a tab'] and ds["id"] == ["0", "1", "2"]
 
 
 def test_tsv_named_columns_labels_ids_extras(tmp_path):

@@ -505,3 +505,25 @@ def test_classes_with_too_few_groups_to_vary_are_not_strata():
     # without groups, the same rule for images
     assert not Resampling.make(len(target), target).stratified
     assert Resampling.make(10, target5).stratified
+
+
+def test_an_absurd_bootstrap_count_is_refused_with_the_memory_it_would_take(cli, tmp_path):
+    """`--bootstrap 1000000000` was "internal error (MemoryError: Unable to allocate 22.4 GiB ...)" (issue 44):
+    the replicates are kept for the percentiles, 8 bytes a metric each. Over MAX_BOOTSTRAP it is a usage error,
+    at the option (before any work) and in bootstrap() itself (what the report's paired bootstrap calls)."""
+    from vltool.errors import UsageError
+    from vltool.metrics import MAX_BOOTSTRAP
+
+    calls = []
+    with pytest.raises(UsageError, match=r"--bootstrap 1000000000 resamples is over the limit of 1,000,000: .* 22\.4 GiB for 3 metrics"):
+        bootstrap(10, lambda w: calls.append(1) or {"a": 0.0, "b": 0.0, "c": 0.0}, n_boot=10**9)
+    assert len(calls) == 1  # (the names only: no resample was drawn)
+    iv = bootstrap(4, lambda w: {"m": 0.0 if w is None else float(w[0])}, n_boot=MAX_BOOTSTRAP // 10000)
+    assert iv["m"].low >= 0
+    for command in ("zeroshot", "retrieve", "probe", "benchmark", "report"):
+        r = cli(command, "--bootstrap", str(10**9), "emoji", "--out", tmp_path / command)
+        assert r.exit_code == 2, (command, r.stderr)
+        line = r.stderr.strip().splitlines()[-1]
+        assert line.startswith("error: Invalid value for '--bootstrap': 1000000000 resamples is over the limit of 1,000,000") \
+            and "7.5 GiB per metric" in line and "give 1000" in line, (command, line)
+        assert not (tmp_path / command).exists()

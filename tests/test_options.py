@@ -276,3 +276,60 @@ def test_options_docs_prints_one_table(capsys):
     assert out.startswith("| option | default | meaning |\n|---|---|---|\n")
     assert "| `--part-column` | `part` | The column written: each row's part name. |" in out
     assert "--column" not in out.replace("--part-column", "")
+
+
+def seed_commands() -> list[str]:
+    import typer.main
+
+    from vltool.cli import app
+
+    group = typer.main.get_command(app)
+    return sorted(name for name, c in group.commands.items() if any("--seed" in getattr(p, "opts", ()) for p in c.params))
+
+
+@pytest.mark.parametrize("value", ["-1", str(2**32)])
+def test_a_seed_out_of_range_is_refused_by_every_command(cli, tmp_path, value):
+    """A negative --seed was "internal error (ValueError: expected non-negative integer)" in zeroshot, retrieve,
+    probe, deform, pretrain, split, pseudolabel, filter and report (issue 44): one check, SeedOpt's, for all."""
+    commands = seed_commands()
+    assert {"zeroshot", "retrieve", "probe", "deform", "pretrain", "split", "pseudolabel", "filter", "report"} <= set(commands)
+    for name in commands:
+        r = cli(name, f"--seed={value}", "emoji", "--out", tmp_path / name)
+        assert r.exit_code == 2, (name, r.stderr)
+        line = r.stderr.strip().splitlines()[-1]
+        assert line.startswith("error: Invalid value for '--seed': ") and value in line and "--seed 0" in line, (name, line)
+        assert "internal error" not in r.stderr and not (tmp_path / name).exists()
+
+
+EMPTY_CASES = [
+    ("mine-positives", ["emoji", "--out", "{tmp}/o", "--group-column", ""], "--group-column"),
+    ("pretrain", ["emoji", "--out", "{tmp}/o", "--init", ""], "--init"),
+    ("split", ["emoji", "--out", "{tmp}/o", "--by", ""], "--by"),
+    ("import", ["{tmp}/a.csv", "--out", "{tmp}/o", "--image-root", ""], "--image-root"),
+    ("debias", ["--model", "{tmp}/m", "--subspace", "", "--eval-data", "emoji"], "--subspace"),
+    ("zeroshot", ["emoji", "--where=", "--out", "{tmp}/o.json"], "--where"),
+    ("report", ["{tmp}", "--out", "{tmp}/o", "--metric", "zeroshot:top1", "--baseline", "  "], "--baseline"),
+]
+
+
+@pytest.mark.parametrize("command,args,option", EMPTY_CASES, ids=[c[0] + c[2] for c in EMPTY_CASES])
+def test_an_empty_value_is_refused_not_read_as_not_given(cli, tmp_path, command, args, option):
+    """`--group-column ''` resampled single images, `--init ''` trained from scratch, `split --by ''` split rows,
+    `--image-root ''` read the current directory (issue 44): an option given "" is refused, in every command
+    (vltool.cli.empty_option), naming the option; the few where "" means something are listed there."""
+    r = cli(command, *[a.replace("{tmp}", str(tmp_path)) for a in args])
+    assert r.exit_code == 2, r.stderr
+    line = r.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"error: {option} is empty ('')") and f"leave {option} out" in line, line
+    assert not (tmp_path / "o").exists() and not (tmp_path / "o.json").exists()
+
+
+def test_every_option_that_may_be_empty_is_an_option():
+    from vltool.cli import EMPTY_MEANS_SOMETHING
+
+    import typer.main
+
+    from vltool.cli import app
+
+    opts = {o for c in typer.main.get_command(app).commands.values() for p in c.params for o in getattr(p, "opts", ())}
+    assert EMPTY_MEANS_SOMETHING <= opts

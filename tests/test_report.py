@@ -296,3 +296,98 @@ def test_style_options_are_checked(specs, tmp_path):
     args = ["report", str(tmp_path), "--out", str(tmp_path / "o"), "--metric", "zeroshot:top1"]
     r = CliRunner().invoke(app, args + [a for s in specs for a in ("--style", s)])
     assert r.exit_code == 2 and "--style" in r.output
+
+
+@pytest.mark.parametrize("theirs", ["notes.md", "notes.png", "notes.json"])
+def test_out_never_replaces_files_the_report_did_not_write(runs, tmp_path, theirs):
+    """`report RUNS --out DIR/notes` wrote DIR/notes.md over the user's notes, exit 0, no --overwrite asked
+    (issue 44). Now: an existing STEM.* needs --overwrite, and even then only a report's own files are replaced."""
+    out = tmp_path / "dir"
+    out.mkdir()
+    (out / theirs).write_text("my own notes\n")
+    args = ["report", str(runs), "--out", str(out / "notes"), "--metric", "zeroshot:top1", "--no-chart"]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 2 and "pass --overwrite" in r.stderr, r.stderr
+    r = CliRunner().invoke(app, [*args, "--overwrite"])
+    assert r.exit_code == 2, r.stderr
+    line = r.stderr.strip().splitlines()[-1]
+    assert f"{out / theirs} was not written by vltool report" in line and "choose another --out" in line, line
+    assert [p.name for p in out.iterdir()] == [theirs] and (out / theirs).read_text() == "my own notes\n"
+
+
+def test_overwrite_replaces_an_earlier_report(runs, tmp_path):
+    args = ["report", str(runs), "--out", str(tmp_path / "res" / "x"), "--metric", "zeroshot:top1"]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 2 and "pass --overwrite" in r.stderr
+    r = CliRunner().invoke(app, [*args, "--overwrite", "--title", "again"])
+    assert r.exit_code == 0, r.stderr
+    assert (tmp_path / "res" / "x.md").read_text().startswith("# again")
+    assert sorted(p.name for p in (tmp_path / "res").iterdir()) == ["x.json", "x.md", "x.png"]
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbled", "empty"])
+def test_a_damaged_outcomes_file_names_the_file_and_the_run(tmp_path, damage):
+    """`report` over a run whose X.examples.npz was truncated: "internal error (BadZipFile)" (issue 44)."""
+    runs = tmp_path / "runs"
+    write_run(runs / "base" / "seed0", [1, 0, 0, 0])
+    write_run(runs / "up" / "seed0", [1, 1, 1, 1])
+    npz = runs / "up" / "seed0" / "zeroshot.examples.npz"
+    data = npz.read_bytes()
+    npz.write_bytes({"truncated": data[: len(data) // 2], "garbled": data[:40] + bytes(len(data) - 80) + data[-40:],
+                     "empty": b""}[damage])
+    r = CliRunner().invoke(app, ["report", str(runs), "--out", str(tmp_path / "o"), "--metric", "zeroshot:top1",
+                                 "--baseline", "base", "--no-chart"])
+    assert r.exit_code == 1 and "internal error" not in r.stderr, r.stderr
+    line = r.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: run up/seed0: ") and str(npz) in line and "re-run" in line, line
+    assert not list(tmp_path.glob("o.*"))
+
+
+def _two_style_runs(root, *, skip=None):
+    for variant in ("base", "up"):
+        for seed in range(2):
+            d = root / variant / f"seed{seed}"
+            write_run(d, [1, 1, 1, 1] if variant == "up" else [1, 0, 1, 0])
+            if (variant, seed) != skip:
+                write_run(d, [1, 0, 1, 0], name="zeroshot-style2")
+    return root
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), "0.5"])
+def test_a_non_finite_number_in_a_results_file_is_refused(runs, tmp_path, bad):
+    """A NaN or inf in a results file was averaged into the table, exit 0 (issue 44)."""
+    p = runs / "bow" / "seed1" / "zeroshot.json"
+    record = json.loads(p.read_text())
+    record["metrics"]["top1"]["value"] = bad
+    p.write_text(json.dumps(record))  # (json writes NaN and Infinity, and reads them back)
+    r = CliRunner().invoke(app, ["report", str(runs), "--out", str(tmp_path / "o"), "--metric", "zeroshot:top1", "--no-chart"])
+    assert r.exit_code == 1, r.stdout
+    line = r.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"error: {p}: top1 has value ") and "not a finite number (run bow/seed1)" in line, line
+    assert not list(tmp_path.glob("o.*"))
+
+
+def test_a_style_whose_files_are_missing_is_refused(tmp_path):
+    """`--style OpenMoji=-stlye2` (a typo, or runs evaluated in one style only) printed the first style's table
+    as if the second had been asked for nothing (issue 44)."""
+    runs = _two_style_runs(tmp_path / "runs")
+    args = ["report", str(runs), "--out", str(tmp_path / "o"), "--metric", "zeroshot:top1", "--baseline", "base", "--no-chart",
+            "--style", "Noto=", "--style", "OpenMoji=-stlye2"]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 2
+    line = r.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: --style OpenMoji=-stlye2: no run has a file named with '-stlye2'") and "zeroshot-stlye2.json" in line, line
+    assert CliRunner().invoke(app, [*args[:-1], "OpenMoji=-style2"]).exit_code == 0
+
+
+def test_a_twin_missing_in_one_run_is_refused(tmp_path):
+    """One run without its second-style file: its variant's twin was averaged over the other seeds (or shown
+    as "-") without a word (issue 44)."""
+    runs = _two_style_runs(tmp_path / "runs", skip=("up", 1))
+    r = CliRunner().invoke(app, ["report", str(runs), "--out", str(tmp_path / "o"), "--metric", "zeroshot:top1", "--baseline", "base",
+                                 "--no-chart", "--style", "Noto=", "--style", "OpenMoji=-style2"])
+    assert r.exit_code == 1
+    line = r.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: run up/seed1 has zeroshot:top1 but not its OpenMoji twin ") and "zeroshot-style2" in line, line
+    assert not list(tmp_path.glob("o.*"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import re
 import sys
 
@@ -61,6 +62,46 @@ def _markup_escaped(command):
     return command
 
 
+# Options whose empty value means something; any other option given "" (or only spaces) is refused: an empty
+# value was read as "not given" (`--init ''` trained from scratch, `--group-column ''` resampled single images,
+# `split --by ''` split rows, `--image-root ''` read the current directory). --out has its own check
+# (vltool.io.require_output_name); debias --zeroshot-label '' means "no zero-shot accuracy".
+EMPTY_MEANS_SOMETHING = {"--out", "--zeroshot-label"}
+
+
+def empty_option(command, ctx, args: list[str]) -> str | None:
+    """The first option of `command` given an empty value in the command line `args`, or None. Read from the
+    raw values, before Typer makes a Path of "" (which is "."). A line that does not parse is left to click."""
+    if any(h in args for h in ctx.help_option_names):
+        return None
+    try:
+        opts, _, _ = command.make_parser(ctx).parse_args(args=list(args))
+    except Exception:  # click's own parse reports it, with the usual message
+        return None
+    for p in command.get_params(ctx):
+        if p.param_type_name != "option" or getattr(p, "is_flag", False) or p.name not in opts:
+            continue
+        values = opts[p.name]
+        values = values if isinstance(values, (list, tuple)) else [values]
+        if p.opts[0] not in EMPTY_MEANS_SOMETHING and any(isinstance(v, str) and not v.strip() for v in values):
+            return p.opts[0]
+    return None
+
+
+def _parse_refusing_empty_values(command, parse_args, ctx, args):
+    opt = empty_option(command, ctx, args)
+    if opt is not None:
+        raise click_exceptions().UsageError(f"{opt} is empty (''); an empty value is not taken as \"not given\": give a "
+                                            f"value, or leave {opt} out for its default", ctx=ctx)
+    return parse_args(command, ctx, args)
+
+
+def click_exceptions():
+    """The click exceptions typer raises (typer >= 0.24 carries its own click)."""
+    exceptions = getattr(typer.core, "_click", None)
+    return exceptions.exceptions if exceptions is not None else __import__("click").exceptions
+
+
 class PlainHelpGroup(typer.core.TyperGroup):
     """vltool's help strings are plain text: `[default: ...]` and `{name: [prompts]}` print as written.
 
@@ -75,13 +116,16 @@ class PlainHelpGroup(typer.core.TyperGroup):
 
     def get_command(self, ctx, cmd_name):
         command = super().get_command(ctx, cmd_name)
-        return _markup_escaped(command) if command is not None and self._rich() else command
+        if command is None:
+            return None
+        command = _markup_escaped(command) if self._rich() else copy.copy(command)
+        command.parse_args = functools.partial(_parse_refusing_empty_values, command, type(command).parse_args)
+        return command
 
     def invoke(self, ctx):
         """A bad command line (an unknown option, a value out of range, a missing argument) is one line on
         stderr, exit 2, as every other usage error is (docs/conventions.md, "Output and errors")."""
-        exceptions = getattr(typer.core, "_click", None)  # typer >= 0.24 carries its own click
-        exceptions = exceptions.exceptions if exceptions is not None else __import__("click").exceptions
+        exceptions = click_exceptions()
         try:
             return super().invoke(ctx)
         except exceptions.NoArgsIsHelpError:

@@ -30,18 +30,24 @@ DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 # How libraries that wrap the OSError in their own exception say it: safetensors' Rust I/O error
 # ("No space left on device (os error 28)"), pyarrow's ("[errno 28] ...").
 DISK_FULL_TEXTS = (os.strerror(errno.ENOSPC), f"os error {errno.ENOSPC}", f"errno {errno.ENOSPC}]")
+# torch.save's zip writer (caffe2's PyTorchStreamWriter) reports a short write without its errno: "[enforce fail at
+# inline_container.cc:NNN] . unexpected pos X vs Y", or "PytorchStreamWriter failed writing file ...": the disk (or a
+# quota) filled while it wrote.
+TORCH_SHORT_WRITE_TEXTS = ("unexpected pos", "PytorchStreamWriter failed writing file")
 
 
 def disk_full_cause(e: BaseException) -> BaseException | None:
     """The exception in `e`'s chain (itself, then what it was raised from) that reports a full disk, or None.
     datasets' DatasetGenerationError carries the OSError as its cause; safetensors' SafetensorError says it
-    only in its text."""
+    only in its text; torch.save's RuntimeError as a short write (TORCH_SHORT_WRITE_TEXTS)."""
     seen = set()
     while e is not None and id(e) not in seen:
         seen.add(id(e))
         if isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS:
             return e
         if any(text in str(e) for text in DISK_FULL_TEXTS):
+            return e
+        if isinstance(e, RuntimeError) and "inline_container" in str(e) and any(t in str(e) for t in TORCH_SHORT_WRITE_TEXTS):
             return e
         e = e.__cause__ or e.__context__
     return None

@@ -121,6 +121,24 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 _WORK: dict = {}
 
 
+class CsvRows:
+    """open_clip's tab-separated CSV, quoted so that every field reads back whole, with `vltool import` and
+    with pandas.read_csv(sep="\t") (open_clip's reader): csv's minimal quoting quotes a tab, a quote and a
+    line feed, but not a lone carriage return, which both readers take as a line end; a row holding one
+    is written with every field quoted."""
+
+    def __init__(self, f):
+        self.minimal = csv.writer(f, delimiter="\t", lineterminator="\n")
+        self.quoted = csv.writer(f, delimiter="\t", lineterminator="\n", quoting=csv.QUOTE_ALL)
+
+    def writerow(self, row: list[str]) -> None:
+        (self.quoted if any("\r" in str(v) for v in row) else self.minimal).writerow(row)
+
+    def writerows(self, rows) -> None:
+        for row in rows:
+            self.writerow(row)
+
+
 def _write_shard(shard: tuple[int, int, int]) -> dict:
     """Write rows [lo, hi) as shard `index`; return counts (and, for csv, the table rows)."""
     index, lo, hi = shard
@@ -282,7 +300,7 @@ def write_shards(ds, shards: Shards, config: ExportConfig, tmp: Path, final: Pat
     try:
         writer = None
         if csv_file is not None:
-            writer = csv.writer(csv_file, delimiter="\t", lineterminator="\n")
+            writer = CsvRows(csv_file)
             writer.writerow(["filepath", "title", C.ID, C.LABEL])
         num_proc = min(config.num_proc, shards.count)
         if num_proc > 1:

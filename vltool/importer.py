@@ -25,6 +25,7 @@ inside the output directory; a bad shard ends that shard only.
 
 from __future__ import annotations
 
+import codecs
 import csv
 import glob
 import hashlib
@@ -574,42 +575,57 @@ def _table_columns(columns: Sequence[str], config: ImportConfig, source: str) ->
     return _TableColumns(picked["image"], picked["caption"], id_col, config.label_column)
 
 
+def _table_encoding(path: Path) -> str:
+    """The text encoding of a CSV / TSV by its byte-order mark: UTF-16 (what spreadsheets write as "Unicode
+    text"), else UTF-8 with or without a BOM."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+    return "utf-16" if head.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)) else "utf-8-sig"
+
+
 def _csv_separator(path: Path, fmt: str) -> str:
     if fmt == "tsv":
         return "\t"
-    with open(path, encoding="utf-8-sig", errors="replace", newline="") as f:
+    with open(path, encoding=_table_encoding(path), errors="replace", newline="") as f:
         header = f.readline()
     return "\t" if "\t" in header else ","
 
 
-def _csv_records(reader, header: list[str], path: Path, skips: _Skips) -> Iterator[tuple[int, dict]]:
+def _csv_header(header: list[str], path: Path) -> list[str]:
+    """The column names of a CSV / TSV header (spaces around them stripped); a name given twice is refused
+    (a dict of the row would keep one of the two columns, and the caption could come from the wrong one)."""
+    header = [h.strip() for h in header]
+    twice = sorted({h for h in header if header.count(h) > 1})
+    if twice:
+        where = "; ".join(f"{h!r} in columns {', '.join(str(i + 1) for i, x in enumerate(header) if x == h)}" for h in twice)
+        raise UsageError(f"{path}: the header names a column twice ({where}); give each column its own name")
+    return header
+
+
+def _csv_records(reader, header: list[str], path: Path, fmt: str) -> Iterator[tuple[int, dict]]:
     """(row number, {column: value}) of each data row of a CSV / TSV read by `reader` (after its header).
-    A row that is not one line with at most the header's fields is an unreadable row, skipped and named
-    with its lines (csv reads a quote that is never closed as one field running over the rows after it)."""
-    line, spans = reader.line_num, []
-    for r, values in enumerate(reader):
+    A quoted field may hold line breaks and separators. A row with fewer or more fields than the header (a
+    field missing, a separator not quoted) and a quote that is never closed (csv would read the rest of the
+    file as one field) are refused, naming the row and its line: such a table cannot be read row by row."""
+    line = reader.line_num
+    r = -1
+    while True:
+        try:
+            values = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as e:
+            raise UsageError(f"{path}: the {fmt.upper()} row {r + 1} from line {line + 1} cannot be read ({e}): a quote is not "
+                             'closed, or text follows a closing quote; quote the whole field and double the quotes in it ("")') from None
         first, line = line + 1, reader.line_num
         if not values:
             continue
-        problem = _csv_row_problem(len(values), len(header), first, line)
-        if problem:
-            skips.add(f"{path.name} row {r}", None, BAD_ROW, problem)
-            spans += [(first, line)] if line > first else []
-            continue
+        r += 1
+        if len(values) != len(header):
+            lines = f"line {first}" if line == first else f"lines {first}-{line}"
+            raise UsageError(f"{path}: row {r} ({lines}) has {len(values)} fields where the header has {len(header)}; every row "
+                             "needs one field per column: quote a field that holds the separator, fill in a missing one")
         yield r, dict(zip(header, values))
-    if spans:  # the lines such a row took in are not counted as rows: say where they are
-        (a, b), more = spans[0], f" (and {len(spans) - 1} more)" if len(spans) > 1 else ""
-        warn(f"{path}: lines {a}-{b} were read as one row{more}, skipped: a quote is not closed, or a quoted field holds line breaks")
-
-
-def _csv_row_problem(fields: int, columns: int, first: int, last: int) -> str | None:
-    """Why a CSV row read from lines first..last is not a row of the table (None when it is)."""
-    if last > first:
-        return (f"lines {first}-{last} were read as one row: a quote is not closed, or a quoted field holds line breaks; "
-                "close the quote, or keep each row on one line")
-    if fields > columns:
-        return f"line {first} has {fields} fields where the header has {columns}: quote the fields that hold the separator"
-    return None
 
 
 def _scan_tables(files: Sequence[Path], fmt: str, config: ImportConfig, writer: _ChunkWriter, skips: _Skips) -> dict:
@@ -631,14 +647,17 @@ def _scan_tables(files: Sequence[Path], fmt: str, config: ImportConfig, writer: 
 
         if fmt in ("csv", "tsv"):
             sep = _csv_separator(path, fmt)
-            with open(path, encoding="utf-8-sig", errors="replace", newline="") as f:
-                reader = csv.reader(f, delimiter=sep)
-                header = next(reader, None)
+            with open(path, encoding=_table_encoding(path), errors="replace", newline="") as f:
+                reader = csv.reader(f, delimiter=sep, strict=True)
+                try:
+                    header = next(reader, None)
+                except csv.Error as e:
+                    raise UsageError(f"{path}: its header line cannot be read ({e})") from None
                 if not header:
                     raise UsageError(f"{path} is empty (no header line)")
-                header = [h.strip() for h in header]
+                header = _csv_header(header, path)
                 cols = _table_columns(header, config, str(path))
-                for r, rec in _csv_records(reader, header, path, skips):
+                for r, rec in _csv_records(reader, header, path, fmt):
                     add(r, rec, cols)
         elif fmt == "jsonl":
             cols = None

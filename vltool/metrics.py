@@ -35,6 +35,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from vltool.errors import UsageError
+
 TIE_TOL = 1e-10  # |a - b| <= TIE_TOL is a tie; float64 scores of unit vectors are accurate to ~1e-15
 DEFAULT_BLOCK_BYTES = 64 * 2**20  # size of one block of scores in the chunked retrieval loop
 CPU_BLOCK = (1024, 1024)  # the largest block (images x texts) torch's ranking pass uses on a CPU
@@ -664,6 +666,30 @@ def _small_strata(strata: np.ndarray, min_units: int) -> int:
     return int((counts < min_units).sum())
 
 
+MAX_BOOTSTRAP = 1_000_000  # resamples: their replicates are kept for the percentiles (8 bytes x metrics each:
+# 8 MB a metric at the limit, where 10^9 resamples needed 22 GiB for 3 metrics) and cost one statistic each
+# (about 0.1 ms: 10^6 is minutes, 10^9 days); the Monte Carlo error of a 95% interval's ends is already
+# small beside its width at 10^4.
+
+
+def resamples_problem(n_boot: int, n_metrics: int | None = None) -> str | None:
+    """Why `n_boot` resamples are refused (over MAX_BOOTSTRAP: the memory their replicates would take), or None."""
+    if n_boot <= MAX_BOOTSTRAP:
+        return None
+    size = n_boot * 8 * (n_metrics or 1) / 2**30
+    memory = f"{size:,.1f} GiB for {n_metrics} metrics" if n_metrics else f"{size:,.1f} GiB per metric"
+    return (f"{n_boot} resamples is over the limit of {MAX_BOOTSTRAP:,}: their replicates alone would take {memory}, and "
+            "each resample recomputes every metric (hours to days); give 1000 (the default) to 10000, which make a stable "
+            "95% interval")
+
+
+def check_resamples(n_boot: int, n_metrics: int | None = None) -> None:
+    """A usage error naming --bootstrap for more than MAX_BOOTSTRAP resamples."""
+    problem = resamples_problem(n_boot, n_metrics)
+    if problem:
+        raise UsageError(f"--bootstrap {problem}")
+
+
 def bootstrap(
     n_units: int,
     statistic: Callable[[np.ndarray | None], dict[str, float]],
@@ -687,6 +713,7 @@ def bootstrap(
     names = list(statistic(None).keys())
     if n_boot <= 0 or n_units == 0:
         return {k: Interval(float("nan"), float("nan")) for k in names}
+    check_resamples(n_boot, len(names))
     plan = resampling if resampling is not None else Resampling.make(n_units, strata, groups)
     if plan.n_items != n_units:
         raise ValueError(f"the resampling is for {plan.n_items} items, not {n_units}")

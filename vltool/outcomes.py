@@ -32,6 +32,8 @@ metric of the JSON is recomputed exactly (docs/evaluation.md, "Per-example outco
 
 from __future__ import annotations
 
+import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -110,8 +112,8 @@ class Outcomes:
         try:
             with np.load(path, allow_pickle=False) as z:
                 arrays = {k: z[k] for k in z.files}
-        except (OSError, ValueError) as e:
-            raise VltoolError(f"{path}: not a per-example outcomes file ({e})") from None
+        except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as e:  # truncated, damaged
+            raise VltoolError(f"{path}: not a per-example outcomes file, or damaged ({type(e).__name__}: {e})") from None
         fmt = str(arrays.get("format", ""))
         if fmt != FORMAT:
             raise VltoolError(f"{path}: format {fmt!r}, expected {FORMAT!r}")

@@ -137,6 +137,10 @@ def add_style_twins(metrics: list[Metric], styles: list[tuple[str, str]], found:
             rel = with_suffix(m.relpath, suffix)
             if suffix and any((d / rel).exists() or (d / (rel + ".json")).exists() for d in runs):
                 out.append(Metric(f"{m.label}, {name}", rel, m.key, m.percent, style=name, twin_of=m.name))
+    for name, suffix in styles:  # a style none of whose files exist: a wrong suffix, or runs evaluated in one style
+        if suffix and not any(t.style == name for t in out):
+            raise UsageError(f"--style {name}={suffix}: no run has a file named with {suffix!r} "
+                             f"(e.g. {with_suffix(metrics[0].relpath, suffix)}.json); check the suffix, or leave the style out")
     return out
 
 
@@ -307,15 +311,31 @@ def read_runs(found: dict[str, dict[int, Path]], order: list[tuple[str, str]], c
                 if not p.exists() and p.suffix != ".json":
                     p = p.with_name(p.name + ".json")
                 if not p.exists():
+                    if m.twin_of is not None and m.twin_of in row:  # the run has the metric in one style only
+                        raise VltoolError(f"run {name}/seed{seed} has {m.twin_of} but not its {m.style} twin "
+                                          f"{d / m.relpath}(.json); evaluate that run in every --style, or leave the style out")
                     continue
                 record = _read_json(p)
                 e = lookup(record, m.key)
                 if e is not None and e["value"] is not None:
+                    _check_numbers(e, p, m.key, f"{name}/seed{seed}")
                     row[m.name] = e
                     sources[(name, str(seed), m.name)] = (p, record)
             runs[str(seed)] = row
         variants.append({"name": name, "label": label, "paper": config.paper.get(name), "runs": runs})
     return variants, sources
+
+
+def _check_numbers(e: dict, path: Path, key: str, run: str) -> None:
+    """A metric's value, interval and chance are finite numbers: a NaN or inf in a results file is refused,
+    never averaged into a table."""
+    for part in ("value", "ci_low", "ci_high", "chance"):
+        x = e.get(part)
+        if x is None and part != "value":
+            continue
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+            raise VltoolError(f"{path}: {key} has {part} {x!r}, not a finite number (run {run}); the evaluation that wrote "
+                              "it failed or the file was edited: re-run it")
 
 
 def keep_complete_seeds(variants: list[dict], runs_dir: Path, order: list[tuple[str, str]]) -> list[int]:
@@ -425,7 +445,10 @@ def paired_comparisons(variants: list[dict], base: dict, config: ReportConfig, s
         if p is None:
             return None
         if p not in cache:
-            cache[p] = Outcomes.read(p)
+            try:
+                cache[p] = Outcomes.read(p)
+            except VltoolError as e:
+                raise VltoolError(f"run {key[0]}/seed{key[1]}: {e}; re-run that run's evaluation to write it again") from None
         return cache[p]
 
     def note(text: str) -> None:
@@ -772,15 +795,39 @@ def report_stem(out_stem: str | Path) -> Path:
     return stem.with_suffix("") if stem.suffix in (".json", ".md", ".png") else stem
 
 
-def check_report_out(runs_dir: str | Path, out_stem: str | Path) -> Path:
+REPORT_FILES = (".json", ".md", ".png")
+
+
+def check_report_out(runs_dir: str | Path, out_stem: str | Path, overwrite: bool = False) -> Path:
     """Refuse a --out whose files would replace a run the report reads (RUNS_DIR/<variant>/seed<N>), or
-    that cannot be written; in the CLI, lock it. STEM.json, .md and .png are replaced (no --overwrite)."""
+    that cannot be written; in the CLI, lock it. STEM.json, .md and .png exist: refused without
+    --overwrite, as every command's output is; with it, replaced only when vltool wrote them (STEM.json is
+    a report that names them), never a file of the user's that happens to have the name."""
     stem = report_stem(require_output_name(out_stem))
     runs = [d for seeds in find_runs(Path(runs_dir)).values() for d in seeds.values()] if Path(runs_dir).is_dir() else []
-    names = [stem.name + ext for ext in (".json", ".md", ".png")]
+    names = [stem.name + ext for ext in REPORT_FILES]
     for name in names:
-        check_output(stem.with_name(name), True, inputs=runs, lock=False, kind="file")
+        check_output(stem.with_name(name), overwrite, inputs=runs, lock=False, kind="file")
+    existing = [stem.with_name(n) for n in names if os.path.lexists(stem.with_name(n))]
+    if existing:
+        written = _report_files(stem.with_name(stem.name + ".json"))
+        for p in existing:
+            if p.name not in written:
+                raise UsageError(f"--out {stem}: {p} was not written by vltool report (no report {stem.name}.json names it); "
+                                 "vltool replaces only what it wrote (even with --overwrite): choose another --out")
     return check_output(stem, True, inputs=runs, related=names, kind="file")
+
+
+def _report_files(json_path: Path) -> set[str]:
+    """The names of the files a report STEM.json says it wrote (itself included); empty when it is not a report."""
+    try:
+        record = json.loads(json_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return set()
+    if not isinstance(record, dict) or not {"vltool_version", "variants", "metrics", "files"} <= record.keys():
+        return set()
+    files = record["files"] if isinstance(record["files"], dict) else {}
+    return {json_path.name} | {Path(f).name for f in files.values() if isinstance(f, str)}
 
 
 def write_report(report: dict, out_stem: str | Path, *, chart: bool = True, overwrite: bool = True) -> dict[str, str]:

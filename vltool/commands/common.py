@@ -17,7 +17,18 @@ from vltool.io import output_scope
 
 OutOpt = Annotated[Path, typer.Option("--out", "-o", help="Where to write the result (created atomically).")]
 OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="Replace --out if it exists.")]
-SeedOpt = Annotated[int, typer.Option("--seed", help="Random seed; the same seed gives the same output.")]
+SEED_MAX = 2**32 - 1  # numpy's and torch's generators take any seed in 0..2**32-1 (torch's alone goes to 2**64-1)
+
+
+def _check_seed(value: int) -> int:
+    """--seed, checked once for every command: a whole number 0 .. SEED_MAX (a negative seed was an internal error)."""
+    if value is not None and not 0 <= value <= SEED_MAX:
+        raise typer.BadParameter(f"{value} is not a seed; give a whole number from 0 to {SEED_MAX}, e.g. --seed 0")
+    return value
+
+
+SeedOpt = Annotated[int, typer.Option("--seed", callback=_check_seed,
+                                      help=f"Random seed, 0 to {SEED_MAX}; the same seed gives the same output.")]
 BatchSizeOpt = Annotated[int, typer.Option("--batch-size", min=1, help="Rows per batch.")]
 NumProcOpt = Annotated[
     int, typer.Option("--num-proc", min=1, help="Worker processes sharing the rows (CPU work; the output does not depend on it).")

@@ -27,8 +27,19 @@ EvalModelOpt = Annotated[
 PretrainedOpt = Annotated[
     Optional[str], typer.Option("--pretrained", help="For --model open_clip:ARCH: an open_clip pretrained tag or a local weights file (as open_clip's own --pretrained).")
 ]
+def _check_bootstrap(value: int) -> int:
+    """--bootstrap: at most vltool.metrics.MAX_BOOTSTRAP resamples, refused before any work (a usage error)."""
+    from vltool.metrics import resamples_problem  # (numpy: loaded when a command runs, not for --help)
+
+    problem = resamples_problem(value) if value is not None else None
+    if problem:
+        raise typer.BadParameter(problem)
+    return value
+
+
 BootstrapOpt = Annotated[
-    int, typer.Option("--bootstrap", min=0, help="Bootstrap resamples for the 95% intervals (0: none).", rich_help_panel=EVAL_PANEL)
+    int, typer.Option("--bootstrap", min=0, callback=_check_bootstrap, rich_help_panel=EVAL_PANEL,
+                      help="Bootstrap resamples for the 95% intervals (0: none; at most 1,000,000).")
 ]
 ResultsOutOpt = Annotated[
     Optional[Path], typer.Option("--out", "-o", help="Write the results JSON (metrics, intervals, chance, protocol, provenance) here.")

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from vltool import console
-from vltool.commands.common import NoProgressOpt, SeedOpt, handle_errors
+from vltool.commands.common import NoProgressOpt, OverwriteOpt, SeedOpt, handle_errors
 from vltool.commands.evaluation import BootstrapOpt
 
 HELP = """Gather a recipe's runs into one table over seeds, paired by seed, as JSON, Markdown and a PNG chart.
@@ -40,7 +40,7 @@ Examples:
 
 def report_command(
     runs_dir: Annotated[Path, typer.Argument(help="The recipe's output: RUNS_DIR/<variant>/seed<N>/.", show_default=False)],
-    out: Annotated[Path, typer.Option("--out", "-o", help="Path stem: writes STEM.json, STEM.md, STEM.png (replaced atomically).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Path stem: writes STEM.json, STEM.md, STEM.png (atomically; an earlier report's are replaced with --overwrite).")],
     metric: Annotated[list[str], typer.Option("--metric", help="[LABEL=]RELPATH:KEY, repeatable, in column order.")],
     variant: Annotated[Optional[list[str]], typer.Option("--variant", help="DIR[=LABEL], repeatable, in row order [default: every variant found].")] = None,
     baseline: Annotated[Optional[str], typer.Option("--baseline", help="The variant the others are compared with, on the same test examples and seeds.")] = None,
@@ -53,6 +53,7 @@ def report_command(
     chart: Annotated[bool, typer.Option("--chart/--no-chart", help="Draw STEM.png.")] = True,
     bootstrap: BootstrapOpt = 1000,
     seed: SeedOpt = 0,
+    overwrite: OverwriteOpt = False,
     no_progress: NoProgressOpt = False,
 ) -> None:
     # vltool.report (numpy, through vltool.outcomes) is imported here, not at the top: commands/*.py stay light so `vltool --help` answers at once
@@ -72,7 +73,7 @@ def report_command(
         bootstrap=bootstrap,
         seed=seed,
     )
-    check_report_out(runs_dir, out)
+    check_report_out(runs_dir, out, overwrite)
     report = build_report(runs_dir, config)
     files = write_report(report, out, chart=chart)
     stdout = console.out

@@ -134,18 +134,30 @@ def _partial_removed(tmp: Path, run_dir: Path, step: int) -> Iterator[None]:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(e, VltoolError) or disk_full_cause(e) is None:
             raise
-        raise DiskFull(_disk_full_message(run_dir, step)) from e
+        raise DiskFull(_disk_full_message(run_dir, f"the checkpoint of step {step}")) from e
 
 
-def _disk_full_message(run_dir: Path, step: int) -> str:
+@contextmanager
+def final_save_kept(run_dir: Path, step: int) -> Iterator[None]:
+    """Around the final model's writing: a full disk is one line saying what is kept (the last complete
+    checkpoint, from which `--resume` finishes the run), not "choose another --out"."""
+    try:
+        yield
+    except Exception as e:
+        if isinstance(e, VltoolError) or disk_full_cause(e) is None:
+            raise
+        raise DiskFull(_disk_full_message(run_dir, f"the final model of step {step}")) from e
+
+
+def _disk_full_message(run_dir: Path, what: str) -> str:
     """The run's --out (RUN_DIR, also for a run built beside the one it replaces), and what is kept."""
     kept = list_checkpoints(run_dir)
     out = final_of_work_dir(run_dir) or run_dir
     if not kept:
-        return disk_full_message(out, f"the checkpoint of step {step} could not be written, and the run had none yet, so "
+        return disk_full_message(out, f"{what} could not be written, and the run had no checkpoint yet, so "
                                  "nothing is kept: free some space there or choose another --out")
-    return disk_full_message(out, f"the checkpoint of step {step} could not be written; the last complete one, "
-                             f"{kept[-1].name}, is kept: free some space and continue with `vltool pretrain --resume {run_dir}`")
+    return disk_full_message(out, f"{what} could not be written; the previous checkpoint, {kept[-1].name}, is kept: free "
+                             f"some space and continue with `vltool pretrain --resume {run_dir}` (exactly from that checkpoint)")
 
 
 def load_checkpoint(ckpt: Path, model, loss_fn, optimizer, accelerator, rank: int):

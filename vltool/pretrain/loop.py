@@ -443,35 +443,43 @@ def finish(run: RunState, bad_all: set, timer) -> dict:
     run.model.eval()
     prov = None
     if run.accelerator.is_main_process:
-        plain = run.model.module if hasattr(run.model, "module") else run.model
-        plain = run.objective.export(plain, run.config)  # --export-ema: the EMA towers are the model
-        tmp = run.run_dir / f".{MODEL_DIR}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        save_model(plain, run.tokenizer, tmp)
-        replace_path(tmp, run.run_dir / MODEL_DIR, overwrite=True)
-        tmp = run.run_dir / f".{OPEN_CLIP_DIR}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        exported = export_open_clip(plain, tmp)
-        if exported is not None:
-            replace_path(tmp, run.run_dir / OPEN_CLIP_DIR, overwrite=True)
-        plotted = plot_curves(run.log.read(), run.run_dir / PLOT_FILE)
-        stats = _final_stats(run, plain, final_eval, bad_all, exported is not None, plotted)
-        final = final_of_work_dir(run.run_dir)  # a run replacing an existing RUN_DIR, built beside it
-        if final is not None:
-            for key in ("model", "open_clip_export"):
-                if stats.get(key):
-                    stats[key] = str(final / Path(stats[key]).relative_to(run.run_dir))
-        spec = run.spec
-        options = {**asdict(run.config), "data": spec.data, "where": spec.where, "split": spec.split,
-                   "eval_data": spec.eval_data, "eval_where": spec.eval_where, "init_revision": spec.init_revision or None}
-        inputs = run.train.inputs + (run.evald.inputs if run.evald else [])
-        prov = provenance.make("pretrain", options, inputs, rows_in=run.train.rows_in, rows_out=None, stats=stats, timer=timer)
-        write_json_atomic(run.run_dir / C.PROVENANCE_FILE, prov)
-        if final is not None:  # complete: now it replaces the old RUN_DIR (which stayed whole until here)
-            replace_path(run.run_dir, final, overwrite=True)
+        with ckpt.final_save_kept(run.run_dir, run.step):
+            prov = _write_final(run, final_eval, bad_all, timer)
     run.accelerator.wait_for_everyone()
     prov = prov if prov is not None else {"stats": {}}
     prov["status"] = "finished"
+    return prov
+
+
+def _write_final(run: RunState, final_eval, bad_all: set, timer) -> dict:
+    """The main process's part of finish(): the model, its open_clip export, loss.png and vltool.json; a run
+    built beside the RUN_DIR it replaces is swapped in last."""
+    plain = run.model.module if hasattr(run.model, "module") else run.model
+    plain = run.objective.export(plain, run.config)  # --export-ema: the EMA towers are the model
+    tmp = run.run_dir / f".{MODEL_DIR}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_model(plain, run.tokenizer, tmp)
+    replace_path(tmp, run.run_dir / MODEL_DIR, overwrite=True)
+    tmp = run.run_dir / f".{OPEN_CLIP_DIR}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    exported = export_open_clip(plain, tmp)
+    if exported is not None:
+        replace_path(tmp, run.run_dir / OPEN_CLIP_DIR, overwrite=True)
+    plotted = plot_curves(run.log.read(), run.run_dir / PLOT_FILE)
+    stats = _final_stats(run, plain, final_eval, bad_all, exported is not None, plotted)
+    final = final_of_work_dir(run.run_dir)  # a run replacing an existing RUN_DIR, built beside it
+    if final is not None:
+        for key in ("model", "open_clip_export"):
+            if stats.get(key):
+                stats[key] = str(final / Path(stats[key]).relative_to(run.run_dir))
+    spec = run.spec
+    options = {**asdict(run.config), "data": spec.data, "where": spec.where, "split": spec.split,
+               "eval_data": spec.eval_data, "eval_where": spec.eval_where, "init_revision": spec.init_revision or None}
+    inputs = run.train.inputs + (run.evald.inputs if run.evald else [])
+    prov = provenance.make("pretrain", options, inputs, rows_in=run.train.rows_in, rows_out=None, stats=stats, timer=timer)
+    write_json_atomic(run.run_dir / C.PROVENANCE_FILE, prov)
+    if final is not None:  # complete: now it replaces the old RUN_DIR (which stayed whole until here)
+        replace_path(run.run_dir, final, overwrite=True)
     return prov
 
 

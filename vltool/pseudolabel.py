@@ -35,7 +35,7 @@ from vltool import provenance
 from vltool.cache import CacheKey, EmbeddingCache, ids_digest, row_filter
 from vltool.checks import clean_texts, missing_text_warning, require_decoded, text_column
 from vltool.deform import row_seed
-from vltool.encode import decode_image, encode_texts, image_preprocessing, load_eval_model, model_record, run_batches
+from vltool.encode import decode_image, encode_texts, image_preprocessing, load_eval_model, model_record, require_finite, run_batches
 from vltool.errors import UsageError
 from vltool.io import LoadedDataset, check_output, load_dataset, model_inputs, save_dataset, shared_ids
 from vltool.text import english_stopwords, tokenize
@@ -206,6 +206,7 @@ def encode_views(m, src, config: PseudolabelConfig, cache) -> tuple[np.ndarray, 
     def forward(x):
         bad = torch.isnan(x).flatten(1).any(1)  # (B*c,)
         out = m.encode_image(torch.nan_to_num(x)).float().cpu()  # (B*c, D)
+        require_finite(out.numpy(), m, "image", bad=bad.numpy(), what="image crops")
         out[bad] = float("nan")
         return out.reshape(-1, c * out.shape[1])  # (B, c*D)
 

@@ -33,11 +33,11 @@ import torch
 from vltool import columns as C
 from vltool import provenance
 from vltool.cache import CacheKey, EmbeddingCache, ids_digest, row_filter
-from vltool.checks import clean_texts, missing_text_warning, require_decoded, text_column
+from vltool.checks import clean_texts, missing_text_warning, require_decoded, require_unique_ids, text_column
 from vltool.deform import row_seed
 from vltool.encode import decode_image, encode_texts, image_preprocessing, load_eval_model, model_record, require_finite, run_batches
 from vltool.errors import UsageError
-from vltool.io import LoadedDataset, check_output, load_dataset, model_inputs, save_dataset, shared_ids
+from vltool.io import LoadedDataset, arrow_column, check_output, load_dataset, model_inputs, save_dataset, shared_ids
 from vltool.text import english_stopwords, tokenize
 from vltool.topology import warn
 
@@ -282,6 +282,8 @@ def load_inputs(unaligned: str, aligned: str, out, config: PseudolabelConfig, wh
     if text_col not in asrc.dataset.column_names:
         raise UsageError(f"the aligned data {aligned!r} has no caption column (it has: {', '.join(asrc.dataset.column_names)})")
     text_column(asrc.dataset, text_col, aligned, option="the aligned caption column")
+    require_unique_ids(arrow_column(usrc.dataset, C.ID), unaligned)  # ids name the rows: in the output, and
+    require_unique_ids(arrow_column(asrc.dataset, C.ID), aligned)  # in the check that no image is in both sets
     overlap = shared_ids(usrc.dataset, asrc.dataset)
     if overlap:
         raise UsageError(f"{len(overlap)} ids are in both the unaligned and the aligned data (e.g. {overlap[0]!r}); "

@@ -37,7 +37,7 @@ from vltool.checks import clean_texts, missing_text_warning, require_decoded, re
 from vltool.deform import row_seed
 from vltool.encode import decode_image, encode_texts, image_preprocessing, load_eval_model, model_record, require_finite, run_batches
 from vltool.errors import UsageError
-from vltool.io import LoadedDataset, arrow_column, check_output, load_dataset, model_inputs, save_dataset, shared_ids
+from vltool.io import LoadedDataset, arrow_column, check_output, load_dataset, model_inputs, save_dataset, shared_ids, test_only_inputs
 from vltool.text import english_stopwords, tokenize
 from vltool.topology import warn
 
@@ -120,6 +120,7 @@ class PseudolabelConfig:
     batch_size: int = 32
     cache_dir: str | None = None
     seed: int = 0
+    allow_test_data: bool = False  # the aligned data may be built-in test-only data (io.test_only_inputs)
 
     def validate(self) -> None:
         problems = []
@@ -278,6 +279,7 @@ def load_inputs(unaligned: str, aligned: str, out, config: PseudolabelConfig, wh
     caption), no image in both sets, --out, and rows in both."""
     usrc = load_dataset(unaligned, split=split, where=where, required=[C.ID], images=[C.IMAGE], cache_dir=config.cache_dir)
     asrc = load_dataset(aligned, split=aligned_split, where=aligned_where, required=[C.ID], cache_dir=config.cache_dir)
+    test_only_inputs([asrc], "aligned input (its captions label the unaligned images, which are then trained on)", config.allow_test_data)
     text_col = C.CAPTION_ORIGINAL if C.CAPTION_ORIGINAL in asrc.dataset.column_names else C.CAPTION
     if text_col not in asrc.dataset.column_names:
         raise UsageError(f"the aligned data {aligned!r} has no caption column (it has: {', '.join(asrc.dataset.column_names)})")

@@ -80,6 +80,24 @@ def test_tasks_option_and_errors(setup, cli, tmp_path):
     assert r.exit_code == 2 and "--datasets is required" in r.stderr
 
 
+def test_a_dataset_named_twice_or_an_unknown_eval_split_is_refused(setup, cli, tmp_path):
+    """Issue 44: a dataset named twice (in a file, or spelled two ways) ran twice without a word; an
+    --eval-split that is not a value of the `split` column (a typo) evaluated every row, exit 0."""
+    root, cb, caps, colors, model = setup
+    listing = tmp_path / "list.txt"
+    listing.write_text(f"{colors}\n{caps}\n{colors}\n")
+    for datasets_, said in ((listing, f"{colors!r} is listed twice"), (f"{colors},{caps},{colors}", f"{colors!r} is listed twice"),
+                            (f"{colors},{colors}/", f"{colors!r} and {colors + '/'!r} are the same dataset")):
+        r = cli("benchmark", "--model", model, "--datasets", datasets_, "--bootstrap", "0", "--out", tmp_path / "b.json",
+                "--cache-dir", tmp_path / "c", "--no-progress")
+        assert r.exit_code == 2 and said in r.stderr and "list each dataset once" in r.stderr, r.stderr
+        assert not (tmp_path / "b.json").exists()
+    r = cli("benchmark", "--model", model, "--datasets", colors, "--eval-split", "tset", "--bootstrap", "0", "--out", tmp_path / "b.json",
+            "--cache-dir", tmp_path / "c", "--no-progress")
+    assert r.exit_code == 2 and not (tmp_path / "b.json").exists(), r.stderr
+    assert "no split 'tset' to evaluate on" in r.stderr and "['test', 'train']" in r.stderr and "--eval-split" in r.stderr, r.stderr
+
+
 def test_a_class_label_split_column_selects_its_rows(tmp_path):
     """A `split` column stored as a ClassLabel (as `datasets` often makes it) selects the test rows to
     evaluate and the train rows to probe, like a string column; before, the whole dataset was evaluated

@@ -167,3 +167,40 @@ def test_two_processes_encode_the_same_as_one(model_dir, colors, tmp_path):
     assert (tmp_path / "two.npy.world").read_text() == "2"  # really two processes
     np.testing.assert_array_equal(np.load(tmp_path / "one.npy"), np.load(tmp_path / "two.npy"))
     assert len(list((tmp_path / "c2" / "embeddings").glob("*.npy"))) == 1
+
+
+def test_a_cached_entry_holding_nan_is_encoded_again_never_read_as_bad_images(loaded_model, tmp_path, capsys):
+    """Issue 44: a cache entry whose array holds NaN where no image was undecodable (a damaged entry) was
+    read as data: its rows became "images that could not be decoded". The entry records its NaN rows
+    (`nan_rows`: the undecodable images); any other NaN or inf is a miss, encoded again with a warning."""
+    from vltool.encode import encode_images, encode_texts
+    from vltool.io import load_dataset
+
+    data = load_dataset(make_colors(tmp_path / "bad", per_class=2, bad_rows=(1, 4)))
+    cache = EmbeddingCache(tmp_path / "c")
+    first = encode_images(loaded_model, data, cache=cache, progress=False)
+    npy, meta = cache.dir / f"{first.key}.npy", cache.dir / f"{first.key}.json"
+    assert json.loads(meta.read_text())["nan_rows"] == [1, 4]
+    assert encode_images(loaded_model, data, cache=cache, progress=False).hit  # the undecodable images' NaN rows are fine
+    for damage in ("nan_row", "one_nan", "inf"):
+        arr = np.load(npy)
+        arr[{"nan_row": 7, "one_nan": 2, "inf": 9}[damage]] = np.nan if damage == "nan_row" else arr[0]
+        if damage == "one_nan":
+            arr[2, 3] = np.nan
+        elif damage == "inf":
+            arr[9, 0] = np.inf
+        np.save(npy, arr)
+        capsys.readouterr()
+        again = encode_images(loaded_model, data, cache=cache, progress=False)
+        assert not again.hit, damage
+        assert again.bad.tolist() == [i in (1, 4) for i in range(12)], damage
+        np.testing.assert_array_equal(again.embeddings[~again.bad], first.embeddings[~first.bad])
+        assert f"the cached embeddings {npy} hold NaN or inf" in capsys.readouterr().err
+        assert encode_images(loaded_model, data, cache=cache, progress=False).hit  # written again, whole
+    txt = encode_texts(loaded_model, data, column="caption", cache=cache, progress=False)
+    npy = cache.dir / f"{txt.key}.npy"
+    arr = np.load(npy)
+    arr[0] = np.nan
+    np.save(npy, arr)
+    again = encode_texts(loaded_model, data, column="caption", cache=cache, progress=False)
+    assert not again.hit and np.isfinite(again.embeddings).all()

@@ -122,3 +122,32 @@ def test_zeroshot_runs(cli, tmp_path):
     rec = json.loads(r.stdout)
     assert rec["command"] == "zeroshot" and "top1" in rec["metrics"]
     assert rec["inputs"][0]["spec"] == "emoji-openmoji" and rec["inputs"][0]["rows"] == 669
+
+
+def test_test_only_data_is_refused_as_training_or_aligned_input(cli, tmp_path):
+    """Issue 44: `pretrain emoji-openmoji` and `pseudolabel --aligned emoji-openmoji` trained on the held-out
+    style without a word. Refused as training or aligned input (made from it too: found through the
+    provenance chain); --allow-test-data allows it, with a warning, recorded in the options."""
+    model = make_model(tmp_path / "run")
+    micro = ["--arch", "vltool-micro", "--steps", "1", "--batch-size", "4", "--no-progress"]
+    r = cli("pretrain", "emoji-openmoji", "--out", tmp_path / "p", *micro)
+    assert r.exit_code == 2 and "'emoji-openmoji' is test-only data" in r.stderr and "--allow-test-data" in r.stderr, r.stderr
+    assert not (tmp_path / "p").exists()
+    r = cli("pretrain", "emoji", "emoji-openmoji", "--where", "split=test", "--prefix-ids", "--out", tmp_path / "p", *micro)
+    assert r.exit_code == 2 and "'emoji-openmoji' is test-only data" in r.stderr, r.stderr
+    # made from it: a subset written by `split`
+    r = cli("split", "emoji-openmoji", "--parts", "a=0.5,b=0.5", "--out", tmp_path / "halves", "--separate", "--no-progress")
+    assert r.exit_code == 0, r.stderr
+    r = cli("pretrain", tmp_path / "halves" / "a", "--out", tmp_path / "p", *micro)
+    assert r.exit_code == 2 and "made from the built-in 'emoji-openmoji'" in r.stderr, r.stderr
+    r = cli("pseudolabel", "emoji", "--where", "split=test", "--aligned", "emoji-openmoji", "--model", model, "--out", tmp_path / "pl",
+            "--crops", "1", "--no-progress")
+    assert r.exit_code == 2 and "is test-only data" in r.stderr and "aligned input" in r.stderr, r.stderr
+    assert not (tmp_path / "pl").exists()
+    # allowed, recorded
+    r = cli("pretrain", "emoji-openmoji", "--out", tmp_path / "p", "--allow-test-data", *micro)
+    assert r.exit_code == 0 and "used as training input because of --allow-test-data" in r.stderr, r.stderr
+    assert json.loads((tmp_path / "p" / "vltool.json").read_text())["options"]["allow_test_data"] is True
+    # evaluating on it, and training on the intact emoji, are untouched
+    r = cli("pretrain", "emoji", "--where", "split=train", "--out", tmp_path / "p2", *micro)
+    assert r.exit_code == 0 and "test-only" not in r.stderr, r.stderr

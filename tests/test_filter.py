@@ -351,3 +351,30 @@ def test_bootstrap_ci_equals_resampling_indices(n, k):
     assert lo < k / n < hi
     assert bootstrap_ci(np.ones(n), seed=0) == (1.0, 1.0)
     assert all(np.isnan(bootstrap_ci(np.zeros(0), seed=0)))
+
+
+def test_rows_without_text_are_left_out_with_a_warning(two_styles, tmp_path, capsys):
+    """Issue 44: rows whose caption is None were scored as text and some were kept; docs/conventions.md
+    ("No text is no text"): None, "" and whitespace are left out, with one warning. The other rows get the
+    scores they get without those rows."""
+    import datasets
+
+    src, ref = two_styles
+    ds = datasets.load_from_disk(src)
+    none_rows = set(range(0, 300, 7)) | {5}
+    caps = [None if i in none_rows else (" " if i == 5 else c) for i, c in enumerate(ds["caption"])]
+    holed = ds.remove_columns(["caption"]).add_column("caption", caps, feature=datasets.Value("string"))
+    holed.save_to_disk(str(tmp_path / "holed"))
+    clean = ds.select([i for i in range(300) if i not in none_rows])
+    clean.save_to_disk(str(tmp_path / "clean"))
+    capsys.readouterr()
+    prov = run_filter(str(tmp_path / "holed"), ref, tmp_path / "a", FilterConfig(threshold=0.0, folds=2))
+    assert f"{len(none_rows)} of 300 rows have no text in 'caption'" in capsys.readouterr().err
+    a = datasets.load_from_disk(str(tmp_path / "a"))
+    assert not set(a["id"]) & {ds["id"][i] for i in none_rows} and None not in a["caption"]
+    assert a.num_rows == 300 - len(none_rows)  # (threshold 0: every row with text kept)
+    s = prov["stats"]
+    assert (s["rows_in"], s["rows_out"], s["rows_without_text"], s["rows_dropped"]) == (300, a.num_rows, len(none_rows), len(none_rows))
+    run_filter(str(tmp_path / "clean"), ref, tmp_path / "b", FilterConfig(threshold=0.0, folds=2))
+    b = datasets.load_from_disk(str(tmp_path / "b"))
+    assert a["id"] == b["id"] and a["quality_score"] == b["quality_score"]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tests._eval_helpers import make_colors, make_model
-from vltool.errors import UsageError
+from vltool.errors import UsageError, VltoolError
 from vltool.probe import WD_COARSE, WD_GRID, ProbeConfig, cosine_lr, probe, train_linear
 
 TRAIN, TEST = ["split=train"], ["split=test"]
@@ -117,6 +117,20 @@ def test_fewshot(model_dir, colors):
 def test_train_and_eval_rows_must_be_disjoint(model_dir, colors):
     with pytest.raises(UsageError, match="both the training and the eval"):
         probe(colors, colors, ProbeConfig(model=model_dir), where=TRAIN, eval_where=[])
+
+
+def test_one_class_in_the_training_rows_is_refused(model_dir, colors, tmp_path, cli):
+    """Issue 44: one class in the training rows scored 100% beside a chance of 1/C; a probe needs 2 classes,
+    in the rows selected and among the images that decode."""
+    with pytest.raises(UsageError, match=r"hold 1 class \('red'\) of 'label'; a probe needs at least 2 classes"):
+        probe(colors, colors, ProbeConfig(model=model_dir, epochs=1), where=[*TRAIN, "label=red"], eval_where=TEST)
+    r = cli("probe", colors, "--where", "split=train", "--where", "label=red", "--eval-data", colors, "--eval-where", "split=test",
+            "--model", model_dir, "--epochs", "1", "--out", tmp_path / "r.json", "--no-progress")
+    assert r.exit_code == 2 and "a probe needs at least 2 classes" in r.stderr and not (tmp_path / "r.json").exists(), r.stderr
+    # every image of the other classes undecodable: one class among the images that decode
+    bad = make_colors(tmp_path / "bad", per_class=3, bad_rows=tuple(range(3, 18)))
+    with pytest.raises(VltoolError, match=r"the training images .* that decode hold 1 class \('red'\)"):
+        probe(bad, bad, ProbeConfig(model=model_dir, epochs=1, cache_dir=str(tmp_path / "c")), where=TRAIN, eval_where=TEST)
 
 
 def test_validation_reports_every_problem(model_dir, colors):

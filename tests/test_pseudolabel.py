@@ -121,6 +121,24 @@ def test_errors(tmp_path, cli):
     assert not (tmp_path / "o").exists()
 
 
+def test_a_repeated_id_in_either_set_is_refused(tmp_path, cli):
+    """Issue 44: aligned data with a repeated id was accepted (ids name the rows: the check that no image is
+    in both sets, and the output, read them). The shared check, vltool.checks.require_unique_ids."""
+    import datasets
+
+    data, model = _colors(tmp_path)
+    ds = datasets.load_from_disk(data)
+    ids = list(ds["id"])
+    ids[1] = ids[0]  # r000 twice (both train rows)
+    ds.remove_columns(["id"]).add_column("id", ids).save_to_disk(str(tmp_path / "dup"))
+    dup = str(tmp_path / "dup")
+    for unaligned, aligned in ((data, dup), (dup, data)):
+        where = ["--where", "split=test", "--aligned-where", "split=train"] if aligned == dup else ["--where", "split=train", "--aligned-where", "split=test"]
+        r = cli("pseudolabel", unaligned, "--aligned", aligned, *where, "--model", model, "--out", tmp_path / "o", "--no-progress")
+        assert r.exit_code == 2 and f"{dup!r} has duplicate ids (e.g. 'r000')" in r.stderr, r.stderr
+        assert not (tmp_path / "o").exists()
+
+
 def test_agreement_with_withheld_captions_and_permutation_baseline():
     from vltool.pseudolabel import agreement_with_withheld
 

@@ -498,3 +498,34 @@ def test_bench_scale_merge_keeps_the_latest_measurement_of_each_command_and_size
     new = [{"command": "mine-positives", "rows": 10_000, "seconds": 9.0}, {"command": "mine-positives", "rows": 1_000_000, "seconds": 8.0}]
     got = [(r["command"], r["rows"], r["seconds"]) for r in bench.merged([old, new])]
     assert got == [("retrieve", 10_000, 2.0), ("mine-positives", 10_000, 9.0), ("pretrain", 1_000_000, 3.0), ("mine-positives", 1_000_000, 8.0)]
+
+
+def test_mined_positives_naming_no_row_are_refused(tmp_path):
+    """Issue 44: `positives` listing ids that are no row's id (mined on other data, or keyed by the ids
+    before --prefix-ids) were accepted and silently ignored. Ids of rows --where leaves out are still ignored
+    (research hygiene); an id of no row at all is refused, naming one."""
+    import datasets
+
+    from vltool.errors import UsageError
+    from vltool.pretrain import PretrainConfig
+    from vltool.pretrain.data import load_train_data
+
+    paths = []
+    for k, n in enumerate((12, 9)):
+        ds = datasets.load_from_disk(make_pairs(tmp_path / f"raw{k}", n=n))
+        pos = [[f"p{(i + 1) % n}"] for i in range(n)]
+        ds = ds.add_column("positives", pos).add_column("split", ["train" if i % 4 else "test" for i in range(n)])
+        ds.save_to_disk(str(tmp_path / f"in{k}"))
+        paths.append(str(tmp_path / f"in{k}"))
+    cfg = PretrainConfig(loss="sigmoid", mined_positives=True)
+    assert load_train_data(paths[:1], cfg, where=["split=train"]).positives  # (test rows named: ignored, not refused)
+    assert load_train_data(paths, PretrainConfig(loss="sigmoid", mined_positives=True, prefix_ids=True)).positives
+    # mined on other data: an id of no row
+    ds = datasets.load_from_disk(paths[0])
+    ds.remove_columns(["positives"]).add_column("positives", [["p1"], ["zz9"]] + [[]] * 10).save_to_disk(str(tmp_path / "other"))
+    with pytest.raises(UsageError, match=r"--mined-positives: 1 ids listed in 'positives' are not the id of any row of .* \(e.g. 'zz9'\)"):
+        load_train_data([str(tmp_path / "other")], cfg)
+    # keyed by the ids before --prefix-ids ('0:p1' is the row; 'p1' names nothing once the ids are prefixed)
+    ds.remove_columns(["positives"]).add_column("positives", [["0:p1"]] + [[]] * 11).save_to_disk(str(tmp_path / "keyed"))
+    with pytest.raises(UsageError, match=r"1 ids listed .* \(e.g. '0:0:p1'\) \(with --prefix-ids the ids are '<input index>:<id>'"):
+        load_train_data([str(tmp_path / "keyed"), paths[1]], PretrainConfig(loss="sigmoid", mined_positives=True, prefix_ids=True))

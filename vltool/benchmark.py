@@ -31,7 +31,7 @@ from vltool import provenance
 from vltool.errors import UsageError, check
 from vltool.evaluation import EvalCommon, check_out, is_main
 from vltool.importer import clip_benchmark_input
-from vltool.io import read_from_disk, resolve_dataset_path, shard_index, write_json_atomic
+from vltool.io import BUILTIN_DATASETS, read_from_disk, resolve_dataset_path, shard_index, write_json_atomic
 from vltool.probe import PRESETS, ProbeConfig, probe
 from vltool.retrieve import RetrieveConfig, retrieve
 from vltool.zeroshot import ZeroshotConfig, zeroshot
@@ -86,11 +86,22 @@ def read_dataset_list(spec: str) -> list[str]:
         items = [i for i in items if i]
         if not items:
             raise UsageError(f"--datasets {spec}: the file lists no dataset")
-        return items
-    items = [s.strip() for s in spec.split(",") if s.strip()]
-    if len(set(items)) != len(items):
-        raise UsageError(f"--datasets {spec!r}: a dataset is listed twice")
+    else:
+        items = [s.strip() for s in spec.split(",") if s.strip()]
+    twice = next((i for n, i in enumerate(items) if i in items[:n]), None)
+    if twice is not None:
+        raise UsageError(f"--datasets {spec}: {twice!r} is listed twice; list each dataset once")
     return items
+
+
+def refuse_same_dataset_twice(plans: list) -> None:
+    """Two spellings of one dataset (`data`, `./data/`, a link to it) would run it twice, as two rows."""
+    seen: dict = {}
+    for p in plans:
+        where = resolve_dataset_path(p.path).resolve() if p.path in BUILTIN_DATASETS else Path(p.path).expanduser().resolve()
+        if where in seen:
+            raise UsageError(f"--datasets: {seen[where]!r} and {p.spec!r} are the same dataset ({where}); list each dataset once")
+        seen[where] = p.spec
 
 
 @dataclass
@@ -134,6 +145,9 @@ def plan_dataset(spec: str, config: BenchmarkConfig) -> DatasetPlan:
         values = set(ds.unique(C.SPLIT)) if C.SPLIT in ds.column_names else set()
         if isinstance(ds.features.get(C.SPLIT), datasets.ClassLabel):  # unique() gives the class numbers
             values = {ds.features[C.SPLIT].int2str(int(v)) for v in values}
+        if values and config.eval_split is not None and config.eval_split not in values:  # (was: every row evaluated)
+            raise UsageError(f"{spec}: no split {config.eval_split!r} to evaluate on (the values of its {C.SPLIT!r} column: "
+                             f"{sorted(map(str, values))}); choose one with --eval-split")
         if config.eval_split in values:
             plan.eval_where = [f"{C.SPLIT}={config.eval_split}"]
             if config.train_split in values and config.train_split != config.eval_split:
@@ -191,6 +205,7 @@ def benchmark(config: BenchmarkConfig, *, out: str | Path | None = None, overwri
     listed = [Path(config.datasets).expanduser()] if Path(config.datasets).expanduser().is_file() else []
     out_path = check_out(out, overwrite, [Path(s).expanduser() for s in specs] + listed, config)
     plans = [plan_dataset(s, config) for s in specs]
+    refuse_same_dataset_twice(plans)
     if not any(p.tasks for p in plans):
         raise UsageError("no task applies to any dataset: " + "; ".join(f"{p.spec}: {', '.join(f'{t} ({w})' for t, w in p.skipped.items())}" for p in plans))
     results: dict[str, dict] = {}

@@ -11,8 +11,10 @@ is a different key, so a stale entry is never read; an entry is never modified, 
 
 Writes go through a temporary file and a rename, the `.npy` first and the `.json` last: an entry is
 complete when its `.json` exists. A reader checks the array against the `.json` (shape, dtype, the
-digest of the row ids) and treats any mismatch or unreadable file as a miss. Deleting the whole
-directory, or any entry, is always safe.
+digest of the row ids, and which rows are NaN: `nan_rows`, the rows of undecodable images) and treats
+any mismatch or unreadable file as a miss; an array holding NaN or inf anywhere else is a damaged entry,
+encoded again with a warning naming it, never read as data. Deleting the whole directory, or any entry,
+is always safe.
 """
 
 from __future__ import annotations
@@ -53,6 +55,19 @@ def texts_digest(texts: Sequence[str]) -> str:
 def row_filter(split: str | None, where: Sequence[str]) -> dict:
     """The row filter part of a key: --split and the --where clauses, order-free."""
     return {"split": split, "where": sorted(str(w) for w in where)}
+
+
+def nan_rows(arr: np.ndarray) -> list[int]:
+    """The rows of `arr` that are NaN on purpose (every value NaN: an undecodable image), in order; a row
+    with some values NaN or any inf is not one of them: [-1] (a damaged array matches no description)."""
+    if arr.size == 0 or np.isfinite(arr).all():
+        return []
+    flat = arr.reshape(arr.shape[0], -1)
+    finite = np.isfinite(flat)
+    rows = ~finite.all(axis=1)
+    if not np.isnan(flat[rows]).all():
+        return [-1]
+    return np.flatnonzero(rows).tolist()
 
 
 @dataclass(frozen=True)
@@ -109,6 +124,10 @@ class EmbeddingCache:
             return None
         if ids is not None and meta.get("ids_sha256") not in (None, ids):
             return None
+        if nan_rows(arr) != (meta.get("nan_rows") or []):
+            print(f"warning: the cached embeddings {npy} hold NaN or inf where no input was bad (a damaged cache "
+                  "entry); encoding again", file=sys.stderr)
+            return None
         return arr
 
     def put(self, key: CacheKey, arr: np.ndarray, *, ids: str | None = None, extra: dict | None = None) -> Path | None:
@@ -134,6 +153,7 @@ class EmbeddingCache:
             "shape": list(arr.shape),
             "dtype": str(arr.dtype),
             "ids_sha256": ids,
+            "nan_rows": nan_rows(arr),  # the rows left NaN on purpose (undecodable images)
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "vltool_version": __version__,
             **(extra or {}),

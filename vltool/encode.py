@@ -336,6 +336,27 @@ class _BarAdapter:
         self.bar.close()
 
 
+def require_finite(emb: np.ndarray, m, tower: str, *, bad=None, what: str = "rows") -> np.ndarray:
+    """`emb`, or an error (exit 1) naming the model and its `tower` ("image" or "text") when an embedding it
+    made holds NaN or inf: weights holding NaN or inf give such embeddings for every input, and a NaN row
+    would otherwise be read as an undecodable image, or ranked and scored as if it meant something (a NaN
+    similarity sorts first: R@1 = 100%). `bad`: the rows left NaN on purpose (undecodable images)."""
+    if emb.size == 0:
+        return emb
+    wrong = ~np.isfinite(emb).reshape(emb.shape[0], -1).all(axis=1)
+    if bad is not None and len(bad):
+        wrong &= ~np.asarray(bad, dtype=bool)
+    n_wrong = int(wrong.sum())
+    if n_wrong:
+        source = getattr(m, "source", None) or "the model"
+        raise VltoolError(
+            f"the model {source} gives non-finite embeddings (NaN or inf) from its {tower} tower for {n_wrong:,} of "
+            f"{emb.shape[0]:,} {what}: its {tower} weights hold NaN or inf (a diverged or damaged model); "
+            "use another --model, or a checkpoint from before it diverged"
+        )
+    return emb
+
+
 def _through_cache(cache: EmbeddingCache | None, key: CacheKey, ids: str, rows: int, compute: Callable[[], np.ndarray], extra: dict) -> tuple[np.ndarray, bool, float]:
     t0 = time.perf_counter()
     state = process_state()
@@ -405,8 +426,11 @@ def encode_images(
         with torch.inference_mode():
             emb = run_batches(n, batch_size, prepare, forward, label=f"encoding {n:,} images", progress=progress, workers=workers)
         bad = _gather_rows(bad_rows)
+        mask = np.zeros(n, bool)
+        mask[np.asarray(sorted(bad), dtype=np.int64)] = True
+        require_finite(emb, m, "image", bad=mask, what="images")  # (before the undecodable rows are made NaN)
         if bad:
-            emb[np.asarray(sorted(bad))] = np.nan
+            emb[mask] = np.nan
         return emb
 
     emb, hit, secs = _through_cache(cache, key, ids, n, compute, {"spec": data.spec, "model_source": getattr(m, "source", "")})
@@ -475,7 +499,8 @@ def _encode_text_list(m, texts, batch_size: int, label: str, progress: bool) -> 
         return m.encode_text(tokens).float().cpu()
 
     with torch.inference_mode():
-        return run_batches(len(texts), batch_size, prepare, forward, label=label, progress=progress, workers=1)
+        emb = run_batches(len(texts), batch_size, prepare, forward, label=label, progress=progress, workers=1)
+    return require_finite(emb, m, "text", what="texts")
 
 
 def encode_texts(

@@ -41,11 +41,12 @@ from torch import nn
 
 from vltool import columns as C
 from vltool import provenance
-from vltool.checks import has_text, require_texts
+from vltool.checks import has_text, missing_text_warning, require_texts
 from vltool.console import Bar, log
 from vltool.derived import with_columns
 from vltool.errors import UsageError
 from vltool.io import arrow_column, check_output, load_dataset, require_columns, save_dataset
+from vltool.topology import warn
 
 _MASK = (1 << 64) - 1
 _FNV_PRIME = 0x100000001B3  # mixes the next word's hash into an n-gram key
@@ -618,25 +619,48 @@ def filter_dataset(ds, ref_texts, config: FilterConfig, *, log=None) -> tuple[ob
     Stages: caption_sets -> cross_fit -> select_rows -> filter_stats -> with_scores.
     """
     config.validate()
-    src_arr, ref_arr = caption_sets(ds, ref_texts, config)
+    src_arr, ref_arr, texted = caption_sets(ds, ref_texts, config)
     fit = cross_fit(src_arr, ref_arr, config, log)
     keep, cutoff = select_rows(fit.scores, config)
-    stats = filter_stats(ds, src_arr, ref_arr, fit, keep, cutoff, config)
-    return with_scores(ds, fit.scores, keep), stats
+    ids = arrow_column(ds, C.ID)
+    if texted is not None:  # the rows without text: never scored, never kept
+        ids = ids.take(pa.array(texted, type=pa.int64()))
+    stats = filter_stats(ds, src_arr, ref_arr, fit, keep, cutoff, config, ids=ids)
+    scores = fit.scores
+    if texted is not None:
+        stats["rows_in"], stats["rows_dropped"] = len(ds), len(ds) - stats["rows_out"]
+        stats["kept_frac"] = round(stats["rows_out"] / len(ds), 4)
+        scores, kept = np.full(len(ds), np.nan), np.zeros(len(ds), dtype=bool)
+        scores[texted], kept[texted] = fit.scores, keep
+        keep = kept
+    stats["rows_without_text"] = 0 if texted is None else len(ds) - len(texted)
+    return with_scores(ds, scores, keep), stats
 
 
-def caption_sets(ds, ref_texts, config: FilterConfig) -> tuple[pa.ChunkedArray, pa.ChunkedArray]:
-    """The source captions (`ds`'s text column) and the reference captions as Arrow strings; each set needs 2."""
+def caption_sets(ds, ref_texts, config: FilterConfig) -> tuple[pa.ChunkedArray, pa.ChunkedArray, np.ndarray | None]:
+    """The source captions (`ds`'s text column) and the reference captions as Arrow strings, each set
+    without its texts that are None, empty or whitespace (left out with a warning: docs/conventions.md,
+    "No text is no text"), and the rows of `ds` that have text (None when every row has); each set needs 2."""
     require_columns(ds, [C.ID, config.text_column], "the input")
     src_arr = _text_column(ds, config.text_column, "the input", allow_list=False)
     ref_arr = ref_texts if isinstance(ref_texts, pa.ChunkedArray) else _as_arrow(ref_texts)
+    texted = None
+    has = has_text(src_arr, lists=False)
+    if not has.all():
+        warn(missing_text_warning(int((~has).sum()), len(has), config.text_column))
+        texted = np.flatnonzero(has)
+        src_arr = src_arr.filter(pa.array(has))
+    has = has_text(ref_arr, lists=False)
+    if not has.all():
+        warn(f"{int((~has).sum())} of {len(has)} reference captions have no text (empty, whitespace or missing); they are left out")
+        ref_arr = ref_arr.filter(pa.array(has))
     problems = []
     for name, n in (("the input", len(src_arr)), ("the reference set", len(ref_arr))):
         if n < 2:
             problems.append(f"{name} has {n} caption(s); the classifier needs at least 2 in each set")
     if problems:
         raise UsageError("; ".join(problems))
-    return src_arr, ref_arr
+    return src_arr, ref_arr, texted
 
 
 def assign_parts(n: int, parts: int, seed: int, salt: int) -> np.ndarray:
@@ -705,14 +729,14 @@ def select_rows(scores: np.ndarray, config: FilterConfig) -> tuple[np.ndarray, f
 
 
 def filter_stats(ds, src_arr: pa.ChunkedArray, ref_arr: pa.ChunkedArray, fit: CrossFit, keep: np.ndarray, cutoff: float | None,
-                 config: FilterConfig) -> dict:
+                 config: FilterConfig, ids=None) -> dict:
     """The statistics: rows kept, the rule, the classifiers, held-out accuracy, score quantiles, examples
     of kept and dropped rows, and the n-grams that pull towards each set."""
     n_src, scores = len(src_arr), fit.scores
     metrics = heldout_metrics(np.concatenate(fit.held_ref), np.concatenate(fit.held_src), config.seed)
     train_rows = np.flatnonzero(fit.part_s != 0)
     kept_rows, dropped_rows = np.flatnonzero(keep), np.flatnonzero(~keep)
-    ids = arrow_column(ds, C.ID)
+    ids = arrow_column(ds, C.ID) if ids is None else ids  # (the id of each row of src_arr)
     return {
         "rows_in": n_src,
         "rows_out": int(keep.sum()),

@@ -40,7 +40,7 @@ from vltool import provenance
 from vltool.cache import EmbeddingCache
 from vltool.checks import image_column, require_decoded
 from vltool.console import log as console_log
-from vltool.errors import UsageError, check
+from vltool.errors import UsageError, VltoolError, check
 from vltool.evaluation import (EvalCommon, Edit, bootstrap_record, check_out, classification_chance, debias_edit, encode_eval_images, entry,
                                load_eval_input, open_model, write_results)
 from vltool.io import LoadedDataset, rows_in_both
@@ -454,7 +454,22 @@ def load_probe_inputs(train_data: str, eval_data: str, config: ProbeConfig, pres
         raise UsageError(f"the label column {lab_tr.column!r} has different classes in the training and the eval data")
     if lab_tr.multilabel and preset.optimizer != "svm":
         raise UsageError(f"{lab_tr.column!r} is multi-label; use --protocol voc07-svm (mean average precision)")
+    require_two_classes(lab_tr, lab_tr.target, f"the training rows of {train_data!r} (--where {list(where)})")
     return ProbeInputs(train, evald, out_path, lab_tr, lab_ev, groups)
+
+
+def require_two_classes(labels, target: np.ndarray, what: str, error: type[VltoolError] = UsageError) -> None:
+    """A probe separates classes: training rows of one class only would score 100% (every prediction that
+    class) beside a chance level of 1/C. Single-label data only (the SVM protocol fits each class apart)."""
+    if labels.multilabel:
+        return
+    present = np.unique(np.asarray(target))
+    if len(present) < 2:
+        only = f" ({labels.classnames[int(present[0])]!r})" if len(present) else ""
+        raise error(
+            f"{what} hold {len(present)} class{only} of {labels.column!r}; a probe needs at least 2 classes in its "
+            "training rows: select rows of several classes"
+        )
 
 
 def refuse_rows_in_both(train: LoadedDataset, evald: LoadedDataset) -> None:
@@ -483,6 +498,7 @@ def probe_features(m, cache: EmbeddingCache, inputs: ProbeInputs, config: ProbeC
     if (~keep_tr).any() or (~keep_ev).any():
         warn(f"{int((~keep_tr).sum())} training and {int((~keep_ev).sum())} eval images could not be decoded and are left out")
     x_tr, x_ev = enc_tr.embeddings[keep_tr], enc_ev.embeddings[keep_ev]  # (N_train, D), (N_eval, D)
+    require_two_classes(inputs.lab_tr, inputs.lab_tr.target[keep_tr], f"the training images of {inputs.train.spec!r} that decode", VltoolError)
     edit = debias_edit(m, config)
     if edit is not None:
         if features != "post":

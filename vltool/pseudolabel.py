@@ -33,11 +33,11 @@ import torch
 from vltool import columns as C
 from vltool import provenance
 from vltool.cache import CacheKey, EmbeddingCache, ids_digest, row_filter
-from vltool.checks import clean_texts, missing_text_warning, require_decoded, text_column
+from vltool.checks import clean_texts, missing_text_warning, require_decoded, require_unique_ids, text_column
 from vltool.deform import row_seed
-from vltool.encode import decode_image, encode_texts, image_preprocessing, load_eval_model, model_record, run_batches
+from vltool.encode import decode_image, encode_texts, image_preprocessing, load_eval_model, model_record, require_finite, run_batches
 from vltool.errors import UsageError
-from vltool.io import LoadedDataset, check_output, load_dataset, model_inputs, save_dataset, shared_ids
+from vltool.io import LoadedDataset, arrow_column, check_output, load_dataset, model_inputs, save_dataset, shared_ids, test_only_inputs
 from vltool.text import english_stopwords, tokenize
 from vltool.topology import warn
 
@@ -120,6 +120,7 @@ class PseudolabelConfig:
     batch_size: int = 32
     cache_dir: str | None = None
     seed: int = 0
+    allow_test_data: bool = False  # the aligned data may be built-in test-only data (io.test_only_inputs)
 
     def validate(self) -> None:
         problems = []
@@ -206,6 +207,7 @@ def encode_views(m, src, config: PseudolabelConfig, cache) -> tuple[np.ndarray, 
     def forward(x):
         bad = torch.isnan(x).flatten(1).any(1)  # (B*c,)
         out = m.encode_image(torch.nan_to_num(x)).float().cpu()  # (B*c, D)
+        require_finite(out.numpy(), m, "image", bad=bad.numpy(), what="image crops")
         out[bad] = float("nan")
         return out.reshape(-1, c * out.shape[1])  # (B, c*D)
 
@@ -277,10 +279,13 @@ def load_inputs(unaligned: str, aligned: str, out, config: PseudolabelConfig, wh
     caption), no image in both sets, --out, and rows in both."""
     usrc = load_dataset(unaligned, split=split, where=where, required=[C.ID], images=[C.IMAGE], cache_dir=config.cache_dir)
     asrc = load_dataset(aligned, split=aligned_split, where=aligned_where, required=[C.ID], cache_dir=config.cache_dir)
+    test_only_inputs([asrc], "aligned input (its captions label the unaligned images, which are then trained on)", config.allow_test_data)
     text_col = C.CAPTION_ORIGINAL if C.CAPTION_ORIGINAL in asrc.dataset.column_names else C.CAPTION
     if text_col not in asrc.dataset.column_names:
         raise UsageError(f"the aligned data {aligned!r} has no caption column (it has: {', '.join(asrc.dataset.column_names)})")
     text_column(asrc.dataset, text_col, aligned, option="the aligned caption column")
+    require_unique_ids(arrow_column(usrc.dataset, C.ID), unaligned)  # ids name the rows: in the output, and
+    require_unique_ids(arrow_column(asrc.dataset, C.ID), aligned)  # in the check that no image is in both sets
     overlap = shared_ids(usrc.dataset, asrc.dataset)
     if overlap:
         raise UsageError(f"{len(overlap)} ids are in both the unaligned and the aligned data (e.g. {overlap[0]!r}); "

@@ -19,6 +19,7 @@ When every shard is done, the dataset is written atomically to OUT and OUT.parti
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -48,7 +49,7 @@ from vltool import hub
 from vltool.checks import clean_text, require_texts, text_column
 from vltool.console import err, progress_enabled
 from vltool.console import log as console_log
-from vltool.errors import UsageError, VltoolError
+from vltool.errors import DiskFull, UsageError, VltoolError, disk_full_cause, disk_full_message
 from vltool.io import LoadedDataset, check_output, decode_image, load_dataset, require_a_decodable_image, save_dataset, write_json_atomic
 from vltool.topology import process_state, warn
 
@@ -871,6 +872,30 @@ def recaption(
         raise UsageError("--restart with several processes is not supported: delete OUT.partial and relaunch")
     src, out = load_input(data, out, config, where, split, overwrite)
     job = plan_job(src, out, config, process_index, num_processes)
+    with shards_kept_when_full(job.work.root, out):
+        return _run_job(job, data, config, timer, overwrite, log)
+
+
+@contextlib.contextmanager
+def shards_kept_when_full(work_root: Path, out: Path):
+    """A full disk while the shards or OUT are written: one line saying so (DiskFull), and that the finished
+    shards stay in OUT.partial for a rerun (nothing computed is lost; OUT, and an earlier OUT, untouched)."""
+    try:
+        yield
+    except Exception as e:
+        if not isinstance(e, DiskFull) and (isinstance(e, VltoolError) or disk_full_cause(e) is None):
+            raise
+        done = len(list((work_root / "shards").glob("*.json"))) if (work_root / "shards").is_dir() else 0
+        if not done:  # nothing worth resuming: no OUT.partial left beside OUT
+            shutil.rmtree(work_root, ignore_errors=True)
+        raise DiskFull(disk_full_message(
+            out, f"the {done} finished shard(s) are kept in {work_root}: free some space and rerun the same command to "
+                 "continue from them" if done else "free some space there or choose another --out")) from e
+
+
+def _run_job(job: Job, data: str, config: RecaptionConfig, timer, overwrite: bool, log) -> dict:
+    """recaption's work once the job is planned: the shards not done yet, then OUT."""
+    src = job.src
     work, dist, num_shards = job.work, job.dist, job.num_shards
     done_before = work.open(job.record(config), config.restart)
     if done_before:

@@ -10,7 +10,7 @@ from rich.table import Table
 from vltool import console
 from vltool.console import print_json
 from vltool.topology import is_main
-from vltool.commands.common import NoProgressOpt, CacheDirOpt, DataArg, JsonOpt, OutOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors
+from vltool.commands.common import AllowTestDataOpt, NoProgressOpt, CacheDirOpt, DataArg, JsonOpt, OutOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors
 from vltool.commands.evaluation import EvalModelOpt, PretrainedOpt
 
 HELP = """Pseudo bag-of-words captions for images that have none ("A Fistful of Words", 2.3).
@@ -52,6 +52,7 @@ def pseudolabel_command(
     cache_dir: CacheDirOpt = None,
     seed: SeedOpt = 0,
     overwrite: OverwriteOpt = False,
+    allow_test_data: AllowTestDataOpt = False,
     as_json: JsonOpt = False,
     no_progress: NoProgressOpt = False,
 ) -> None:
@@ -61,6 +62,7 @@ def pseudolabel_command(
     config = PseudolabelConfig(
         model=model, pretrained=pretrained, crops=crops, neighbors=neighbors, strategy=strategy, top_t=top_t,
         words=words, batch_size=batch_size, cache_dir=str(cache_dir) if cache_dir else None, seed=seed,
+        allow_test_data=allow_test_data,
     )
     prov = pseudolabel(data, aligned, out, config, where=where or [], split=split, aligned_where=aligned_where or [],
                        aligned_split=aligned_split, overwrite=overwrite)

@@ -72,6 +72,7 @@ class PretrainConfig:
     text_column: str = C.CAPTION
     caption_sampling: str | None = None
     prefix_ids: bool = False
+    allow_test_data: bool = False  # built-in test-only data as training input (io.test_only_inputs)
     augment: str = "clip"
     workers: int | None = None  # None: chosen from the machine when the run starts (loop.default_workers), then recorded
     data_format: str = "auto"

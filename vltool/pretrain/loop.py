@@ -38,7 +38,7 @@ from vltool import provenance
 from vltool.checks import read_json
 from vltool.errors import UsageError, VltoolError
 from vltool.io import (check_output, final_of_work_dir, hold_output_lock, is_shard_input, refuse_if_busy, replace_path,
-                       require_a_decodable_image, shared_ids, work_dir, write_json_atomic)
+                       require_a_decodable_image, shared_ids, test_only_inputs, work_dir, write_json_atomic)
 from vltool.io import model_inputs as model_reads  # (what --init reads; features.model_inputs is a batch's model inputs)
 from vltool.model import (MODEL_DIR, OPEN_CLIP_DIR, build_from_spec, check_init, create_model, export_open_clip, fingerprint, pinned_spec,
                           save_model)
@@ -512,6 +512,7 @@ def _load_data(spec: RunSpec, config: PretrainConfig, run_dir: Path, overwrite: 
         train = load_unicl_data(config, spec.where, spec.split)
     else:
         train = load_train_data(spec.data, config, spec.where, spec.split)
+    test_only_inputs(train.inputs, "training input", config.allow_test_data)
     evald = load_train_data(spec.eval_data, config, spec.eval_where, None, what="--eval-data") if spec.eval_data else None
     if evald is not None:
         require_a_decodable_image(evald.dataset, C.IMAGE, "--eval-data " + ", ".join(s.spec for s in evald.inputs))

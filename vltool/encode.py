@@ -110,13 +110,15 @@ class LazyModel:
     """
 
     def __init__(self, model_dir: Path, cache_dir: str | Path | None = None):
-        from vltool.model import CONFIG_FILE, WEIGHTS_FILE
+        from vltool.model import CONFIG_FILE, WEIGHTS_FILE, tokenizer_files_digest, tokenizer_source
 
         self._loaded = None
         self.model_dir = Path(model_dir)
         self.source = str(self.model_dir)
         self.revision = {}  # a vltool model directory: its weight fingerprint names the weights
         self.config = read_json(self.model_dir / CONFIG_FILE, "the model config")
+        tc = self.config.get("tokenizer")
+        self.tokenizer_files = tokenizer_files_digest(tokenizer_source(tc, self.model_dir)) if tc else None
         config_bytes = (self.model_dir / CONFIG_FILE).read_bytes()
         h = hashlib.sha256(config_bytes)
         with open(self.model_dir / WEIGHTS_FILE, "rb") as f:
@@ -171,11 +173,14 @@ def model_record(m, spec: str, pretrained: str | None) -> dict:
 
 
 def _tokenizer_description(m) -> dict:
-    """The tokenizer entry of the model config (what `Tokenizer.describe()` returns), read without loading it."""
-    if "tokenizer" in m.config:
-        return dict(m.config["tokenizer"])
-    tok = getattr(m, "tokenizer", None)
-    return tok.describe() if tok is not None and hasattr(tok, "describe") else {}
+    """The tokenizer's part of a key: the tokenizer entry of the model config (its settings) and the digest
+    of its files (vltool.model.tokenizer_files_digest), read without loading the model or the tokenizer."""
+    tok = getattr(m, "tokenizer", None) if not isinstance(m, LazyModel) else None
+    out = dict(m.config["tokenizer"]) if "tokenizer" in m.config else (tok.describe() if tok is not None and hasattr(tok, "describe") else {})
+    files = m.tokenizer_files if isinstance(m, LazyModel) else (tok.files_digest() if hasattr(tok, "files_digest") else None)
+    if files is not None:
+        out["files_sha256"] = files
+    return out
 
 
 def image_preprocessing(m, features: str = "post") -> dict:

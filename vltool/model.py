@@ -689,6 +689,32 @@ class TwoTower(nn.Module):
 # ----------------------------------------------------------------------------------------------------
 
 
+# The files a Hugging Face tokenizer reads (its vocabulary, merges, sentencepiece model and settings), by the
+# names transformers saves them under: their bytes are part of every cache key of a text encoding.
+TOKENIZER_FILE_NAMES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                        "vocab.json", "merges.txt", "vocab.txt", "spiece.model", "sentencepiece.bpe.model",
+                        "tokenizer.model", "bpe.codes", "vocab.model")
+
+
+def tokenizer_files_digest(source: Path | str) -> str:
+    """SHA-256 of a tokenizer's files: the file itself (open_clip's BPE vocabulary), or the tokenizer files
+    of a directory (TOKENIZER_FILE_NAMES), each by name and bytes. A tokenizer-only change (a Hub commit
+    that fixes the vocabulary, an edited tokenizer.json) changes it; the weights' fingerprint does not see it."""
+    source = Path(source)
+    files = [source] if source.is_file() else sorted(p for p in source.glob("*") if p.name in TOKENIZER_FILE_NAMES and p.is_file())
+    h = hashlib.sha256()
+    for p in files:
+        h.update(p.name.encode() + b"\0")
+        with open(p, "rb") as f:
+            h.update(hashlib.sha256(f.read()).digest())
+    return h.hexdigest()[:32]
+
+
+def tokenizer_source(config: dict, model_dir: Path | str) -> Path:
+    """Where a vltool model directory's tokenizer files are (its config's tokenizer entry names them)."""
+    return Path(model_dir) / (config["file"] if config["type"] == "open_clip" else config["dir"])
+
+
 class Tokenizer:
     """Texts -> what the text tower takes: a LongTensor (open_clip) or a dict of tensors (Hugging Face).
 
@@ -715,8 +741,7 @@ class Tokenizer:
 
     @classmethod
     def from_model_dir(cls, config: dict, model_dir: Path) -> "Tokenizer":
-        rel = config["file"] if config["type"] == "open_clip" else config["dir"]
-        return cls(config, Path(model_dir) / rel)
+        return cls(config, tokenizer_source(config, model_dir))
 
     def __call__(self, texts: Sequence[str]):
         texts = list(texts)
@@ -743,8 +768,13 @@ class Tokenizer:
         self._tok.save_pretrained(str(out_dir))
 
     def describe(self) -> dict:
-        """What identifies the tokenization (for cache keys)."""
-        return dict(self.config)
+        """What identifies the tokenization (for cache keys): its settings and the digest of its files."""
+        return {**self.config, "files_sha256": self.files_digest()}
+
+    def files_digest(self) -> str:
+        if getattr(self, "_files_digest", None) is None:
+            self._files_digest = tokenizer_files_digest(self.source)
+        return self._files_digest
 
 
 def source_tokenizer(config: dict, hf_dir: str | Path | None = None) -> Tokenizer:

@@ -194,7 +194,8 @@ def encode_views(m, src, config: PseudolabelConfig, cache) -> tuple[np.ndarray, 
     def prepare(a: int, b: int):
         xs = []
         for j, v in enumerate(raw[a:b][C.IMAGE]):
-            im = decode_image(v) if isinstance(v, dict) or v is None else v.convert("RGB")
+            # in its own mode: the model's transform converts it as its library does (as zeroshot and training)
+            im = decode_image(v, rgb=False) if isinstance(v, dict) or v is None else v
             if im is None:
                 xs.extend([torch.full((3, size, size), float("nan"))] * c)
                 continue

@@ -35,7 +35,6 @@ import datasets
 import numpy as np
 import pyarrow.compute as pc
 import torch
-from PIL import Image
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForSeq2SeqLM, AutoProcessor,
                           AutoTokenizer, LogitsProcessor, LogitsProcessorList)
@@ -422,7 +421,8 @@ class Generator:
     def prepare(self, items: Sequence[Any]) -> Any:
         """CPU-side work for one batch (image decoding, processor / tokenizer); may run on a thread."""
         if self.kind == "captioner":
-            images = [to_rgb(im) for im in items]
+            image_processor = getattr(self.processor, "image_processor", self.processor)
+            images = [processor_input(im, image_processor) for im in items]
             text = [self.settings["prompt"]] * len(images) if self.settings["prompt"] else None
             return self.processor(images=images, text=text, return_tensors="pt")
         prompts = [paraphrase_prompt(t, self.examples) for t in items]
@@ -456,13 +456,15 @@ class Generator:
         return one_line(text.split("\n", 1)[0])  # the output line only
 
 
-def to_rgb(image):
-    """A PIL image as RGB; transparent pixels (emoji, icons) composited onto white."""
-    if image.mode in ("RGBA", "LA") or (image.mode == "P" and "transparency" in image.info):
-        image = image.convert("RGBA")
-        background = Image.new("RGBA", image.size, (255, 255, 255, 255))
-        return Image.alpha_composite(background, image).convert("RGB")
-    return image if image.mode == "RGB" else image.convert("RGB")
+def processor_input(image, image_processor):
+    """The image as the model's processor is handed it: in its own mode when the processor converts it to
+    RGB itself (transparency composited on white, transformers' convert_rgb); composited on white the
+    same way here when it does not (a processor without do_convert_rgb would read RGBA as 4 channels)."""
+    if image.mode == "RGB" or getattr(image_processor, "do_convert_rgb", None):
+        return image
+    from vltool.transforms import composite_on_white
+
+    return composite_on_white(image)
 
 
 def newline_token_ids(tokenizer) -> list[int]:
@@ -681,7 +683,7 @@ def load_batch(cols, input_column: str, images: bool, gen: Generator, span: tupl
     values = rows[input_column]
     bad = 0
     if images:
-        decoded = [decode_image(v) if v is not None else None for v in values]
+        decoded = [decode_image(v, rgb=False) if v is not None else None for v in values]  # (converted as the processor does)
         bad = sum(v is not None and d is None for v, d in zip(values, decoded))
         values = decoded
     keep = [j for j, x in enumerate(values) if _has_input(x)]

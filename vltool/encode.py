@@ -154,9 +154,17 @@ class LazyModel:
 
 
 def model_record(m, spec: str, pretrained: str | None) -> dict:
-    """The "model" part of a results or provenance record: what was asked for and what was loaded."""
+    """The "model" part of a results or provenance record: what was asked for and what was loaded
+    ("pinned": a Hub id or its branch or tag, at the commit it resolved to)."""
+    revision = getattr(m, "revision", None) or {}
+    pinned = str(spec)
+    if revision.get("commit"):
+        from vltool.model import pinned_spec
+
+        pinned = pinned_spec(str(spec), revision)
     return {
         "spec": str(spec),
+        "pinned": pinned,
         "pretrained": str(pretrained) if pretrained else None,
         "fingerprint": m.fingerprint,
         "source": getattr(m, "source", None),

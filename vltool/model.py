@@ -1206,15 +1206,15 @@ def check_init(spec: str) -> dict:
 
 
 def pinned_spec(spec: str, revision: dict | None) -> str:
-    """A Hub id pinned to the commit it resolved to (so a resumed run reads the weights it started from)."""
+    """A Hub id pinned to the commit it resolved to: hf:ORG/NAME, or its @BRANCH / @TAG, becomes
+    hf:ORG/NAME@COMMIT (likewise open_clip:hf-hub:), so a resumed run reads the weights, tokenizer and
+    processor it started from even after the branch or tag has moved."""
     s = str(spec)
     commit = (revision or {}).get("commit")
-    if not commit or "@" in s or "tag" in (revision or {}):
+    if not commit or "tag" in (revision or {}):  # (an open_clip tag: its file's sha256 names the weights)
         return s
-    if s.startswith(HF_SPEC) and hub.is_hub_id(s):
-        return f"{s}@{commit}"
-    if s.startswith(hub.OPEN_CLIP_SPEC + hub.HF_HUB_PREFIX):
-        return f"{s}@{commit}"
+    if (s.startswith(HF_SPEC) and hub.is_hub_id(s)) or s.startswith(hub.OPEN_CLIP_SPEC + hub.HF_HUB_PREFIX):
+        return f"{s.partition('@')[0]}@{commit}"
     return s
 
 

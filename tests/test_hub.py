@@ -364,6 +364,10 @@ def test_pretrain_init_from_a_hub_id_records_and_pins_its_commit(hub, cli, tmp_p
             "--out", run, "--no-progress")
     assert r.exit_code == 0, r.stderr
     assert json.loads((run / "vltool.json").read_text())["options"]["init_revision"]["commit"] == SHA["clip"]
+    r = cli("export", run, "--to", "hf", "--out", tmp_path / "hf_out")  # issue 40: the export names the commit too
+    assert r.exit_code == 0, r.stderr
+    stats = json.loads((tmp_path / "hf_out" / "vltool.json").read_text())["stats"]
+    assert stats["started_from"] == f"testorg/tiny-clip@{SHA['clip']}" and stats["started_from_revision"]["commit"] == SHA["clip"]
     from vltool.model import pinned_spec
 
     assert pinned_spec("hf:testorg/tiny-clip", {"commit": SHA["clip"]}) == f"hf:testorg/tiny-clip@{SHA['clip']}"
@@ -472,3 +476,14 @@ def test_a_results_record_pins_the_branch_or_tag_to_its_commit(hub, built, cli, 
     model = json.loads(out.read_text())["model"]
     assert model["spec"] == "hf:testorg/tiny-clip@v1" and model["pinned"] == f"hf:testorg/tiny-clip@{OLD}"
     assert model["revision"]["commit"] == OLD
+
+
+def test_messages_name_what_the_user_gave(hub, cli):
+    """issue 40: a typo'd architecture in --model open_clip:ARCH/TAG is not blamed on --arch; an hf: Hub id
+    holding only open_clip's files points at open_clip:hf-hub:, not at save_pretrained into the Hub cache."""
+    r = cli("zeroshot", "emoji", "--where", "split=test", "--model", "open_clip:ViT-B-33/laion2b_s34b_b79k", "--bootstrap", "0")
+    assert r.exit_code == 2 and "--arch" not in r.stderr and "open_clip:ViT-B-33/laion2b_s34b_b79k" in r.stderr, r.stderr
+    assert "unknown architecture 'ViT-B-33'" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = cli("zeroshot", "emoji", "--where", "split=test", "--model", "hf:testorg/tiny-open-clip", "--bootstrap", "0")
+    assert r.exit_code == 2 and "open_clip:hf-hub:testorg/tiny-open-clip" in r.stderr, r.stderr
+    assert "save_pretrained" not in r.stderr and "snapshots" not in r.stderr

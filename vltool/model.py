@@ -93,8 +93,9 @@ def vltool_archs() -> list[str]:
     return sorted(p.stem for p in CONFIGS_DIR.glob("*.json"))
 
 
-def arch_config(name: str) -> dict:
-    """open_clip-format config of a vltool or open_clip architecture (a copy)."""
+def arch_config(name: str, what: str | None = None) -> dict:
+    """open_clip-format config of a vltool or open_clip architecture (a copy). `what` is how an unknown one is
+    named in the error (default `--arch NAME`; `--model open_clip:NAME/TAG` when the model spec named it)."""
     path = CONFIGS_DIR / f"{name}.json"
     if path.is_file():
         return json.loads(path.read_text())
@@ -103,7 +104,7 @@ def arch_config(name: str) -> dict:
     cfg = open_clip.get_model_config(name)
     if cfg is None:
         raise UsageError(
-            f"--arch {name!r}: unknown architecture; vltool ships {', '.join(vltool_archs())}, "
+            f"{what or '--arch ' + repr(name)}: unknown architecture {name!r}; vltool ships {', '.join(vltool_archs())}, "
             f"and open_clip knows e.g. RN50, ViT-B-32 (open_clip.list_models() lists all {len(open_clip.list_models())})"
         )
     return copy.deepcopy(cfg)
@@ -1099,7 +1100,7 @@ def _open_clip_arch(spec: str, pretrained: str | Path | None) -> tuple[TwoTower,
     if pretrained is not None and not str(pretrained).strip():  # never fresh weights by accident
         raise UsageError("--pretrained is empty: give an open_clip tag or a weights file (fresh weights: leave it out)")
     weights = weights or (str(pretrained) if pretrained is not None else "")
-    cfg = arch_config(arch)
+    cfg = arch_config(arch, spec)
     preprocess_cfg, revision, checkpoint = cfg.get("preprocess_cfg"), {}, None
     tag = hub.open_clip_tag(f"{hub.OPEN_CLIP_SPEC}{arch}/{weights}") if weights else None
     if tag is not None:
@@ -1246,6 +1247,11 @@ def hf_dual_dir(spec: str) -> tuple[Path, dict]:
     if not path.is_dir():
         raise UsageError(f"{spec}: {path} is not a directory; {HF_SAVE_HINT}")
     if not (path / CONFIG_FILE).is_file():
+        repo = found.revision.get("repo")
+        if repo:  # a Hub repository: its snapshot is huggingface_hub's to write, never the user's
+            oc = " (it holds open_clip's files)" if any(path.glob("open_clip_*")) else ""
+            raise UsageError(f"{spec}: the Hub repository {repo} has no {CONFIG_FILE}, so it is not a transformers CLIP or "
+                             f"SigLIP model{oc}; an open_clip repository is read as open_clip:hf-hub:{repo}")
         raise UsageError(f"{spec}: {path} is not a Hugging Face model directory (no {CONFIG_FILE}); {HF_SAVE_HINT}")
     return path, found.revision
 
@@ -1282,8 +1288,8 @@ def hf_dual_config(hf, image_processor, tokenizer, source: str) -> dict:
     model_type = cfg.model_type
     embed_dim = getattr(cfg, "projection_dim", None) if model_type == "clip" else cfg.text_config.hidden_size
     # CLIP's text model takes the attention mask (its causal mask makes the end-of-text state the same either
-    # way); SigLIP was trained on texts padded to max_length with no mask (big_vision, open_clip's SigLIP,
-    # transformers' model card), though transformers 5's SiglipTokenizer returns one: input_ids only.
+    # way); SigLIP was trained on texts padded to max_length with no mask (big_vision, open_clip's SigLIP): input_ids
+    # only, though transformers 5's SiglipTokenizer returns a mask and its zero-shot pipeline passes it (docs/models.md).
     inputs = [k for k in ("input_ids", "attention_mask") if k in tokenizer.model_input_names] if model_type == "clip" else ["input_ids"]
     bias = getattr(hf, "logit_bias", None)
     return {

@@ -396,7 +396,8 @@ def encode_images(
     raw = ds.select_columns([column])
     if isinstance(raw.features[column], datasets.Image):
         raw = raw.cast_column(column, datasets.Image(decode=False))
-    size = int(m.config.get("preprocess", {}).get("size", 224))
+    size = m.config.get("preprocess", {}).get("size", 224)
+    hw = (int(size), int(size)) if isinstance(size, (int, float)) else tuple(int(x) for x in size)  # (open_clip: an int or (H, W))
     bad_rows: list[int] = []
 
     def compute():
@@ -410,7 +411,7 @@ def encode_images(
                 im = decode_image(v, rgb=False) if isinstance(v, dict) or v is None else v  # the transform converts
                 if im is None:
                     bad_rows.append(a + j)
-                    xs.append(torch.zeros(3, size, size))
+                    xs.append(torch.zeros(3, *hw))
                 else:
                     xs.append(preprocess(im))
             return torch.stack(xs)

@@ -134,3 +134,26 @@ def test_the_table_keeps_metric_names_whole_at_80_columns(setup, cli, tmp_path, 
         assert name in text, text
     assert "…" not in text and "..." not in text
     assert max(len(line) for line in text.splitlines()) <= 80
+
+
+def test_the_table_fits_80_columns_with_dataset_names_whole(monkeypatch):
+    """issue 40: at COLUMNS=80 the table was 82 columns wide and "emoji-openmoji" was broken across two lines."""
+    import io
+
+    from rich.console import Console
+
+    from vltool import console
+    from vltool.commands.benchmark import print_table
+
+    rows = [{"dataset": "emoji-openmoji", "task": "zeroshot", "metric": m, "value": 1.0, "ci_low": 0.9999, "ci_high": 1.0,
+             "chance": 0.0123} for m in ("top1", "mean_per_class_recall")]
+    rows += [{"dataset": "emoji-openmoji", "task": "retrieve", "metric": "image_to_text_R@5", "value": 0.5, "ci_low": None,
+              "ci_high": None, "chance": None}]
+    record = {"model": {"spec": "open_clip:ViT-B-32/laion2b_s34b_b79k"}, "table": rows, "datasets": []}
+    buf = io.StringIO()
+    monkeypatch.setattr(console, "out", Console(file=buf, width=80, soft_wrap=True))
+    print_table(record)
+    lines = buf.getvalue().splitlines()
+    assert max(len(line) for line in lines) <= 80, buf.getvalue()
+    assert sum("emoji-openmoji" in line for line in lines) == 3, buf.getvalue()
+    assert any("mean_per_class_recall" in line and "100.00%" in line and "99.99-100.00" in line for line in lines)

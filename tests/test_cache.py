@@ -204,3 +204,81 @@ def test_a_cached_entry_holding_nan_is_encoded_again_never_read_as_bad_images(lo
     np.save(npy, arr)
     again = encode_texts(loaded_model, data, column="caption", cache=cache, progress=False)
     assert not again.hit and np.isfinite(again.embeddings).all()
+
+
+def test_a_tokenizer_or_processor_only_change_misses_the_cache(tmp_path, monkeypatch):
+    """issue 40: the same weights with other tokenizer files (a Hub commit that fixes the tokenizer, an edited
+    hf:DIR) or another image processor config are new entries; the key's parts are in the entry."""
+    import gzip
+
+    import vltool.encode as enc
+    from tests._hf_models import make_hf_clip, put_in_hub_cache
+    from vltool.model import load_model
+
+    cache = EmbeddingCache(tmp_path / "cache")
+    prompts = ["a red square", "a blue square"]
+    colors = load_dataset_colors(tmp_path)
+    src = make_hf_clip(tmp_path / "clip")
+
+    def prompts_of(spec):
+        return enc.encode_prompts(load_model(spec), prompts, cache=cache, progress=False)
+
+    first = prompts_of(f"hf:{src}")
+    assert not first.hit and prompts_of(f"hf:{src}").hit
+    entry = json.loads((cache.dir / f"{first.key}.json").read_text())
+    assert entry["key"]["preprocessing"]["tokenizer"]["files_sha256"]
+
+    # a Hub repository's new commit: the same weights, a fixed tokenizer file
+    home = tmp_path / "hf-home"
+    monkeypatch.setenv("HF_HOME", str(home))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    put_in_hub_cache(home, "testorg/clip", src, "a" * 40)
+    fixed = put_in_hub_cache(home, "testorg/clip", src, "b" * 40)
+    (fixed / "tokenizer_config.json").unlink()  # (a link in a real cache: the new commit's own file)
+    cfg = json.loads((src / "tokenizer_config.json").read_text())
+    (fixed / "tokenizer_config.json").write_text(json.dumps({**cfg, "model_max_length": 77}))
+    prompts_of("hf:testorg/clip@" + "a" * 40)
+    old, new = prompts_of("hf:testorg/clip@" + "a" * 40), prompts_of("hf:testorg/clip@" + "b" * 40)
+    assert old.hit and not new.hit  # same weights, same config entry: only the tokenizer's files differ
+    from vltool.info import info
+
+    why = {o["entry"]: o["differs_in"] for o in info(str(cache.dir / f"{new.key}.json"))["same_dataset_and_column"]}
+    assert set(why[old.key]) == {"preprocessing.tokenizer.files_sha256"}  # `vltool info` says why they differ
+
+    # an edited tokenizer file inside an hf:DIR
+    vocab = json.loads((src / "vocab.json").read_text())
+    vocab["a</w>"], vocab["b</w>"] = vocab["b</w>"], vocab["a</w>"]
+    (src / "vocab.json").write_text(json.dumps(vocab))
+    assert not prompts_of(f"hf:{src}").hit
+
+    # the image processor's config alone
+    m = load_model(f"hf:{src}")
+    before = enc.encode_images(m, colors, cache=cache, progress=False)
+    assert enc.encode_images(load_model(f"hf:{src}"), colors, cache=cache, progress=False).hit
+    pp = json.loads((src / "preprocessor_config.json").read_text())
+    (src / "preprocessor_config.json").write_text(json.dumps({**pp, "image_mean": [0.5, 0.5, 0.5]}))
+    after = enc.encode_images(load_model(f"hf:{src}"), colors, cache=cache, progress=False)
+    assert not after.hit and after.key != before.key
+
+    # a vltool model directory (read lazily): its tokenizer file's bytes, then its transform
+    run = make_model(tmp_path / "run")
+    lazy = enc.load_eval_model(str(run), cache_dir=tmp_path / "cache")
+    assert not enc.encode_prompts(lazy, prompts, cache=cache, progress=False).hit
+    assert enc.encode_prompts(enc.load_eval_model(str(run), cache_dir=tmp_path / "cache"), prompts, cache=cache, progress=False).hit
+    bpe = next((run / "model").rglob("*.gz"))
+    text = gzip.decompress(bpe.read_bytes())
+    bpe.write_bytes(gzip.compress(text + b"x y\n"))  # (past the merges open_clip reads: the tokens are the same)
+    assert not enc.encode_prompts(enc.load_eval_model(str(run), cache_dir=tmp_path / "cache"), prompts, cache=cache, progress=False).hit
+    im = enc.encode_images(enc.load_eval_model(str(run), cache_dir=tmp_path / "cache"), colors, cache=cache, progress=False)
+    config = json.loads((run / "model" / "config.json").read_text())
+    config["preprocess"]["interpolation"] = "bilinear" if config["preprocess"]["interpolation"] != "bilinear" else "bicubic"
+    (run / "model" / "config.json").write_text(json.dumps(config))
+    assert not enc.encode_images(enc.load_eval_model(str(run), cache_dir=tmp_path / "cache"), colors, cache=cache, progress=False).hit
+    assert im.key
+
+
+def load_dataset_colors(tmp_path):
+    from vltool.io import load_dataset
+
+    return load_dataset(make_colors(tmp_path / "colors"), where=["split=test"])

@@ -364,6 +364,10 @@ def test_pretrain_init_from_a_hub_id_records_and_pins_its_commit(hub, cli, tmp_p
             "--out", run, "--no-progress")
     assert r.exit_code == 0, r.stderr
     assert json.loads((run / "vltool.json").read_text())["options"]["init_revision"]["commit"] == SHA["clip"]
+    r = cli("export", run, "--to", "hf", "--out", tmp_path / "hf_out")  # issue 40: the export names the commit too
+    assert r.exit_code == 0, r.stderr
+    stats = json.loads((tmp_path / "hf_out" / "vltool.json").read_text())["stats"]
+    assert stats["started_from"] == f"testorg/tiny-clip@{SHA['clip']}" and stats["started_from_revision"]["commit"] == SHA["clip"]
     from vltool.model import pinned_spec
 
     assert pinned_spec("hf:testorg/tiny-clip", {"commit": SHA["clip"]}) == f"hf:testorg/tiny-clip@{SHA['clip']}"
@@ -431,3 +435,55 @@ def test_out_may_not_touch_the_hub_cache_a_model_is_read_from(hub, cli):
         r = cli("mine-positives", "emoji", "--where", "split=test", "--model", spec, "--out", snapshot / "mined")
         assert r.exit_code == 2 and "inputs are never modified" in r.stderr, r.stderr
     assert not (snapshot / "mined").exists()
+
+
+def test_resume_of_a_branch_started_run_reads_the_pinned_commit(hub, built, tmp_path):
+    """issue 40: --init hf:ORG/NAME@BRANCH records the commit the branch resolved to, and --resume reads that
+    commit after the branch has moved (to a commit with another projection size: a size mismatch before)."""
+    from tests._hf_models import make_hf_clip_v5
+    from vltool.model import pinned_spec
+    from vltool.pretrain import PretrainConfig, pretrain
+
+    moved = "de" * 20
+    put_in_hub_cache(hub, "testorg/tiny-clip", built["clip"], SHA["clip"], ref="dev")
+    put_in_hub_cache(hub, "testorg/tiny-clip", built["clip"], OLD, ref="v1")
+    assert pinned_spec("hf:testorg/tiny-clip@dev", {"commit": SHA["clip"]}) == f"hf:testorg/tiny-clip@{SHA['clip']}"
+    assert pinned_spec("open_clip:hf-hub:testorg/tiny-open-clip@v1", {"commit": OLD}) == f"open_clip:hf-hub:testorg/tiny-open-clip@{OLD}"
+    cfg = PretrainConfig(init="hf:testorg/tiny-clip@dev", batch_size=8, steps=2, log_every=1, checkpoint_every=100)
+    r = pretrain(["emoji"], tmp_path / "run", cfg, where=["split=train"], stop_after_steps=1, progress=False)
+    assert r["status"] == "stopped"
+    other = make_hf_clip_v5(tmp_path / "other", seed=5)
+    config = json.loads((other / "config.json").read_text())
+    config["projection_dim"] = 8
+    (other / "config.json").write_text(json.dumps(config))
+    from transformers import CLIPModel
+
+    CLIPModel.from_pretrained(str(other), ignore_mismatched_sizes=True).save_pretrained(str(other))
+    put_in_hub_cache(hub, "testorg/tiny-clip", other, moved, ref="dev")  # the branch moves
+    r = pretrain(resume=tmp_path / "run", progress=False)
+    assert r["status"] == "finished"
+    options = json.loads((tmp_path / "run" / "vltool.json").read_text())["options"]
+    assert options["init_revision"]["commit"] == SHA["clip"] and options["init_revision"]["revision"] == "dev"
+
+
+def test_a_results_record_pins_the_branch_or_tag_to_its_commit(hub, built, cli, tmp_path):
+    """--model hf:ORG/NAME@TAG: the record names the commit the tag resolved to, as a spelling that reruns it."""
+    put_in_hub_cache(hub, "testorg/tiny-clip", built["clip"], OLD, ref="v1")
+    out = tmp_path / "zs.json"
+    r = cli("zeroshot", "emoji", "--where", "split=test", "--model", "hf:testorg/tiny-clip@v1", "--bootstrap", "0",
+            "--out", out, "--cache-dir", tmp_path / "cache", "--no-progress")
+    assert r.exit_code == 0, r.stderr
+    model = json.loads(out.read_text())["model"]
+    assert model["spec"] == "hf:testorg/tiny-clip@v1" and model["pinned"] == f"hf:testorg/tiny-clip@{OLD}"
+    assert model["revision"]["commit"] == OLD
+
+
+def test_messages_name_what_the_user_gave(hub, cli):
+    """issue 40: a typo'd architecture in --model open_clip:ARCH/TAG is not blamed on --arch; an hf: Hub id
+    holding only open_clip's files points at open_clip:hf-hub:, not at save_pretrained into the Hub cache."""
+    r = cli("zeroshot", "emoji", "--where", "split=test", "--model", "open_clip:ViT-B-33/laion2b_s34b_b79k", "--bootstrap", "0")
+    assert r.exit_code == 2 and "--arch" not in r.stderr and "open_clip:ViT-B-33/laion2b_s34b_b79k" in r.stderr, r.stderr
+    assert "unknown architecture 'ViT-B-33'" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = cli("zeroshot", "emoji", "--where", "split=test", "--model", "hf:testorg/tiny-open-clip", "--bootstrap", "0")
+    assert r.exit_code == 2 and "open_clip:hf-hub:testorg/tiny-open-clip" in r.stderr, r.stderr
+    assert "save_pretrained" not in r.stderr and "snapshots" not in r.stderr

@@ -479,3 +479,36 @@ def test_a_captioner_from_the_hub_cache(images, models, tmp_path, monkeypatch):
     assert "recaption:nucleus:tiny-blip" in load(out)[0]["caption_source"]["captions"]
     with pytest.raises(UsageError, match="testorg/nope cannot be loaded: it is not in the Hugging Face cache"):
         run(images, tmp_path / "out2", model="hf:testorg/nope", num_captions=1)
+
+
+def test_truncated_weights_are_one_line_and_leave_nothing_that_blocks_the_rerun(images, models, tmp_path, monkeypatch):
+    """issue 40: a truncated model.safetensors was "internal error (SafetensorError ...)" and left OUT.partial,
+    which refused the rerun after the file was repaired ("unfinished work of a different job"). Errors name a
+    Hub id as given, not its snapshot folder."""
+    import shutil
+
+    from tests._hf_models import put_in_hub_cache
+
+    commit = "b2" * 20
+    snap = put_in_hub_cache(tmp_path / "home", "testorg/tiny-blip", models["blip"], commit)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    weights = snap / "model.safetensors"
+    good = weights.read_bytes()
+    weights.write_bytes(good[: len(good) // 2])
+    out = tmp_path / "out"
+    r = cli("recaption", images, "--out", out, "--model", "hf:testorg/tiny-blip", "--num-captions", "1", "--no-progress")
+    assert r.exit_code == 1 and "Traceback" not in r.stderr and "internal error" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "--model hf:testorg/tiny-blip: cannot load its weights" in r.stderr
+    assert str(snap) not in r.stderr
+    assert not out.exists() and not (tmp_path / "out.partial").exists()
+    weights.write_bytes(good)  # repaired (a new modification time: another fingerprint)
+    r = cli("recaption", images, "--out", out, "--model", "hf:testorg/tiny-blip", "--num-captions", "1", "--no-progress")
+    assert r.exit_code == 0, r.stderr
+    # a work dir left without any finished shard (a run killed while loading) does not block another job either
+    shutil.rmtree(out)
+    from vltool.recaption import WorkDir
+
+    WorkDir(tmp_path / "out.partial").open({"command": "recaption", "model": "another"}, restart=False)
+    r = cli("recaption", images, "--out", out, "--model", "hf:testorg/tiny-blip", "--num-captions", "1", "--no-progress")
+    assert r.exit_code == 0, r.stderr

@@ -6,7 +6,8 @@
 The key is the SHA-256 of a canonical JSON of five parts: the model's weight fingerprint, the dataset
 fingerprint (of the dataset on disk, before --where), the row filter (--split and the --where clauses,
 sorted: their order does not change the rows), the column encoded, and the preprocessing (image size and
-normalisation, or the tokenizer; plus which features, e.g. before the projection). Any change of any part
+normalisation or the image processor's config; or the tokenizer's settings and the digest of its files;
+plus which features, e.g. before the projection). Any change of any part
 is a different key, so a stale entry is never read; an entry is never modified, only written whole.
 
 Writes go through a temporary file and a rename, the `.npy` first and the `.json` last: an entry is
@@ -35,7 +36,7 @@ from vltool import __version__
 from vltool.io import default_cache_dir, values_digest
 
 SUBDIR = "embeddings"
-KEY_VERSION = 1  # bump when what an entry holds changes meaning
+KEY_VERSION = 2  # bump when what an entry holds changes meaning (2: the tokenizer's files are in the key)
 
 
 def canonical(obj: Any) -> str:

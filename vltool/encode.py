@@ -110,13 +110,15 @@ class LazyModel:
     """
 
     def __init__(self, model_dir: Path, cache_dir: str | Path | None = None):
-        from vltool.model import CONFIG_FILE, WEIGHTS_FILE
+        from vltool.model import CONFIG_FILE, WEIGHTS_FILE, tokenizer_files_digest, tokenizer_source
 
         self._loaded = None
         self.model_dir = Path(model_dir)
         self.source = str(self.model_dir)
         self.revision = {}  # a vltool model directory: its weight fingerprint names the weights
         self.config = read_json(self.model_dir / CONFIG_FILE, "the model config")
+        tc = self.config.get("tokenizer")
+        self.tokenizer_files = tokenizer_files_digest(tokenizer_source(tc, self.model_dir)) if tc else None
         config_bytes = (self.model_dir / CONFIG_FILE).read_bytes()
         h = hashlib.sha256(config_bytes)
         with open(self.model_dir / WEIGHTS_FILE, "rb") as f:
@@ -152,9 +154,17 @@ class LazyModel:
 
 
 def model_record(m, spec: str, pretrained: str | None) -> dict:
-    """The "model" part of a results or provenance record: what was asked for and what was loaded."""
+    """The "model" part of a results or provenance record: what was asked for and what was loaded
+    ("pinned": a Hub id or its branch or tag, at the commit it resolved to)."""
+    revision = getattr(m, "revision", None) or {}
+    pinned = str(spec)
+    if revision.get("commit"):
+        from vltool.model import pinned_spec
+
+        pinned = pinned_spec(str(spec), revision)
     return {
         "spec": str(spec),
+        "pinned": pinned,
         "pretrained": str(pretrained) if pretrained else None,
         "fingerprint": m.fingerprint,
         "source": getattr(m, "source", None),
@@ -171,11 +181,14 @@ def model_record(m, spec: str, pretrained: str | None) -> dict:
 
 
 def _tokenizer_description(m) -> dict:
-    """The tokenizer entry of the model config (what `Tokenizer.describe()` returns), read without loading it."""
-    if "tokenizer" in m.config:
-        return dict(m.config["tokenizer"])
-    tok = getattr(m, "tokenizer", None)
-    return tok.describe() if tok is not None and hasattr(tok, "describe") else {}
+    """The tokenizer's part of a key: the tokenizer entry of the model config (its settings) and the digest
+    of its files (vltool.model.tokenizer_files_digest), read without loading the model or the tokenizer."""
+    tok = getattr(m, "tokenizer", None) if not isinstance(m, LazyModel) else None
+    out = dict(m.config["tokenizer"]) if "tokenizer" in m.config else (tok.describe() if tok is not None and hasattr(tok, "describe") else {})
+    files = m.tokenizer_files if isinstance(m, LazyModel) else (tok.files_digest() if hasattr(tok, "files_digest") else None)
+    if files is not None:
+        out["files_sha256"] = files
+    return out
 
 
 def image_preprocessing(m, features: str = "post") -> dict:
@@ -404,7 +417,8 @@ def encode_images(
     raw = ds.select_columns([column])
     if isinstance(raw.features[column], datasets.Image):
         raw = raw.cast_column(column, datasets.Image(decode=False))
-    size = int(m.config.get("preprocess", {}).get("size", 224))
+    size = m.config.get("preprocess", {}).get("size", 224)
+    hw = (int(size), int(size)) if isinstance(size, (int, float)) else tuple(int(x) for x in size)  # (open_clip: an int or (H, W))
     bad_rows: list[int] = []
 
     def compute():
@@ -418,7 +432,7 @@ def encode_images(
                 im = decode_image(v, rgb=False) if isinstance(v, dict) or v is None else v  # the transform converts
                 if im is None:
                     bad_rows.append(a + j)
-                    xs.append(torch.zeros(3, size, size))
+                    xs.append(torch.zeros(3, *hw))
                 else:
                     xs.append(preprocess(im))
             return torch.stack(xs)

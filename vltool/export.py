@@ -38,7 +38,8 @@ from vltool import columns as C
 from vltool import provenance
 from vltool.console import Bar
 from vltool.errors import UsageError, VltoolError
-from vltool.io import atomic_output, check_output, column_values, image_bytes, image_size_policy, load_dataset, write_json_atomic
+from vltool.io import (atomic_output, check_output, column_values, image_bytes, image_size_policy, load_dataset, read_provenance,
+                       write_json_atomic)
 from vltool.topology import warn
 
 TARGETS = ("webdataset", "csv", "hf")
@@ -363,6 +364,16 @@ def export_stats(config: ExportConfig, n: int, rows_out: int, written: Written, 
     }
 
 
+def _init_revision(model_dir: Path) -> dict:
+    """`pretrain --init`'s revision (the Hub repository and commit) from the training run's vltool.json, {} without one."""
+    for d in (model_dir, model_dir.parent):
+        prov = read_provenance(d)
+        if prov:
+            rev = (prov.get("options") or {}).get("init_revision")
+            return dict(rev) if isinstance(rev, dict) else {}
+    return {}
+
+
 def export_hf_model(model: str, out, *, overwrite: bool = False) -> dict:
     """Write the vltool model `model` (a RUN_DIR or RUN_DIR/model started from hf:DIR) to `out` in
     transformers' layout, with vltool.json beside; return the provenance record."""
@@ -378,11 +389,14 @@ def export_hf_model(model: str, out, *, overwrite: bool = False) -> dict:
         for n in notes:
             warn(n)
         hf = twotower.config["hf"]
+        init = _init_revision(model_dir)
         stats = {
             "to": "hf",
             "model_type": hf["model_type"],
             "class": f"transformers.{HF_DUAL_TYPES[hf['model_type']]}",
-            "started_from": hf.get("source"),
+            # the Hub repository at the commit training started from (hf:ORG/NAME@COMMIT), else the folder's name
+            "started_from": f"{init['repo']}@{init['commit']}" if init.get("repo") and init.get("commit") else hf.get("source"),
+            "started_from_revision": init or None,
             "model_fingerprint": fingerprint(twotower, twotower.config),
             "notes": notes,
             "load_with": f"transformers.AutoModel.from_pretrained({str(out.expanduser().resolve())!r})",

@@ -187,7 +187,7 @@ def open_clip_tag(spec: str) -> tuple[str, str] | None:
     return (arch, tag) if open_clip.get_pretrained_cfg(arch, tag) else None
 
 
-def _tag_preprocess(pretrained_cfg: dict) -> dict:
+def tag_preprocess(pretrained_cfg: dict) -> dict:
     """What open_clip's create_model merges into the preprocessing from a pretrained tag."""
     keys = ("mean", "std", "interpolation", "resize_mode", "fill_color")
     return {k: (list(v) if isinstance(v, tuple) else v) for k, v in pretrained_cfg.items() if k in keys}
@@ -209,7 +209,7 @@ def resolve_open_clip_tag(spec: str, arch: str, tag: str, model_cfg: dict) -> Re
         names = [filename[:-4] + ".safetensors", filename] if filename.endswith((".bin", ".pth")) else [filename]
     path = _first_hub_file(spec, repo, names, None)
     return Resolved(path, {"arch": arch, "tag": tag, "repo": repo, "commit": commit_of(path), "file": path.name,
-                           "sha256": file_sha256(path)}, model_cfg=model_cfg, preprocess_cfg=_tag_preprocess(pcfg))
+                           "sha256": file_sha256(path)}, model_cfg=model_cfg, preprocess_cfg=tag_preprocess(pcfg))
 
 
 def _first_hub_file(spec: str, repo: str, names: list[str], revision: str | None) -> Path:

@@ -495,6 +495,38 @@ def training_record(mdir: Path) -> dict:
 # The command
 
 
+def _flat(obj: Any, prefix: str = "") -> dict:
+    """A nested key's parts as {"preprocessing.tokenizer.files_sha256": value, ...}."""
+    if isinstance(obj, dict) and obj:
+        out = {}
+        for k, v in obj.items():
+            out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: obj}
+
+
+def cache_entry_info(p: Path) -> dict | None:
+    """An embedding cache entry (`<cache-dir>/embeddings/<key>.json` or its `.npy`): what its key is made of,
+    and, for each other entry of the same dataset and column, the parts by which its key differs."""
+    meta_path = p.with_suffix(".json")
+    meta = _read_json(meta_path) if p.suffix in (".json", ".npy") else None
+    if not isinstance(meta, dict) or not isinstance(meta.get("key"), dict) or "digest" not in meta:
+        return None
+    parts = _flat(meta["key"])
+    others = []
+    for q in sorted(meta_path.parent.glob("*.json")):
+        other = _read_json(q) if q != meta_path else None
+        if not isinstance(other, dict) or not isinstance(other.get("key"), dict):
+            continue
+        if (other["key"].get("dataset"), other["key"].get("column")) != (meta["key"].get("dataset"), meta["key"].get("column")):
+            continue
+        theirs = _flat(other["key"])
+        differ = sorted(k for k in parts.keys() | theirs.keys() if parts.get(k) != theirs.get(k))
+        others.append({"entry": q.stem, "differs_in": {k: {"this": parts.get(k), "other": theirs.get(k)} for k in differ}})
+    return {"kind": "cache-entry", "path": str(meta_path), "digest": meta["digest"], "shape": meta.get("shape"),
+            "created": meta.get("created"), "key": parts, "same_dataset_and_column": others}
+
+
 def info(path: str, config: InfoConfig | None = None) -> dict:
     """Describe the dataset, model directory or vltool output at `path` (or `emoji`)."""
     config = config or InfoConfig()
@@ -509,6 +541,9 @@ def info(path: str, config: InfoConfig | None = None) -> dict:
         return dataset_info(path, config)
     if p.is_dir() and model_dir(p) is not None:
         return model_info(p)
+    entry = cache_entry_info(p) if p.is_file() else None
+    if entry is not None:
+        return entry
     if p.is_dir() and (p / C.PROVENANCE_FILE).is_file():
         prov = _read_json(p / C.PROVENANCE_FILE) or {}
         return {
@@ -520,5 +555,6 @@ def info(path: str, config: InfoConfig | None = None) -> dict:
         }
     raise UsageError(
         f"{path!r} is neither a dataset (no state.json or dataset_dict.json), nor a model directory "
-        "(config.json and *.safetensors), nor a vltool output (vltool.json)"
+        "(config.json and *.safetensors), nor a vltool output (vltool.json), nor an embedding cache entry "
+        "(<cache-dir>/embeddings/<key>.json)"
     )

@@ -93,8 +93,9 @@ def vltool_archs() -> list[str]:
     return sorted(p.stem for p in CONFIGS_DIR.glob("*.json"))
 
 
-def arch_config(name: str) -> dict:
-    """open_clip-format config of a vltool or open_clip architecture (a copy)."""
+def arch_config(name: str, what: str | None = None) -> dict:
+    """open_clip-format config of a vltool or open_clip architecture (a copy). `what` is how an unknown one is
+    named in the error (default `--arch NAME`; `--model open_clip:NAME/TAG` when the model spec named it)."""
     path = CONFIGS_DIR / f"{name}.json"
     if path.is_file():
         return json.loads(path.read_text())
@@ -103,10 +104,53 @@ def arch_config(name: str) -> dict:
     cfg = open_clip.get_model_config(name)
     if cfg is None:
         raise UsageError(
-            f"--arch {name!r}: unknown architecture; vltool ships {', '.join(vltool_archs())}, "
+            f"{what or '--arch ' + repr(name)}: unknown architecture {name!r}; vltool ships {', '.join(vltool_archs())}, "
             f"and open_clip knows e.g. RN50, ViT-B-32 (open_clip.list_models() lists all {len(open_clip.list_models())})"
         )
     return copy.deepcopy(cfg)
+
+
+def open_clip_native_reasons(model_cfg: dict) -> list[str]:
+    """Why vltool's TwoTower does not rebuild an open_clip architecture ([] when it does): such an
+    architecture runs as open_clip's own model (OpenClipModel), built by open_clip.create_model."""
+    text_cfg, vision_cfg = model_cfg.get("text_cfg", {}), model_cfg.get("vision_cfg", {})
+    out = []
+    if "multimodal_cfg" in model_cfg:
+        out.append("a CoCa model (its contrastive towers)")
+    if text_cfg.get("hf_model_name"):
+        out.append(f"a Hugging Face text tower ({text_cfg['hf_model_name']})")
+    elif text_cfg.get("hf_tokenizer_name"):
+        out.append(f"a Hugging Face tokenizer ({text_cfg['hf_tokenizer_name']})")
+    if vision_cfg.get("timm_model_name"):
+        out.append(f"a timm image tower ({vision_cfg['timm_model_name']})")
+    return out
+
+
+def open_clip_cannot_run(model_cfg: dict) -> str | None:
+    """Why open_clip's own model of this architecture cannot be built here (a timm image tower the installed
+    timm does not have), or None: read from the config alone, before any weights are fetched."""
+    name = model_cfg.get("vision_cfg", {}).get("timm_model_name")
+    if name:
+        import timm
+
+        if not timm.is_model(name):
+            return f"its image tower is the timm model {name!r}, which timm {timm.__version__} does not have (upgrade timm)"
+    return None
+
+
+def open_clip_tag_support(arch: str, tag: str) -> tuple[str, str]:
+    """How vltool runs open_clip's pretrained tag ARCH/TAG, from the registry alone (nothing fetched):
+    ("rebuilt", "") on vltool's own towers; ("open_clip", why) as open_clip's own model; ("refused", why)."""
+    import open_clip
+
+    cfg = arch_config(arch)
+    why = open_clip_cannot_run(cfg)
+    if why:
+        return "refused", why
+    if not (open_clip.get_pretrained_cfg(arch, tag) or {}).get("hf_hub"):
+        return "refused", "open_clip has no Hugging Face Hub copy of its weights"
+    native = open_clip_native_reasons(cfg) if not (CONFIGS_DIR / f"{arch}.json").is_file() else []
+    return ("open_clip", ", ".join(native)) if native else ("rebuilt", "")
 
 
 def _check_open_clip_cfg(model_cfg: dict, what: str) -> None:
@@ -689,6 +733,32 @@ class TwoTower(nn.Module):
 # ----------------------------------------------------------------------------------------------------
 
 
+# The files a Hugging Face tokenizer reads (its vocabulary, merges, sentencepiece model and settings), by the
+# names transformers saves them under: their bytes are part of every cache key of a text encoding.
+TOKENIZER_FILE_NAMES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                        "vocab.json", "merges.txt", "vocab.txt", "spiece.model", "sentencepiece.bpe.model",
+                        "tokenizer.model", "bpe.codes", "vocab.model")
+
+
+def tokenizer_files_digest(source: Path | str) -> str:
+    """SHA-256 of a tokenizer's files: the file itself (open_clip's BPE vocabulary), or the tokenizer files
+    of a directory (TOKENIZER_FILE_NAMES), each by name and bytes. A tokenizer-only change (a Hub commit
+    that fixes the vocabulary, an edited tokenizer.json) changes it; the weights' fingerprint does not see it."""
+    source = Path(source)
+    files = [source] if source.is_file() else sorted(p for p in source.glob("*") if p.name in TOKENIZER_FILE_NAMES and p.is_file())
+    h = hashlib.sha256()
+    for p in files:
+        h.update(p.name.encode() + b"\0")
+        with open(p, "rb") as f:
+            h.update(hashlib.sha256(f.read()).digest())
+    return h.hexdigest()[:32]
+
+
+def tokenizer_source(config: dict, model_dir: Path | str) -> Path:
+    """Where a vltool model directory's tokenizer files are (its config's tokenizer entry names them)."""
+    return Path(model_dir) / (config["file"] if config["type"] == "open_clip" else config["dir"])
+
+
 class Tokenizer:
     """Texts -> what the text tower takes: a LongTensor (open_clip) or a dict of tensors (Hugging Face).
 
@@ -715,8 +785,7 @@ class Tokenizer:
 
     @classmethod
     def from_model_dir(cls, config: dict, model_dir: Path) -> "Tokenizer":
-        rel = config["file"] if config["type"] == "open_clip" else config["dir"]
-        return cls(config, Path(model_dir) / rel)
+        return cls(config, tokenizer_source(config, model_dir))
 
     def __call__(self, texts: Sequence[str]):
         texts = list(texts)
@@ -743,8 +812,31 @@ class Tokenizer:
         self._tok.save_pretrained(str(out_dir))
 
     def describe(self) -> dict:
-        """What identifies the tokenization (for cache keys)."""
-        return dict(self.config)
+        """What identifies the tokenization (for cache keys): its settings and the digest of its files."""
+        return {**self.config, "files_sha256": self.files_digest()}
+
+    def files_digest(self) -> str:
+        if getattr(self, "_files_digest", None) is None:
+            self._files_digest = tokenizer_files_digest(self.source)
+        return self._files_digest
+
+
+class OpenClipTokenizer(Tokenizer):
+    """open_clip's own tokenizer of an architecture vltool does not rebuild, as open_clip.get_tokenizer makes
+    it: its HFTokenizer on the Hugging Face tokenizer the config names (read from huggingface_hub's cache,
+    resolved by vltool.hub: a Hub id is looked up once), or its SimpleTokenizer. Gives (B, context) token ids."""
+
+    def __init__(self, config: dict, source: Path, tok):
+        self.config, self.source, self._tok = config, Path(source), tok
+
+    def __call__(self, texts: Sequence[str]):
+        return self._tok(list(texts))
+
+    def save(self, model_dir: Path) -> None:
+        raise UsageError(f"{self.config.get('arch')}: open_clip's own model is evaluated, not saved by vltool")
+
+    def save_pretrained(self, out_dir: Path | str) -> None:
+        self.save(Path(out_dir))
 
 
 def source_tokenizer(config: dict, hf_dir: str | Path | None = None) -> Tokenizer:
@@ -959,6 +1051,36 @@ def load_weights(model: nn.Module, path: Path) -> None:
     model.load_state_dict(state, strict=True)
 
 
+class OpenClipModel(nn.Module):
+    """open_clip's own model (open_clip.create_model) for an architecture vltool does not rebuild (SigLIP
+    with its Hugging Face tokenizer, timm image towers, CoCa's contrastive towers, Hugging Face text towers):
+    the embeddings, logit scale and bias are open_clip's, exactly. `config` is a vltool config describing
+    it (its preprocessing is the model's own `visual.preprocess_cfg`, as create_model_and_transforms reads it)."""
+
+    def __init__(self, model: nn.Module, config: dict):
+        super().__init__()
+        self.oc = model
+        self.config = config
+
+    @property
+    def visual(self):
+        return self.oc.visual
+
+    @property
+    def logit_scale(self):
+        return self.oc.logit_scale
+
+    @property
+    def logit_bias(self):
+        return getattr(self.oc, "logit_bias", None)
+
+    def encode_image(self, images: torch.Tensor, normalize: bool = True) -> torch.Tensor:
+        return self.oc.encode_image(images, normalize=normalize)
+
+    def encode_text(self, tokens, normalize: bool = True) -> torch.Tensor:
+        return self.oc.encode_text(tokens, normalize=normalize)
+
+
 @dataclass
 class LoadedModel:
     """A model ready to encode: see the module docstring."""
@@ -1069,9 +1191,15 @@ def _open_clip_arch(spec: str, pretrained: str | Path | None) -> tuple[TwoTower,
     if pretrained is not None and not str(pretrained).strip():  # never fresh weights by accident
         raise UsageError("--pretrained is empty: give an open_clip tag or a weights file (fresh weights: leave it out)")
     weights = weights or (str(pretrained) if pretrained is not None else "")
-    cfg = arch_config(arch)
+    cfg = arch_config(arch, spec)
     preprocess_cfg, revision, checkpoint = cfg.get("preprocess_cfg"), {}, None
     tag = hub.open_clip_tag(f"{hub.OPEN_CLIP_SPEC}{arch}/{weights}") if weights else None
+    native = open_clip_native_reasons(cfg) and not (CONFIGS_DIR / f"{arch}.json").is_file()
+    if native:  # everything but the weights is checked and resolved before any weights are fetched
+        why = open_clip_cannot_run(cfg)
+        if why:
+            raise UsageError(f"{spec}: {why}; nothing was fetched (docs/models.md lists the open_clip tags vltool runs)")
+        tokenizer = _open_clip_native_tokenizer(spec, arch, cfg)
     if tag is not None:
         found = hub.resolve_open_clip_tag(spec, arch, weights, cfg)
         preprocess_cfg = {**(preprocess_cfg or {}), **found.preprocess_cfg}
@@ -1091,8 +1219,64 @@ def _open_clip_arch(spec: str, pretrained: str | Path | None) -> tuple[TwoTower,
         checkpoint, revision = str(path), {"arch": arch, "file": str(path), "sha256": hub.file_sha256(path)}
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)  # fresh weights are the same at every load (so is the fingerprint)
+        if native:
+            tag_cfg = open_clip_pretrained_cfg(arch, weights) if tag is not None else {}
+            model = _open_clip_native_model(spec, arch, cfg, checkpoint, tag_cfg, tokenizer)
+            return model, tokenizer, revision
         model, tok = _from_open_clip_cfg(cfg, preprocess_cfg, checkpoint, arch)
     return model, tok, revision
+
+
+def _open_clip_native_tokenizer(spec: str, arch: str, cfg: dict) -> OpenClipTokenizer:
+    """open_clip.get_tokenizer(arch), its Hugging Face tokenizer read from the folder vltool.hub resolves
+    (huggingface_hub's cache; fetched when online): what open_clip reads, found the way every Hub file is."""
+    import open_clip
+    from open_clip.tokenizer import DEFAULT_CONTEXT_LENGTH, HFTokenizer
+
+    text_cfg = cfg.get("text_cfg", {})
+    context = int(text_cfg.get("context_length", DEFAULT_CONTEXT_LENGTH))
+    kwargs = dict(text_cfg.get("tokenizer_kwargs") or {})
+    name = text_cfg.get("hf_tokenizer_name") or ""
+    tc = {"type": "open_clip_native", "arch": arch, "context_length": context, "kwargs": kwargs,
+          "hf_tokenizer": name or None, "tokenizer_mode": text_cfg.get("tokenizer_mode")}
+    if not name:
+        import open_clip.tokenizer as tk
+
+        return OpenClipTokenizer(tc, Path(tk.default_bpe()), open_clip.get_tokenizer(arch))
+    repo = hub.parse_repo_id(name)
+    if repo is None:
+        raise UsageError(f"{spec}: open_clip names the tokenizer {name!r}, which is not a Hub id ORG/NAME")
+    path = hub.hub_snapshot(spec, repo[0], repo[1], allow=["*.json", "*.txt", "*.model"], ignore=hub.HF_IGNORE)
+    tc["hf_tokenizer_commit"] = hub.commit_of(path)
+    try:
+        tok = HFTokenizer(str(path), context_length=context, tokenizer_mode=text_cfg.get("tokenizer_mode"), **kwargs)
+    except Exception as e:
+        raise UsageError(f"{spec}: cannot load open_clip's tokenizer {name} from {path} ({_tokenizer_problem(path, e)})") from None
+    return OpenClipTokenizer(tc, path, tok)
+
+
+def _open_clip_native_model(spec: str, arch: str, cfg: dict, checkpoint: str | None, tag_cfg: dict, tokenizer) -> "OpenClipModel":
+    """open_clip.create_model(arch) with the weights file, and the preprocessing the tag merges in, as
+    create_model_and_transforms(arch, pretrained=TAG) builds them."""
+    import open_clip
+
+    try:
+        oc = open_clip.create_model(arch, pretrained=checkpoint, force_preprocess_cfg=hub.tag_preprocess(tag_cfg) or None)
+    except Exception as e:
+        raise VltoolError(f"{spec}: open_clip cannot build it with {checkpoint or 'fresh weights'}: {_first_line(e)}") from None
+    pp = {k: (list(v) if isinstance(v, tuple) else v) for k, v in dict(oc.visual.preprocess_cfg).items()}
+    config = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "arch": arch,
+        "embed_dim": int(cfg["embed_dim"]),
+        "open_clip_native": {"arch": arch, "model_cfg": cfg, "why": open_clip_native_reasons(cfg)},
+        "image_tower": {"type": "open_clip_native"},
+        "text_tower": {"type": "open_clip_native"},
+        "preprocess": pp,
+        "tokenizer": tokenizer.config,
+    }
+    return OpenClipModel(oc, config)
 
 
 def open_clip_pretrained_cfg(arch: str, tag: str) -> dict:
@@ -1167,6 +1351,11 @@ def check_init(spec: str) -> dict:
         if not weights:
             raise UsageError(f"--init {s}: name the weights to start from, open_clip:{arch}/TAG (open_clip's pretrained tag) or "
                              f"open_clip:{arch}/FILE; for fresh weights give --arch {arch} instead of --init")
+        why = open_clip_native_reasons(arch_config(arch, f"--init {s}")) if not (CONFIGS_DIR / f"{arch}.json").is_file() else []
+        if why:  # (refused before any weights are fetched)
+            raise UsageError(f"--init {s}: vltool evaluates {arch} as open_clip's own model ({', '.join(why)}) but does not "
+                             "fine-tune it; evaluate it with --model, or start from an architecture vltool rebuilds "
+                             "(docs/models.md lists them)")
         return _open_clip_arch(s, None)[2]  # the tag or file resolved, and the weights checked to fit the architecture
     if s.startswith(hub.LOCAL_DIR_SPEC):
         _local_dir(s)
@@ -1176,15 +1365,15 @@ def check_init(spec: str) -> dict:
 
 
 def pinned_spec(spec: str, revision: dict | None) -> str:
-    """A Hub id pinned to the commit it resolved to (so a resumed run reads the weights it started from)."""
+    """A Hub id pinned to the commit it resolved to: hf:ORG/NAME, or its @BRANCH / @TAG, becomes
+    hf:ORG/NAME@COMMIT (likewise open_clip:hf-hub:), so a resumed run reads the weights, tokenizer and
+    processor it started from even after the branch or tag has moved."""
     s = str(spec)
     commit = (revision or {}).get("commit")
-    if not commit or "@" in s or "tag" in (revision or {}):
+    if not commit or "tag" in (revision or {}):  # (an open_clip tag: its file's sha256 names the weights)
         return s
-    if s.startswith(HF_SPEC) and hub.is_hub_id(s):
-        return f"{s}@{commit}"
-    if s.startswith(hub.OPEN_CLIP_SPEC + hub.HF_HUB_PREFIX):
-        return f"{s}@{commit}"
+    if (s.startswith(HF_SPEC) and hub.is_hub_id(s)) or s.startswith(hub.OPEN_CLIP_SPEC + hub.HF_HUB_PREFIX):
+        return f"{s.partition('@')[0]}@{commit}"
     return s
 
 
@@ -1216,6 +1405,11 @@ def hf_dual_dir(spec: str) -> tuple[Path, dict]:
     if not path.is_dir():
         raise UsageError(f"{spec}: {path} is not a directory; {HF_SAVE_HINT}")
     if not (path / CONFIG_FILE).is_file():
+        repo = found.revision.get("repo")
+        if repo:  # a Hub repository: its snapshot is huggingface_hub's to write, never the user's
+            oc = " (it holds open_clip's files)" if any(path.glob("open_clip_*")) else ""
+            raise UsageError(f"{spec}: the Hub repository {repo} has no {CONFIG_FILE}, so it is not a transformers CLIP or "
+                             f"SigLIP model{oc}; an open_clip repository is read as open_clip:hf-hub:{repo}")
         raise UsageError(f"{spec}: {path} is not a Hugging Face model directory (no {CONFIG_FILE}); {HF_SAVE_HINT}")
     return path, found.revision
 
@@ -1252,8 +1446,8 @@ def hf_dual_config(hf, image_processor, tokenizer, source: str) -> dict:
     model_type = cfg.model_type
     embed_dim = getattr(cfg, "projection_dim", None) if model_type == "clip" else cfg.text_config.hidden_size
     # CLIP's text model takes the attention mask (its causal mask makes the end-of-text state the same either
-    # way); SigLIP was trained on texts padded to max_length with no mask (big_vision, open_clip's SigLIP,
-    # transformers' model card), though transformers 5's SiglipTokenizer returns one: input_ids only.
+    # way); SigLIP was trained on texts padded to max_length with no mask (big_vision, open_clip's SigLIP): input_ids
+    # only, though transformers 5's SiglipTokenizer returns a mask and its zero-shot pipeline passes it (docs/models.md).
     inputs = [k for k in ("input_ids", "attention_mask") if k in tokenizer.model_input_names] if model_type == "clip" else ["input_ids"]
     bias = getattr(hf, "logit_bias", None)
     return {

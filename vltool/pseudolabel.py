@@ -190,14 +190,16 @@ def encode_views(m, src, config: PseudolabelConfig, cache) -> tuple[np.ndarray, 
             d = hit.shape[1] // c
             emb = hit.reshape(n, c, d)
             return emb, np.isnan(emb).any(axis=(1, 2))
-    size = int(m.config.get("preprocess", {}).get("size", 224))
+    size = m.config.get("preprocess", {}).get("size", 224)
+    hw = (int(size), int(size)) if isinstance(size, (int, float)) else tuple(int(x) for x in size)  # (open_clip: an int or (H, W))
 
     def prepare(a: int, b: int):
         xs = []
         for j, v in enumerate(raw[a:b][C.IMAGE]):
-            im = decode_image(v) if isinstance(v, dict) or v is None else v.convert("RGB")
+            # in its own mode: the model's transform converts it as its library does (as zeroshot and training)
+            im = decode_image(v, rgb=False) if isinstance(v, dict) or v is None else v
             if im is None:
-                xs.extend([torch.full((3, size, size), float("nan"))] * c)
+                xs.extend([torch.full((3, *hw), float("nan"))] * c)
                 continue
             rng = np.random.default_rng(view_seed(config.seed, ids[a + j]))
             for _ in range(c):

@@ -36,7 +36,6 @@ import datasets
 import numpy as np
 import pyarrow.compute as pc
 import torch
-from PIL import Image
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForSeq2SeqLM, AutoProcessor,
                           AutoTokenizer, LogitsProcessor, LogitsProcessorList)
@@ -288,23 +287,24 @@ def _auto_names() -> tuple[dict, dict]:
 def inspect_model(path: Path | str, paraphrase: bool) -> dict:
     """Check that `path` is a local model of the right kind without loading its weights; describe it."""
     opt = "--lm" if paraphrase else "--model"
-    revision, name = {}, None
+    revision, name, spec = {}, None, str(path)
     if str(path).startswith(hub.HF_SPEC):  # hf:DIR or hf:ORG/NAME[@REVISION], through huggingface_hub's cache
         found = hub.resolve_hf(str(path))
         path, revision = found.path, found.revision
         name = revision["repo"].split("/")[-1] if revision else None
     path = Path(path).expanduser()
+    shown = spec if revision else str(path)  # messages name a Hub id as the user spelt it, not its snapshot folder
     if not path.exists():
         raise UsageError(
             f"{opt} {path} does not exist; give a local model directory (written by save_pretrained) or a Hub id "
             "hf:ORG/NAME[@REVISION]"
         )
     if not (path / "config.json").is_file():
-        raise UsageError(f"{opt} {path} is not a transformers model directory (it has no config.json)")
+        raise UsageError(f"{opt} {shown} is not a transformers model directory (it has no config.json)")
     try:
         config = AutoConfig.from_pretrained(str(path), local_files_only=True)
     except Exception as e:  # unknown model_type, corrupt JSON: transformers raises several kinds
-        raise UsageError(f"{opt} {path}: cannot read its config.json ({e})") from None
+        raise UsageError(f"{opt} {shown}: cannot read its config.json ({e})") from None
     captioners, lms = _auto_names()
     model_type = config.model_type
     archs = list(getattr(config, "architectures", None) or [])
@@ -312,19 +312,20 @@ def inspect_model(path: Path | str, paraphrase: bool) -> dict:
     if paraphrase:
         if model_type not in lms:
             hint = "; it is an image captioner: use it as --model without --paraphrase" if model_type in captioners else ""
-            raise UsageError(f"--lm {path} is {what}, not a causal or seq2seq language model{hint}")
+            raise UsageError(f"--lm {shown} is {what}, not a causal or seq2seq language model{hint}")
         kind = "causal" if model_type in _causal_names() else "seq2seq"
     else:
         known = set(captioners.values())
         if model_type not in captioners or (archs and not any(a in known for a in archs)):
             hint = "; to paraphrase captions with a language model use --paraphrase --lm" if model_type in lms else ""
             raise UsageError(
-                f"--model {path} is {what}, not an image captioner: recaption needs an image-to-text generation "
+                f"--model {shown} is {what}, not an image captioner: recaption needs an image-to-text generation "
                 f"model such as BLIP (BlipForConditionalGeneration) or BLIP-2 (Blip2ForConditionalGeneration){hint}"
             )
         kind = "captioner"
     return {
         "path": str(path.resolve()),
+        "shown": shown,  # what messages call it
         "name": name or path.resolve().name,
         **({"revision": revision} if revision else {}),  # a Hub id: the commit it resolved to
         "model_type": model_type,
@@ -423,7 +424,8 @@ class Generator:
     def prepare(self, items: Sequence[Any]) -> Any:
         """CPU-side work for one batch (image decoding, processor / tokenizer); may run on a thread."""
         if self.kind == "captioner":
-            images = [to_rgb(im) for im in items]
+            image_processor = getattr(self.processor, "image_processor", self.processor)
+            images = [processor_input(im, image_processor) for im in items]
             text = [self.settings["prompt"]] * len(images) if self.settings["prompt"] else None
             return self.processor(images=images, text=text, return_tensors="pt")
         prompts = [paraphrase_prompt(t, self.examples) for t in items]
@@ -457,13 +459,15 @@ class Generator:
         return one_line(text.split("\n", 1)[0])  # the output line only
 
 
-def to_rgb(image):
-    """A PIL image as RGB; transparent pixels (emoji, icons) composited onto white."""
-    if image.mode in ("RGBA", "LA") or (image.mode == "P" and "transparency" in image.info):
-        image = image.convert("RGBA")
-        background = Image.new("RGBA", image.size, (255, 255, 255, 255))
-        return Image.alpha_composite(background, image).convert("RGB")
-    return image if image.mode == "RGB" else image.convert("RGB")
+def processor_input(image, image_processor):
+    """The image as the model's processor is handed it: in its own mode when the processor converts it to
+    RGB itself (transparency composited on white, transformers' convert_rgb); composited on white the
+    same way here when it does not (a processor without do_convert_rgb would read RGBA as 4 channels)."""
+    if image.mode == "RGB" or getattr(image_processor, "do_convert_rgb", None):
+        return image
+    from vltool.transforms import composite_on_white
+
+    return composite_on_white(image)
 
 
 def newline_token_ids(tokenizer) -> list[int]:
@@ -476,6 +480,7 @@ def newline_token_ids(tokenizer) -> list[int]:
 def load_generator(info: dict, config: RecaptionConfig, device: str) -> Generator:
     """Load the model directory described by `inspect_model` with its processor or tokenizer."""
     path, kind = info["path"], info["kind"]
+    shown = info.get("shown", path)
     dtype = resolve_dtype(config.dtype, device)
     opt = "--lm" if config.paraphrase else "--model"
     settings = config.settings()
@@ -484,7 +489,7 @@ def load_generator(info: dict, config: RecaptionConfig, device: str) -> Generato
             if kind == "captioner":
                 processor = AutoProcessor.from_pretrained(path, local_files_only=True)
                 if not hasattr(processor, "image_processor") and not hasattr(processor, "tokenizer"):
-                    raise UsageError(f"--model {path}: its processor is not an image + text processor")
+                    raise UsageError(f"--model {shown}: its processor is not an image + text processor")
                 model = AutoModelForImageTextToText.from_pretrained(path, local_files_only=True, dtype=dtype)
             else:
                 processor = AutoTokenizer.from_pretrained(path, local_files_only=True)
@@ -494,7 +499,10 @@ def load_generator(info: dict, config: RecaptionConfig, device: str) -> Generato
             raise
         except (OSError, ValueError, KeyError) as e:
             what = "processor (preprocessor_config.json, tokenizer files)" if kind == "captioner" else "tokenizer"
-            raise UsageError(f"{opt} {path}: cannot load the model or its {what}: {e}") from None
+            raise UsageError(f"{opt} {shown}: cannot load the model or its {what}: {_first_line(e)}") from None
+        except Exception as e:  # a damaged weights file (safetensors' SafetensorError: truncated, bad header), ...
+            raise VltoolError(f"{opt} {shown}: cannot load its weights ({type(e).__name__}: {_first_line(e)}); "
+                              "the files are damaged or incomplete: download or save them again") from None
     model.to(device).eval()
     gen = Generator(kind=kind, model=model, processor=processor, settings=settings, device=device, dtype=dtype)
     tok = gen.tokenizer
@@ -512,13 +520,17 @@ def load_generator(info: dict, config: RecaptionConfig, device: str) -> Generato
         if tok.eos_token_id is not None:
             stops.append(tok.eos_token_id)
         if not stops:
-            raise UsageError(f"--lm {path}: its tokenizer has no end-of-sequence token and no line-break token")
+            raise UsageError(f"--lm {shown}: its tokenizer has no end-of-sequence token and no line-break token")
         gen.stop_ids = sorted(set(stops))
     return gen
 
 
 # ---------------------------------------------------------------------------------------------------------
 # Work directory: shards, resume, merge
+
+
+def _first_line(e: Exception) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
 
 
 def work_dir_for(out: Path) -> Path:
@@ -548,6 +560,9 @@ class WorkDir:
                 old = json.loads(job_file.read_text())
             except json.JSONDecodeError:
                 old = None
+            if old != job and not any(self.shards.glob("*.json")):
+                old = job  # no shard finished (e.g. the model failed to load): nothing to lose, start this job
+                write_json_atomic(job_file, job)
             if old != job:
                 diff = sorted(k for k in set(job) | set(old or {}) if (old or {}).get(k) != job.get(k))
                 raise UsageError(
@@ -682,7 +697,7 @@ def load_batch(cols, input_column: str, images: bool, gen: Generator, span: tupl
     values = rows[input_column]
     bad = 0
     if images:
-        decoded = [decode_image(v) if v is not None else None for v in values]
+        decoded = [decode_image(v, rgb=False) if v is not None else None for v in values]  # (converted as the processor does)
         bad = sum(v is not None and d is None for v, d in zip(values, decoded))
         values = decoded
     keep = [j for j, x in enumerate(values) if _has_input(x)]
@@ -897,12 +912,18 @@ def _run_job(job: Job, data: str, config: RecaptionConfig, timer, overwrite: boo
     """recaption's work once the job is planned: the shards not done yet, then OUT."""
     src = job.src
     work, dist, num_shards = job.work, job.dist, job.num_shards
+    made = not work.root.exists()
     done_before = work.open(job.record(config), config.restart)
     if done_before:
         log(f"{config.mode}: resuming: {done_before} of {num_shards} shards already done in {work.root}")
     todo = [i for i in range(num_shards) if i % dist.world == dist.rank and not work.done(i)]  # this process's share, not done
-    run = run_shards(src.dataset, work, todo, src.rows, config, lambda: load_generator(job.info, config, dist.device), job.input_column,
-                     dist, log)
+    try:
+        run = run_shards(src.dataset, work, todo, src.rows, config, lambda: load_generator(job.info, config, dist.device),
+                         job.input_column, dist, log)
+    except VltoolError:
+        if made and dist.world == 1 and not any(work.shards.glob("*.json")):  # nothing done (the model did not load): no OUT.partial left
+            shutil.rmtree(work.root, ignore_errors=True)
+        raise
     status = {"finished": False, "work_dir": str(work.root), "num_shards": num_shards, "process_index": dist.rank,
               "num_processes": dist.world, "shards_done_before": done_before, **run}
     if dist.rank != 0:

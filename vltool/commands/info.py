@@ -20,6 +20,10 @@ length statistics, label counts, rows with several captions or positives, and th
 A model directory (config.json and *.safetensors, or a run directory holding model/): towers,
 parameters, embedding size, and how it was trained.
 
+An embedding cache entry (<cache-dir>/embeddings/<key>.json): the parts of its key (weights, dataset,
+rows, column, transform or tokenizer settings and files), and how each other entry of the same dataset
+and column differs from it.
+
 Examples:
 
   vltool info emoji
@@ -150,6 +154,16 @@ def render(r: dict, max_labels: int = 20) -> None:
         else:
             t.add_row("trained by", "no vltool.json found")
         out.print(t)
+    elif r["kind"] == "cache-entry":
+        t = Table(title=f"embedding cache entry {r['path']} (shape {r.get('shape')}, {r.get('created')})", show_header=False)
+        t.add_column("")
+        t.add_column("", overflow="fold")
+        for k, v in r["key"].items():
+            t.add_row(k, str(v))
+        out.print(t)
+        for o in r["same_dataset_and_column"]:
+            why = "; ".join(f"{k}: {d['this']} here, {d['other']} there" for k, d in o["differs_in"].items())
+            out.print(f"entry {o['entry']} (same dataset and column) differs in {why}", soft_wrap=True, markup=False, highlight=False)
     else:
         out.print(f"{r['path']}: output of `{r.get('command')}`")
     if r.get("provenance"):

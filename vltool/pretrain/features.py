@@ -64,12 +64,14 @@ def frozen_features(model, tokenizer, train: TrainData, config, frozen: dict, us
     do_image = config.cache_frozen and frozen["image"] and config.augment == "none" and uses_text
     do_text = config.cache_frozen and frozen["text"] and uses_text
     out = FrozenFeatures()
+    # the tokenizer's settings and the digest of its files (a tokenizer-only change is a different key)
+    tok_key = {**(model.config.get("tokenizer") or {}), "files_sha256": tokenizer.files_digest() if hasattr(tokenizer, "files_digest") else None}
     if do_image:
         out.image, out.bad_rows, out.reused["image"] = _through_cache(
             _key(model.visual, train, C.IMAGE, {"kind": "image-trunk", "transform": model.config["preprocess"], "precision": config.precision}),
             lambda: _encode_rows(model, train, config, accelerator, image=transform), accelerator)
     if do_text and fixed_text and not templated:
-        pre = {"kind": "text-trunk", "tokenizer": model.config.get("tokenizer"), "caption_sampling": config.caption_sampling,
+        pre = {"kind": "text-trunk", "tokenizer": tok_key, "caption_sampling": config.caption_sampling,
                "source": train.text_source, "precision": config.precision}
         per_row, _, out.reused["text"] = _through_cache(
             _key(model.text, train, train.text_column, pre),
@@ -77,7 +79,7 @@ def frozen_features(model, tokenizer, train: TrainData, config, frozen: dict, us
         out.text = FrozenText(per_row=per_row)
     elif do_text:
         texts = table_texts(train)
-        pre = {"kind": "text-trunk", "tokenizer": model.config.get("tokenizer"), "precision": config.precision}
+        pre = {"kind": "text-trunk", "tokenizer": tok_key, "precision": config.precision}
         table, _, out.reused["text"] = _through_cache(
             _key(model.text, None, TEXTS_COLUMN, pre, texts=texts),
             lambda: _encode_texts(model, tokenizer, texts, config, accelerator), accelerator)

@@ -138,8 +138,11 @@ def test_paired_interval_by_hand(tmp_path):
     assert up["unit"] == "base_id group (2 groups of 4 images), not stratified: 1 class holds fewer than 5 groups" and up["seeds"] == [0]
     assert by["base"].get("paired") is None
     md = render_markdown(r)
-    assert "| same | +25.0 [+0.0, +50.0] *within noise* |" in md
-    assert "| up | +75.0 [+50.0, +100.0] **differs** |" in md
+    # beside each interval its Monte Carlo error: the bounds sit on plateaus (MC ±0), p = P(AA) = 1/4 read from 2,000 resamples
+    assert "| same | +25.0 [+0.0, +50.0] *within noise*<br>MC ±0.00, p 0.234 ± 0.009 |" in md
+    assert "| up | +75.0 [+50.0, +100.0] **differs**<br>MC ±0.00, p 0.000 ± 0.000 |" in md
+    assert same["resamples"] == 2000 and same["verdict"] == "within noise" and up["verdict"] == "differs"
+    assert "Each interval is read from 2,000 resamples (a verdict near the edge draws more, up to 20,000)" in md
     assert "each resample draws whole base_id groups of test images, not stratified by class" in md
 
     # the same runs evaluated without --group-column: images are the unit, and the interval is [0.25, 1]
@@ -280,7 +283,8 @@ def test_styles_side_by_side_and_where_each_difference_holds(tmp_path):
     assert {k: c2["summary"]["zeroshot-style2:top1"]["paired"][k] for k in ("delta", "ci_low", "ci_high")} == {
         k: both[k] for k in ("delta", "ci_low", "ci_high")}
     md2 = render_markdown(r2)
-    assert "| noto-only − both | +0.0 [+0.0, +0.0] *within noise*<br>sd 0.0 | −50.0 [−50.0, −50.0] **differs**<br>sd 0.0 |" in md2
+    assert ("| noto-only − both | +0.0 [+0.0, +0.0] *within noise*<br>sd 0.0<br>MC ±0.00, p 1.000 ± 0.000 | "
+            "−50.0 [−50.0, −50.0] **differs**<br>sd 0.0<br>MC ±0.00, p 0.000 ± 0.000 |") in md2
     assert "noto-only − both, ZS (OpenMoji only)" in md2
     with pytest.raises(Exception, match="--pair"):
         build_report(tmp_path / "runs", replace(cfg, pairs=[("nope", "base")]))
@@ -296,3 +300,15 @@ def test_style_options_are_checked(specs, tmp_path):
     args = ["report", str(tmp_path), "--out", str(tmp_path / "o"), "--metric", "zeroshot:top1"]
     r = CliRunner().invoke(app, args + [a for s in specs for a in ("--style", s)])
     assert r.exit_code == 2 and "--style" in r.output
+
+
+def test_a_borderline_style_is_named_in_where_a_difference_holds():
+    """issue 42: a style whose verdict is borderline is neither "differs" nor "within noise" there."""
+    from vltool.report import style_verdict
+
+    up = {"ci_low": 0.1, "delta": 0.2, "differs": True, "verdict": "differs"}
+    edge = {"ci_low": -0.001, "delta": 0.2, "differs": False, "verdict": "borderline"}
+    flat = {"ci_low": -0.1, "delta": 0.0, "differs": False, "verdict": "within noise"}
+    assert style_verdict({"Noto": up, "OpenMoji": edge}) == "Noto only; OpenMoji borderline"
+    assert style_verdict({"Noto": flat, "OpenMoji": edge}) == "Noto within noise; OpenMoji borderline"
+    assert style_verdict({"Noto": edge, "OpenMoji": edge}) == "Noto, OpenMoji borderline"

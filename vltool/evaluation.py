@@ -71,12 +71,15 @@ def entry(value: float, interval: Interval | None, chance: float | None) -> dict
     def clean(x):
         return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)
 
-    return {
+    out = {
         "value": clean(value),
         "ci_low": clean(interval.low) if interval else None,
         "ci_high": clean(interval.high) if interval else None,
         "chance": clean(chance),
     }
+    if interval is not None and interval.replicates:  # the Monte Carlo error of the bounds (protocol.bootstrap.resamples drawn)
+        out.update(ci_replicates=int(interval.replicates), ci_low_mc_se=clean(interval.low_mc_se), ci_high_mc_se=clean(interval.high_mc_se))
+    return out
 
 
 def bootstrap_record(n_boot: int, seed: int, unit: str, resampling=None, group_column: str | None = None) -> dict:

@@ -64,6 +64,8 @@ class ReportConfig:
     styles: list[tuple[str, str]] = field(default_factory=list)  # (name, file suffix); "" names the metrics as given
     pairs: list[tuple[str, str]] = field(default_factory=list)  # (variant, reference): paired contrasts besides --baseline
     bootstrap: int = 1000  # resamples of the paired bootstrap
+    bootstrap_max: int = 20_000  # a borderline verdict draws more, up to this many (vltool.outcomes.MAX_RESAMPLES)
+    allow_mixed_threads: bool = False  # pair runs whose records name different torch thread counts
     seed: int = 0  # its seed
 
 
@@ -387,8 +389,11 @@ def report_record(runs_dir: Path, config: ReportConfig, variants: list[dict], in
                       "test different examples: one draw over the union of their test sets, groups drawn within the set of "
                       "seeds that test them), and with 3 seeds or more draws the seeds too, with replacement (a hierarchical "
                       "bootstrap: the interval covers the test set and the seeds); 95% percentile interval; "
-                      "'differs' when it excludes 0",
-            "resamples": config.bootstrap, "seed": config.seed, "level": 0.95,
+                      "'differs' when it excludes 0; 'borderline' when the bootstrap p-value (the share of replicates at or "
+                      "beyond 0) is within 2 Monte Carlo standard errors of 0.025 even after drawing more replicates (x4 at a "
+                      "time, up to max_resamples; each metric's own count is its 'resamples')",
+            "resamples": config.bootstrap, "max_resamples": max(config.bootstrap, config.bootstrap_max),
+            "seed": config.seed, "level": 0.95,
         } if has_base else None,
         "paired_notes": paired_notes,
         "notes": config.notes,
@@ -472,7 +477,7 @@ def paired_comparisons(variants: list[dict], base: dict, config: ReportConfig, s
                             raise VltoolError(f"{o.path}: its outcomes give {key} = {got[key]!r}, its results JSON {want!r}; "
                                               "the two files come from different runs (re-run the evaluation)")
                 pairs.append(pair)
-            res = paired_difference(pairs, sorted(set(keys.values())), config.bootstrap, config.seed)
+            res = paired_difference(pairs, sorted(set(keys.values())), config.bootstrap, config.seed, max_boot=config.bootstrap_max)
             for n, key in keys.items():
                 r = res["metrics"][key]
                 v["summary"][n]["paired"] = {**r, "seeds": [int(k) for k in seeds], "unit": res["unit"], "resampling": res["resampling"],
@@ -487,6 +492,16 @@ def style_verdict(by_style: dict[str, dict | None]) -> str | None:
     if any(p is None or p.get("ci_low") is None for p in by_style.values()):
         return None
     differs = {n: p for n, p in by_style.items() if p["differs"]}
+    borderline = [n for n, p in by_style.items() if p.get("verdict") == "borderline"]
+    if borderline:  # not settled in some style: what holds elsewhere, and where it is borderline
+        settled = [n for n in by_style if n not in borderline]
+        if len({by_style[n]["delta"] > 0 for n in differs}) > 1:
+            rest = "opposite signs"
+        else:
+            rest = (", ".join(differs) + " only" if differs else "") if settled else ""
+            if not differs and settled:
+                rest = ", ".join(settled) + " within noise"
+        return (f"{rest}; " if rest else "") + ", ".join(borderline) + " borderline"
     if not differs:
         return "neither style" if len(by_style) == 2 else "no style"
     if len({p["delta"] > 0 for p in differs.values()}) > 1:
@@ -514,7 +529,8 @@ def style_verdicts(variants: list[dict], base: dict, config: ReportConfig) -> No
             by = {first[name].style: s.get("paired")} | {t.style: (v["summary"].get(t.name) or {}).get("paired") for t in others}
             s["styles"] = {"verdict": style_verdict(by),
                            "by_style": {n: None if p is None or p.get("ci_low") is None else
-                                        ("up" if p["delta"] > 0 else "down") if p["differs"] else "within noise"
+                                        ("up" if p["delta"] > 0 else "down") if p["differs"] else
+                                        "borderline" if p.get("verdict") == "borderline" else "within noise"
                                         for n, p in by.items()}}
 
 
@@ -626,12 +642,13 @@ def _md_baseline_table(report: dict) -> list[str]:
              + (" Where each seed tests its own examples (" + ", ".join(sorted({m["label"] for v in report["variants"]
                 for m in metrics if "union" in ((v["summary"].get(m["name"]) or {}).get("paired") or {}).get("unit", "")}))
                 + "), one draw over the union of the seeds' test sets serves every seed, the groups drawn within the set "
-                "of seeds that test them." if any("union" in p["unit"] for p in paired) else ""), ""]
+                "of seeds that test them." if any("union" in p["unit"] for p in paired) else "")
+             + _mc_sentence(report, paired), ""]
     lines.append("| Variant | " + " | ".join(m["label"] for m in metrics) + " |")
     lines.append("|---|" + "---:|" * len(metrics))
     for v in report["variants"]:
         if v["name"] != base:
-            lines.append("| " + " | ".join([v["label"]] + [_delta_cell(v["summary"].get(m["name"], {}), m) for m in metrics]) + " |")
+            lines.append("| " + " | ".join([v["label"]] + [_delta_cell(v["summary"].get(m["name"], {}), m, _resamples(report)) for m in metrics]) + " |")
     if any(s.get("paired") is None and s.get("delta_vs_baseline") for v in report["variants"] for s in v["summary"].values()):
         lines += ["", "[-]: no paired interval. " + " ".join(report.get("paired_notes") or [])]
     return lines
@@ -646,7 +663,7 @@ def _md_contrasts_table(report: dict) -> list[str]:
     lines.append("|---|" + "---:|" * len(metrics))
     for c in report["contrasts"]:
         lines.append("| " + " | ".join([f"{c['label']} − {c['reference_label']}"]
-                                       + [_delta_cell(c["summary"].get(m["name"], {}), m) for m in metrics]) + " |")
+                                       + [_delta_cell(c["summary"].get(m["name"], {}), m, _resamples(report)) for m in metrics]) + " |")
     return lines
 
 
@@ -656,9 +673,10 @@ def _md_styles_table(report: dict, rows: list[tuple[str, dict]]) -> list[str]:
     if not metrics or not any("styles" in (summary.get(m["name"]) or {}) for _, summary in rows for m in metrics):
         return []
     names = [s["name"] for s in report["styles"]]
-    arrow = {"up": "↑", "down": "↓", "within noise": "–", None: "?"}
+    arrow = {"up": "↑", "down": "↓", "within noise": "–", "borderline": "≈", None: "?"}
     lines = ["", f"Across styles ({', '.join(names)}: the same test examples drawn in each): where each difference "
-                 "above differs from 0, by its paired interval in each style. ↑ / ↓: differs, up or down; –: within noise. "
+                 "above differs from 0, by its paired interval in each style. ↑ / ↓: differs, up or down; –: within noise; "
+                 "≈: borderline. "
                  "*NAME only*: a difference that holds in that style alone.", ""]
     lines.append("| Variant | " + " | ".join(m["label"] for m in metrics) + " |")
     lines.append("|---|" + "---|" * len(metrics))
@@ -679,7 +697,25 @@ def _md_styles_table(report: dict, rows: list[tuple[str, dict]]) -> list[str]:
     return lines
 
 
-def _delta_cell(s: dict, m: dict) -> str:
+def _resamples(report: dict) -> int | None:
+    return (report.get("paired") or {}).get("resamples")
+
+
+def _mc_sentence(report: dict, paired: list[dict]) -> str:
+    """How many replicates the intervals were read from and what their Monte Carlo error is (reports made
+    before it was recorded: nothing)."""
+    if not paired or not all("p_value" in p for p in paired):
+        return ""
+    n, top = _resamples(report), (report.get("paired") or {}).get("max_resamples")
+    more = sorted({p["resamples"] for p in paired if p["resamples"] != n})
+    return (f" Each interval is read from {n:,} resamples" + (f" ({', '.join(f'{x:,}' for x in more)} where a verdict was "
+            f"near the edge; at most {top:,})" if more else f" (a verdict near the edge draws more, up to {top:,})")
+            + "; below the sd, MC ± is the larger Monte Carlo standard error of the two bounds and p the bootstrap p-value "
+            "(the share of resamples at or beyond 0) with its own: **borderline** when p is within 2 of them of 0.025 "
+            "even at the most resamples.")
+
+
+def _delta_cell(s: dict, m: dict, resamples: int | None = None) -> str:
     """Δ [paired interval] and the verdict ([-] without an interval), the sd of the per-seed differences below."""
     d = s.get("delta_vs_baseline")
     if d is None:
@@ -688,12 +724,16 @@ def _delta_cell(s: dict, m: dict) -> str:
     pl = s["kind"] == "value"
     pr = s.get("paired")
     if pr is not None and pr["ci_low"] is not None:
-        cell = (f"{_signed(pr['delta'], sc, pl)} [{_signed(pr['ci_low'], sc, pl)}, {_signed(pr['ci_high'], sc, pl)}] "
-                + ("**differs**" if pr["differs"] else "*within noise*"))
+        verdict = "**borderline**" if pr.get("verdict") == "borderline" else "**differs**" if pr["differs"] else "*within noise*"
+        cell = f"{_signed(pr['delta'], sc, pl)} [{_signed(pr['ci_low'], sc, pl)}, {_signed(pr['ci_high'], sc, pl)}] {verdict}"
     else:
         cell = f"{_signed(d['mean'], sc, pl)} [-]"
     if d["sd"] is not None:
         cell += f"<br>sd {_fmt(d['sd'], sc, plain=pl)}"
+    if pr is not None and pr["ci_low"] is not None and pr.get("p_value") is not None:  # the Monte Carlo error of the bounds and p
+        mc = max(pr["ci_low_mc_se"] or 0.0, pr["ci_high_mc_se"] or 0.0)
+        cell += (f"<br>MC ±{_fmt(mc, sc, 2, plain=pl)}, p {pr['p_value']:.3f} ± {pr['p_value_mc_se']:.3f}"
+                 + (f" ({pr['resamples']:,} resamples)" if pr["resamples"] != resamples else ""))
     return cell
 
 

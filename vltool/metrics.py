@@ -143,12 +143,28 @@ class ClassificationItems:
 
 
 def mean_per_class_recall(hit: np.ndarray, target: np.ndarray, num_classes: int, w: np.ndarray | None = None) -> float:
-    """Mean over the classes present (with weight) of the weighted mean hit of their items."""
-    w = np.ones(len(target)) if w is None else w
-    n_c = np.bincount(target, weights=w, minlength=num_classes)
-    h_c = np.bincount(target, weights=w * hit, minlength=num_classes)
-    present = n_c > 0
-    return float(np.mean(h_c[present] / n_c[present])) if present.any() else float("nan")
+    """Mean over the classes present of the mean hit of their items (scikit-learn's balanced accuracy).
+
+    With bootstrap weights `w` the replicate estimates the same quantity: balanced accuracy is the accuracy
+    with each item weighted 1 / n_c, n_c its class's count in the data (scikit-learn computes it so), and a
+    replicate keeps those weights, fixed by the data, and draws the items: sum(w u hit) / sum(w u), u = 1 /
+    n_c. Each class then counts in proportion to how often its items were drawn, n*_c / n_c, whose
+    expectation is 1 for every class: a class absent from a replicate (n*_c = 0, frequent for a class of
+    one or two base_id groups) weighs 0 there, and twice in another. Averaging the recalls of the classes
+    present with equal weights instead drops a class whenever it is absent, so small classes count less
+    than in the estimate and the replicates are biased towards the large classes' recall (an interval that
+    can exclude its own estimate, issue 42). When every class keeps its count (a stratified resample) both
+    are the same number, computed the same way."""
+    n0 = np.bincount(target, minlength=num_classes).astype(np.float64)
+    n_c = n0 if w is None else np.bincount(target, weights=w, minlength=num_classes)
+    if w is None or np.array_equal(n_c, n0):
+        wt = np.ones(len(target)) if w is None else w
+        h_c = np.bincount(target, weights=wt * hit, minlength=num_classes)
+        present = n_c > 0
+        return float(np.mean(h_c[present] / n_c[present])) if present.any() else float("nan")
+    u = np.asarray(w, dtype=np.float64) / n0[target]  # (the items' classes are all present in the data: n0 >= 1)
+    total = u.sum()
+    return float(u @ hit / total) if total > 0 else float("nan")
 
 
 def per_class_recall(hit: np.ndarray, target: np.ndarray, num_classes: int) -> tuple[np.ndarray, np.ndarray]:

@@ -312,3 +312,47 @@ def test_a_borderline_style_is_named_in_where_a_difference_holds():
     assert style_verdict({"Noto": up, "OpenMoji": edge}) == "Noto only; OpenMoji borderline"
     assert style_verdict({"Noto": flat, "OpenMoji": edge}) == "Noto within noise; OpenMoji borderline"
     assert style_verdict({"Noto": edge, "OpenMoji": edge}) == "Noto, OpenMoji borderline"
+
+
+def _pretrain_record(d, threads):
+    """A run's pretrain vltool.json with the runtime it recorded."""
+    d.joinpath("vltool.json").write_text(json.dumps({
+        "command": "pretrain", "command_line": "vltool pretrain emoji", "created": "2026-11-27T00:00:00", "wall_time_s": 60.0,
+        "runtime": {"cpu_count": 2, "processor": "x86_64", "torch_threads": threads, "torch_interop_threads": 2, "device": "cpu",
+                    "dtype": "float32", "deterministic_algorithms": False, "libraries": {"torch": "2.9.0", "numpy": "2.3.0"}}}))
+
+
+def test_runs_on_different_thread_counts_are_not_paired_unless_allowed_and_the_machine_is_the_runs(tmp_path):
+    """issue 42: the report pairs runs only when their records name the same torch thread count (a JSD run's
+    bits depend on it), unless --allow-mixed-threads; the machine block is what the runs recorded, not the
+    report process's."""
+    runs = tmp_path / "runs"
+    write_run(runs / "base" / "seed0", [1, 0, 0, 0])
+    write_run(runs / "up" / "seed0", [1, 1, 1, 1])
+    _pretrain_record(runs / "base" / "seed0", 1)
+    _pretrain_record(runs / "up" / "seed0", 1)
+    cfg = ReportConfig(metrics=[parse_metric("ZS top-1=zeroshot:top1")], baseline="base", bootstrap=200)
+    r = build_report(runs, cfg)
+    m = r["machine"]
+    assert m["torch_threads"] == 1 and m["device"] == "cpu" and m["torch"] == "2.9.0" and m["source"].startswith("the runs' records (2 of 2")
+    assert ("Machine, from the runs' records: 2 CPU cores (x86_64), torch 2.9.0, 1 torch thread(s) (2 inter-op), device cpu, "
+            "float32, deterministic algorithms off.") in render_markdown(r)
+
+    _pretrain_record(runs / "up" / "seed0", 2)
+    with pytest.raises(VltoolError, match=r"up/seed0 ran with 2 torch thread\(s\), .*base/seed0 with 1: .*--allow-mixed-threads"):
+        build_report(runs, cfg)
+    r = build_report(runs, replace(cfg, allow_mixed_threads=True))
+    assert r["paired"]["mixed_threads_allowed"] and r["variants"][1]["summary"]["zeroshot:top1"]["paired"]["differs"]
+    assert r["machine"]["torch_threads"] == {"differs": [{"value": 1, "commands": 1, "e.g.": "base/seed0/vltool.json"},
+                                                         {"value": 2, "commands": 1, "e.g.": "up/seed0/vltool.json"}]}
+    result = CliRunner().invoke(app, ["report", str(runs), "--out", str(tmp_path / "rep"), "--metric", "zeroshot:top1",
+                                      "--baseline", "base", "--bootstrap", "50", "--no-chart"])
+    assert result.exit_code == 1 and "--allow-mixed-threads" in result.output
+    result = CliRunner().invoke(app, ["report", str(runs), "--out", str(tmp_path / "rep"), "--metric", "zeroshot:top1",
+                                      "--baseline", "base", "--bootstrap", "50", "--no-chart", "--allow-mixed-threads"])
+    assert result.exit_code == 0, result.output
+
+    for d in ("base", "up"):  # runs made before vltool recorded its runtime: said so, not the report's own machine
+        (runs / d / "seed0" / "vltool.json").unlink()
+    m = build_report(runs, cfg)["machine"]
+    assert m["source"].startswith("not recorded by the runs") and "torch_threads" not in m

@@ -196,16 +196,23 @@ def _provenance_files(root: Path) -> list[Path]:
     return sorted(out)
 
 
-def collect_commands(runs_dir: Path) -> tuple[list[dict], dict[str, float]]:
-    """Every vltool command whose output lies under RUNS_DIR, in the order they ran, and wall time per seed."""
-    cmds = []
-    for p in _provenance_files(runs_dir):
+def _command_records(root: Path) -> list[tuple[Path, dict]]:
+    """Every vltool command's record (a provenance file with its command line) under `root`."""
+    out = []
+    for p in _provenance_files(root):
         try:
             r = json.loads(p.read_text())
         except (OSError, json.JSONDecodeError):
             continue
-        if not isinstance(r, dict) or "command_line" not in r:
-            continue
+        if isinstance(r, dict) and "command_line" in r:
+            out.append((p, r))
+    return out
+
+
+def collect_commands(runs_dir: Path) -> tuple[list[dict], dict[str, float]]:
+    """Every vltool command whose output lies under RUNS_DIR, in the order they ran, and wall time per seed."""
+    cmds = []
+    for p, r in _command_records(runs_dir):
         seed = next((int(m.group(1)) for part in p.relative_to(runs_dir).parts if (m := SEED_DIR.match(part))), None)
         cmds.append({"created": r.get("created"), "seed": seed, "output": p.relative_to(runs_dir).as_posix(),
                      "command_line": r["command_line"], "wall_time_s": r.get("wall_time_s")})
@@ -224,18 +231,56 @@ def _mean_sd(xs: list[float]) -> tuple[float, float | None]:
     return m, math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
 
 
-def machine() -> dict:
-    info = {"platform": platform.platform(), "processor": platform.machine(), "cpu_count": os.cpu_count(),
-            "python": platform.python_version()}
-    try:
-        import torch  # lazy: only to name its version; `vltool report` never needs torch otherwise (seconds to import)
+RUNTIME_KEYS = ("platform", "processor", "cpu_count", "python", "torch_threads", "torch_interop_threads", "deterministic_algorithms",
+                "cudnn_deterministic", "cudnn_benchmark", "tf32_matmul", "default_dtype", "device", "dtype", "cuda_build",
+                "cuda_available")
 
-        info["torch"] = torch.__version__
-        info["torch_threads"] = torch.get_num_threads()
-        info["cuda"] = torch.cuda.is_available()
-    except ImportError:  # pragma: no cover - torch is a dependency
-        pass
+
+def machine(runs_dir: Path) -> dict:
+    """The machine block: what the runs' own records say they ran on (provenance "runtime": threads,
+    device, dtype, deterministic flags, library versions), each value with the commands that recorded
+    it when they differ; not the report process's. Runs recorded before vltool kept it: "source" says so,
+    and only the report process's platform is given, marked as such."""
+    records = [(p.relative_to(runs_dir).as_posix(), r["runtime"]) for p, r in _command_records(runs_dir) if isinstance(r.get("runtime"), dict)]
+    n_all = len(_command_records(runs_dir))
+    if not records:
+        return {"source": f"not recorded by the runs ({n_all} commands, made before vltool recorded its runtime); "
+                          "the report process's platform",
+                "report_process": {"platform": platform.platform(), "processor": platform.machine(), "cpu_count": os.cpu_count(),
+                                   "python": platform.python_version()}}
+    info: dict[str, Any] = {"source": f"the runs' records ({len(records)} of {n_all} commands record their runtime)"}
+    for key in RUNTIME_KEYS:
+        values = {}
+        for name, rt in records:
+            if key in rt:
+                values.setdefault(json.dumps(rt[key]), []).append(name)
+        if len(values) == 1:
+            info[key] = json.loads(next(iter(values)))
+        elif values:
+            info[key] = {"differs": [{"value": json.loads(v), "commands": len(names), "e.g.": names[0]} for v, names in sorted(values.items())]}
+    libs: dict[str, set] = {}
+    for _, rt in records:
+        for lib, version in (rt.get("libraries") or {}).items():
+            libs.setdefault(lib, set()).add(version)
+    info["libraries"] = {lib: sorted(v)[0] if len(v) == 1 else sorted(v) for lib, v in sorted(libs.items())}
+    if "torch" in info["libraries"]:
+        info["torch"] = info["libraries"]["torch"]
+    info["cuda"] = info.get("cuda_available", info.get("cuda"))
     return info
+
+
+def run_threads(run_dir: Path) -> set[int]:
+    """The torch thread counts the commands under one run directory recorded (empty: none recorded)."""
+    return {int(r["runtime"]["torch_threads"]) for _, r in _command_records(run_dir)
+            if isinstance(r.get("runtime"), dict) and isinstance(r["runtime"].get("torch_threads"), int)}
+
+
+def _run_dir_of(path: Path) -> Path | None:
+    """The <variant>/seed<N> directory a results file lies in."""
+    for d in path.parents:
+        if SEED_DIR.match(d.name):
+            return d
+    return None
 
 
 def build_report(runs_dir: str | Path, config: ReportConfig) -> dict:
@@ -371,7 +416,7 @@ def report_record(runs_dir: Path, config: ReportConfig, variants: list[dict], in
         "vltool_version": __version__,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "runs_dir": str(runs_dir),
-        "machine": machine(),
+        "machine": machine(runs_dir),
         "seeds": seeds,
         "incomplete_seeds": incomplete,
         "baseline": config.baseline,
@@ -393,6 +438,7 @@ def report_record(runs_dir: Path, config: ReportConfig, variants: list[dict], in
                       "beyond 0) is within 2 Monte Carlo standard errors of 0.025 even after drawing more replicates (x4 at a "
                       "time, up to max_resamples; each metric's own count is its 'resamples')",
             "resamples": config.bootstrap, "max_resamples": max(config.bootstrap, config.bootstrap_max),
+            "mixed_threads_allowed": config.allow_mixed_threads,
             "seed": config.seed, "level": 0.95,
         } if has_base else None,
         "paired_notes": paired_notes,
@@ -422,6 +468,7 @@ def paired_comparisons(variants: list[dict], base: dict, config: ReportConfig, s
     """Each variant's paired difference from the baseline, with its bootstrap interval, into
     summary[metric]["paired"] (None, with "paired_note", where it cannot be computed); returns the notes."""
     cache: dict[Path, Outcomes] = {}
+    threads_seen: dict[Path, set[int]] = {}
     notes: list[str] = []
 
     def outcomes(key) -> Outcomes | None:
@@ -468,6 +515,8 @@ def paired_comparisons(variants: list[dict], base: dict, config: ReportConfig, s
             keys = {n: next(m.key for m in config.metrics if m.name == n) for n in mnames}
             pairs = []
             for k in seeds:
+                if not config.allow_mixed_threads:
+                    _check_threads(sources[(v["name"], k, mnames[0])][0], sources[(base["name"], k, mnames[0])][0], threads_seen)
                 pair = (outcomes((v["name"], k, mnames[0])), outcomes((base["name"], k, mnames[0])))
                 for who, o in zip((v, base), pair):  # an outcomes file must reproduce its own JSON
                     got = o.statistic()(None)
@@ -483,6 +532,22 @@ def paired_comparisons(variants: list[dict], base: dict, config: ReportConfig, s
                 v["summary"][n]["paired"] = {**r, "seeds": [int(k) for k in seeds], "unit": res["unit"], "resampling": res["resampling"],
                                              "interval": res["interval"], "seeds_resampled": res["seeds_resampled"]}
     return notes
+
+
+def _check_threads(a: Path, b: Path, seen: dict[Path, set[int]]) -> None:
+    """Refuse to pair two runs whose records name different torch thread counts (a JSD model's weights
+    differ in the last bits across them; docs/pretrain.md), unless --allow-mixed-threads."""
+    da, db = _run_dir_of(a), _run_dir_of(b)
+    if da is None or db is None:
+        return
+    for d in (da, db):
+        if d not in seen:
+            seen[d] = run_threads(d)
+    ta, tb = seen[da], seen[db]
+    if ta and tb and ta != tb:
+        raise VltoolError(f"{da} ran with {', '.join(map(str, sorted(ta)))} torch thread(s), {db} with "
+                          f"{', '.join(map(str, sorted(tb)))}: the same seed gives the same bits only at the same thread count "
+                          "(docs/pretrain.md); rerun them alike (pretrain --threads, or OMP_NUM_THREADS), or pass --allow-mixed-threads")
 
 
 def style_verdict(by_style: dict[str, dict | None]) -> str | None:
@@ -743,16 +808,35 @@ def _md_footer(report: dict) -> list[str]:
     if report["notes"]:
         lines.append("")
         lines += [f"{note}" if note.startswith(("- ", "* ")) else f"- {note}" for note in report["notes"]]
-    mach = report["machine"]
     wall = report["wall_time_s"]
     per_seed = [f"{k} {v / 60:.1f} min" for k, v in wall.items() if k.startswith("seed")]
-    lines += ["", f"Machine: {mach.get('cpu_count')} CPU cores ({mach.get('processor')}), torch {mach.get('torch', '?')}, "
-                  f"{'a GPU' if mach.get('cuda') else 'no GPU'}. Wall time (sum of the commands' own times): "
+    lines += ["", f"{_machine_in_words(report['machine'])} Wall time (sum of the commands' own times): "
                   + ", ".join(per_seed + ([f"shared {wall['shared'] / 60:.1f} min"] if wall.get("shared", 0) >= 3 else []))
                   + f"; {len(report['commands'])} commands, listed in the JSON."]
     if report["recipe"]:
         lines.append(f"Made by `{report['recipe']}` with vltool {report['vltool_version']} on {report['created'][:10]}.")
     return lines
+
+
+def _machine_in_words(mach: dict) -> str:
+    """The machine block in a sentence: the runs' recorded runtime (or that they recorded none)."""
+    if "report_process" in mach:
+        return "Machine: not recorded by the runs (made before vltool recorded its runtime)."
+    if "source" not in mach:  # a report made before the machine block described the runs
+        return (f"Machine: {mach.get('cpu_count')} CPU cores ({mach.get('processor')}), torch {mach.get('torch', '?')}, "
+                f"{'a GPU' if mach.get('cuda') else 'no GPU'}.")
+
+    def val(key, unit=""):
+        v = mach.get(key)
+        return "mixed (see the JSON)" if isinstance(v, dict) else f"{v}{unit}"
+
+    return (f"Machine, from the runs' records: {val('cpu_count')} CPU cores ({val('processor')}), torch {val('torch')}, "
+            f"{val('torch_threads')} torch thread(s) ({val('torch_interop_threads')} inter-op), device {val('device')}, "
+            f"{val('dtype')}, deterministic algorithms {_on_off(mach.get('deterministic_algorithms'))}.")
+
+
+def _on_off(v) -> str:
+    return "on" if v is True else "off" if v is False else "mixed (see the JSON)" if isinstance(v, dict) else str(v)
 
 
 def render_chart(report: dict, path: Path) -> str | None:

@@ -240,14 +240,17 @@ def test_a_verdict_near_the_edge_is_settled_by_more_resamples_and_is_stable_acro
 
 
 def test_at_the_edge_itself_the_verdict_is_borderline_and_a_settled_one_keeps_its_first_resamples():
-    """p = 0.025 exactly cannot be settled by any number of resamples: it is reported as borderline (at
-    20,000); a verdict far from the edge keeps the interval of its first 1,000 resamples, bit for bit."""
+    """40 and 24 of 200: the exact p-value is 0.02504, which no number of resamples can place on either side
+    of 0.025: after 20,000 the verdict is "borderline" (neither differs nor within noise). A verdict far from
+    the edge keeps the interval of its first 1,000 resamples, bit for bit."""
     from vltool.metrics import Replicates, percentile_interval
     from vltool.outcomes import paired_difference, resampling_of
 
-    variant, base = _known_p_pair()
-    m = paired_difference([(variant, base)], ["top1"], n_boot=1000, seed=0, max_boot=4000)["metrics"]["top1"]
-    assert m["resamples"] in (1000, 4000)
+    assert _exact_p(200, 40, 24) == pytest.approx(0.02504, abs=1e-5)
+    edge = _known_p_pair(up=40, down=24)
+    m = paired_difference([edge], ["top1"], n_boot=1000, seed=0)["metrics"]["top1"]
+    assert m["verdict"] == "borderline" and not m["differs"] and m["resamples"] == 20_000
+    assert abs(m["p_value"] - 0.025) <= 2 * m["p_value_mc_se"] and m["p_value_mc_se"] == pytest.approx(0.0011, abs=1e-4)
     far = _known_p_pair(up=40, down=2)
     f = paired_difference([far], ["top1"], n_boot=1000, seed=5)["metrics"]["top1"]
     assert f["verdict"] == "differs" and f["resamples"] == 1000 and f["p_value"] == 0.0

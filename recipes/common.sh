@@ -12,6 +12,11 @@ BATCH=${BATCH:-64}
 DEVICE_OPTS=()
 if [ "${DEVICE:-auto}" = "cpu" ]; then DEVICE_OPTS=(--device cpu); fi
 
+# One torch thread per command, as the committed results were made: a JSD run's bits depend on the thread
+# count (docs/pretrain.md); every command records it in its vltool.json / results JSON ("runtime").
+THREADS=${THREADS:-1}
+export OMP_NUM_THREADS=$THREADS
+
 BOOTSTRAP=${BOOTSTRAP:-1000}
 # The bootstrap's unit: a base emoji with all its skin tones and forms (they are near-duplicates), and the
 # group recorded with each test example's outcome for the report's paired intervals. GROUP_COLUMN= : images.

@@ -4,6 +4,7 @@ outcomes written beside the results JSON (X.examples.npz), and `vltool report`'s
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -194,3 +195,78 @@ def test_with_identical_seeds_the_paired_interval_is_the_test_set_one():
     assert (a["delta"], a["ci_low"], a["ci_high"], a["differs"]) == (b["delta"], b["ci_low"], b["ci_high"], b["differs"])
     assert a["ci_low"] < a["ci_high"]  # the test groups do vary
     assert b["seed_sd"] == 0.0
+
+
+def _known_p_pair(n=200, up=19, down=8):
+    """A variant right where the baseline is wrong on `up` of n test images and the reverse on `down` (each
+    image its own group, one seed). A resample's difference is (A - B) / n with (A, B) multinomial(n; up/n,
+    down/n): its share at or below 0, the bootstrap p-value, is exact (19 and 8 of 200: 0.01913)."""
+    groups = [f"g{i}" for i in range(n)]
+    variant = _hits_outcomes([1] * up + [0] * down + [0] * (n - up - down), groups)
+    base = _hits_outcomes([0] * up + [1] * down + [0] * (n - up - down), groups)
+    return variant, base
+
+
+def _exact_p(n, a, b):
+    from scipy.stats import binom
+
+    k = np.arange(n + 1)
+    return float((binom.pmf(k, n, (a + b) / n) * binom.cdf(np.floor(k / 2), k, a / (a + b))).sum())
+
+
+def test_a_verdict_near_the_edge_is_settled_by_more_resamples_and_is_stable_across_seeds():
+    """issue 42: p = 0.0191, within 2 Monte Carlo s.e. of 0.025 at 1,000 resamples (s.e. 0.0043), so 1,000
+    resamples say "differs" or "within noise" by the draw; more resamples (up to 20,000) settle it: every
+    bootstrap seed says "differs", and the p-value read agrees with the exact one within its MC error."""
+    from vltool.outcomes import paired_difference
+
+    variant, base = _known_p_pair()
+    p_true = _exact_p(200, 19, 8)
+    assert p_true == pytest.approx(0.01913, abs=1e-4)
+    settled, fixed = [], []
+    for seed in range(8):
+        m = paired_difference([(variant, base)], ["top1"], n_boot=1000, seed=seed)["metrics"]["top1"]
+        settled.append(m["verdict"])
+        assert m["resamples"] > 1000 or abs(m["p_value"] - 0.025) > 2 * m["p_value_mc_se"]
+        assert abs(m["p_value"] - p_true) <= 4 * math.sqrt(p_true * (1 - p_true) / m["resamples"])
+        assert m["ci_low_mc_se"] >= 0 and m["ci_high_mc_se"] >= 0  # (0 on a plateau of this discrete metric)
+        assert m["differs"] == (m["ci_low"] > 0)
+    assert set(settled) == {"differs"}
+    for seed in range(40):
+        one = paired_difference([(variant, base)], ["top1"], n_boot=1000, seed=seed, max_boot=1000)["metrics"]["top1"]
+        fixed.append("differs" if one["ci_low"] > 0 else "within noise")
+        assert one["resamples"] == 1000
+    assert len(set(fixed)) == 2  # 1,000 resamples alone flip with the seed
+
+
+def test_at_the_edge_itself_the_verdict_is_borderline_and_a_settled_one_keeps_its_first_resamples():
+    """40 and 24 of 200: the exact p-value is 0.02504, which no number of resamples can place on either side
+    of 0.025: after 20,000 the verdict is "borderline" (neither differs nor within noise). A verdict far from
+    the edge keeps the interval of its first 1,000 resamples, bit for bit."""
+    from vltool.metrics import Replicates, percentile_interval
+    from vltool.outcomes import paired_difference, resampling_of
+
+    assert _exact_p(200, 40, 24) == pytest.approx(0.02504, abs=1e-5)
+    edge = _known_p_pair(up=40, down=24)
+    m = paired_difference([edge], ["top1"], n_boot=1000, seed=0)["metrics"]["top1"]
+    assert m["verdict"] == "borderline" and not m["differs"] and m["resamples"] == 20_000
+    assert abs(m["p_value"] - 0.025) <= 2 * m["p_value_mc_se"] and m["p_value_mc_se"] == pytest.approx(0.0011, abs=1e-4)
+    far = _known_p_pair(up=40, down=2)
+    f = paired_difference([far], ["top1"], n_boot=1000, seed=5)["metrics"]["top1"]
+    assert f["verdict"] == "differs" and f["resamples"] == 1000 and f["p_value"] == 0.0
+    stat = lambda w: {"top1": far[0].statistic()(w)["top1"] - far[1].statistic()(w)["top1"]}  # noqa: E731
+    ref = percentile_interval(Replicates(200, stat, 5, resampling_of(far[1])).extend(1000).rows()[:, 0])
+    assert (f["ci_low"], f["ci_high"]) == (ref.low, ref.high)
+
+
+def test_the_monte_carlo_error_of_a_percentile_bound_matches_its_spread():
+    """The order-statistic estimate of a 2.5th percentile's MC s.e. from one set of 1,000 normal replicates is
+    near the sd of that percentile over 300 such sets (0.084 for a unit normal)."""
+    from vltool.metrics import percentile_mc_se
+
+    rng = np.random.default_rng(0)
+    sets = rng.standard_normal((300, 1000))
+    spread = np.std(np.percentile(sets, 2.5, axis=1))
+    estimates = [percentile_mc_se(s, 2.5) for s in sets]
+    assert spread == pytest.approx(0.084, rel=0.2)
+    assert np.median(estimates) == pytest.approx(spread, rel=0.25)

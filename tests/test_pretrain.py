@@ -656,3 +656,30 @@ def test_frozen_features_are_reused_across_runs(tmp_path, pairs, monkeypatch):
     e = pretrain([pairs], tmp_path / "third", micro(**cfg), progress=False)
     assert e["stats"]["cached_features"]["reused_from_store"] == {"image": False, "text": False}
     assert_same_weights(weights(tmp_path / "first"), weights(tmp_path / "third"), atol=0)
+
+
+def test_jsd_run_is_bitwise_reproducible_at_equal_threads_and_records_its_runtime(tmp_path, pairs):
+    """issue 42: "the same seed, the same output" holds bit for bit at the same thread count and device, for
+    JSD too (its critic's BatchNorm and LayerNorm are where other thread counts differ in the last bits);
+    run.json and vltool.json record the threads, device, dtype, deterministic flags and library versions,
+    and --threads is this run's only: the process's count is restored."""
+    from vltool.pretrain import pretrain
+
+    before = torch.get_num_threads()
+    cfg = micro(loss="jsd", steps=3, critic_dim=24, threads=2)
+    a = pretrain([pairs], tmp_path / "a", cfg, progress=False)
+    pretrain([pairs], tmp_path / "b", cfg, progress=False)
+    assert torch.get_num_threads() == before
+    wa, wb = weights(tmp_path / "a"), weights(tmp_path / "b")
+    assert wa.keys() == wb.keys() and any(k.startswith("image_critic") for k in wa)
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
+    rt = a["runtime"]
+    assert rt["torch_threads"] == 2 and rt["device"] == "cpu" and rt["dtype"] == "float32"
+    assert rt["deterministic_algorithms"] is False and rt["libraries"]["torch"] == torch.__version__
+    assert {"torch_interop_threads", "cudnn_deterministic", "tf32_matmul", "default_dtype"} <= set(rt)
+    run = json.loads((tmp_path / "a" / "run.json").read_text())
+    assert run["config"]["threads"] == 2 and run["runtime"]["torch_threads"] == 2
+    assert json.loads((tmp_path / "a" / "vltool.json").read_text())["runtime"]["torch_threads"] == 2
+    with pytest.raises(UsageError, match="--threads must be >= 1"):
+        pretrain([pairs], tmp_path / "c", micro(threads=0), progress=False)

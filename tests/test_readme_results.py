@@ -2,6 +2,7 @@
 results/*.md, copied by scripts/readme_results.py; the README's hand-written summary quotes them exactly."""
 
 import importlib.util
+import json
 import re
 from pathlib import Path
 
@@ -98,3 +99,151 @@ def test_readme_is_a_front_page():
     readme = (ROOT / "README.md").read_text()
     assert len(readme.splitlines()) <= 350
     assert "python -m pytest" in readme and 'python -m pytest -m "slow or recipes"' in readme
+
+
+# ---------------------------------------------------------------------------------------------------
+# issue 42: the README's sentences about where the differences hold, computed from results/*.json
+# ---------------------------------------------------------------------------------------------------
+
+def _comparisons(path: Path) -> tuple[list[dict], int]:
+    """The report's paired differences that have a verdict across styles, each comparison once (a --pair
+    contrast that repeats a variant's own comparison with the baseline is the same comparison), and how
+    many repeats were left out."""
+    r = json.loads(path.read_text())
+    labels = {v["name"]: v["label"] for v in r["variants"]}
+    metric_labels = {m["name"]: m["label"] for m in r["metrics"]}
+    entries = [(v["name"], r["baseline"], v["summary"]) for v in r["variants"] if v["name"] != r["baseline"]]
+    entries += [(c["name"], c["reference"], c["summary"]) for c in r.get("contrasts") or []]
+    seen, out, repeats = set(), [], 0
+    for name, ref, summary in entries:
+        for metric, s in summary.items():
+            if "styles" not in s:
+                continue
+            if (name, ref, metric) in seen:
+                repeats += 1
+                continue
+            seen.add((name, ref, metric))
+            out.append({"file": path.stem, "label": labels[name], "reference": labels[ref], "metric": metric_labels[metric],
+                        "name": metric, "verdict": s["styles"]["verdict"], "summary": summary})
+    return out, repeats
+
+
+def _all_comparisons() -> tuple[list[dict], int]:
+    comps, repeats = [], 0
+    for path in sorted((ROOT / "results").glob("*.json")):
+        if "variants" in json.loads(path.read_text()):
+            c, n = _comparisons(path)
+            comps += c
+            repeats += n
+    return comps, repeats
+
+
+def _where_it_holds_paragraph() -> str:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("\n## Reproductions\n", 1)[1].split("\n## ", 1)[0]
+    par = next(p for p in section.split("\n\n") if p.startswith("Where the differences hold"))
+    return " ".join(par.split())
+
+
+WORDS = {0: "none", 1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine", 10: "ten"}
+
+
+def test_readme_tally_counts_each_comparison_once():
+    comps, repeats = _all_comparisons()
+    n = {v: sum(c["verdict"] == v for c in comps) for v in ("neither style", "Noto only", "both styles", "OpenMoji only", "opposite signs")}
+    assert sum(n.values()) == len(comps)
+    opposite = "none with opposite signs" if not n["opposite signs"] else f"{n['opposite signs']} with opposite signs"
+    text = _where_it_holds_paragraph()
+    assert (f"over the {len(comps)} distinct paired differences in results/*.json that have an OpenMoji twin (each summary's "
+            f"`styles.verdict`; the {repeats} `--pair` contrasts that repeat a variant's own comparison with the baseline are "
+            f"counted once): {n['neither style']} in neither style, {n['Noto only']} in Noto's only, {n['both styles']} in both, "
+            f"{n['OpenMoji only']} in OpenMoji's only, {opposite}.") in text
+    assert f"Of the {WORDS[n['both styles']]} that hold in both styles" in text
+    assert f"The {WORDS[n['OpenMoji only']]} in OpenMoji's only" in text
+
+
+def test_readme_names_every_difference_that_holds_in_both_styles_or_in_openmoji_only():
+    """Each comparison that holds in both styles, or in OpenMoji's only, is named in the paragraph by its
+    variant's label and its metric's, and no other variant is said to hold there."""
+    comps, _ = _all_comparisons()
+    text = _where_it_holds_paragraph()
+    both = [c for c in comps if c["verdict"] == "both styles"]
+    only = [c for c in comps if c["verdict"] == "OpenMoji only"]
+    for c in both + only:
+        assert c["label"] in text and c["metric"] in text, c
+    for c in both:  # the variant and its metrics in one phrase: "LABEL (METRIC, METRIC)" or "A − B on METRIC"
+        metrics = [x["metric"] for x in both if (x["label"], x["reference"]) == (c["label"], c["reference"])]
+        named = f"{c['label']} ({', '.join(metrics)})" in text or f"{c['label']} ({'; '.join(metrics)})" in text \
+            or f"{c['label']} − {c['reference']} on {c['metric']}" in text
+        assert named, c
+    assert {c["file"] for c in both} == {"clip-lite", "unicl"}
+    # the README's claim about the JSD rows at equal data is the contrast's verdict
+    eq = next(c for c in comps if c["label"] == "JSD, 25%" and c["reference"] == "InfoNCE, 25%" and c["metric"] == "ZS top-1")
+    assert eq["verdict"] == "neither style"
+    assert {c["verdict"] for c in comps if c["label"] == "JSD, 25%" and c["reference"] == "InfoNCE, 25%" and "R@1" in c["metric"]} == {"Noto only"}
+
+
+def _cell(s: dict) -> str:
+    """A paired difference as the README's summary quotes it: "Δ [low, high]; sd" in points."""
+    from vltool.report import _fmt, _signed
+
+    p = s["paired"]
+    return f"{_signed(p['delta'], 100.0, False)} [{_signed(p['ci_low'], 100.0, False)}, {_signed(p['ci_high'], 100.0, False)}]; " \
+           f"sd {_fmt(s['delta_vs_baseline']['sd'], 100.0)}"
+
+
+def test_readme_summary_rows_hold_where_their_json_says_and_the_sentence_counts_them():
+    """Each paired row's "Holds in" is the styles verdict of the JSON comparison whose two cells it quotes;
+    the last sentence of the paragraph counts the rows by it."""
+    comps, _ = _all_comparisons()
+    verdicts = []
+    for row in _summary_rows():
+        cells = [cell.strip() for cell in row.strip().strip("|").split("|")]
+        if not re.fullmatch(r"[+−]\d+(?:\.\d+)? \[[^\]]+\]; sd [\d.]+", cells[3]):
+            continue
+        name = re.search(r"`results/([\w.-]+)\.md`", cells[0])[1]
+        found = set()
+        for c in comps:
+            if c["file"] != name:
+                continue
+            twin = next((k for k, s in c["summary"].items() if k != c["name"] and k.replace("-style2", "") == c["name"]), None)
+            s, t = c["summary"][c["name"]], c["summary"].get(twin, {})
+            if s.get("paired") and t.get("paired") and (_cell(s), _cell(t)) == (cells[3], cells[5]):
+                found.add(c["verdict"])
+        assert len(found) == 1, row
+        assert cells[7] == found.pop(), row
+        verdicts.append(cells[7])
+    text = _where_it_holds_paragraph()
+    n = {v: verdicts.count(v) for v in ("neither style", "Noto only", "OpenMoji only", "both styles")}
+    assert sum(n.values()) == len(verdicts)
+    assert (f"Of the {len(verdicts)} paired rows of the table above, {n['neither style']} are within noise in both styles, "
+            f"{n['Noto only']} differ in Noto's only, {n['OpenMoji only']} in OpenMoji's only") in text
+    assert f"and {n['both styles']} in both" in text
+
+
+def test_reproductions_page_claims_where_the_differences_hold():
+    """The docs/reproductions.md sentences that count where a recipe's differences hold."""
+    page = " ".join((ROOT / "docs" / "reproductions.md").read_text().split())
+
+    def verdicts(*names):
+        return [c["verdict"] for n in names for c in _comparisons(ROOT / "results" / f"{n}.json")[0]]
+
+    cw = verdicts("caption-worth", "caption-worth-filter")
+    assert cw.count("OpenMoji only") == 1 and set(cw) == {"neither style", "OpenMoji only"}
+    assert "No difference holds in both styles, none in Noto's alone, and none has opposite signs" in page
+    fff = [c for n in ("fff", "fff-terms", "fff-batch") for c in _comparisons(ROOT / "results" / f"{n}.json")[0]]
+    assert not any(c["summary"][c["name"]]["styles"]["by_style"]["OpenMoji"] in ("up", "down") for c in fff)
+    assert "none of them excludes 0 in any of the three reports" in page
+    assert "opposite signs" not in verdicts("clip-lite", "clip-lite-batch", "clip-lite-negatives")
+    assert "No difference in the three reports has opposite signs" in page
+    unicl_both = {(c["label"], c["metric"]) for n in ("unicl", "unicl-labels") for c in _comparisons(ROOT / "results" / f"{n}.json")[0]
+                  if c["verdict"] == "both styles"}
+    assert unicl_both == {("UniCL, image-label rows (seen subgroups)", "ZS top-1, seen subgroups"),
+                          ("UniCL, image-label rows (seen subgroups)", "I→T R@1"), ("UniCL, both (balanced)", "ZS top-1, seen subgroups")}
+    assert "The only effects that hold in both styles: the seen subgroups and the loss of retrieval" in page
+    eq = next(c for c in _comparisons(ROOT / "results" / "clip-lite.json")[0]
+              if (c["label"], c["reference"], c["metric"]) == ("JSD, 25%", "InfoNCE, 25%", "ZS top-1"))
+    quoted = _cell(eq["summary"][eq["name"]]).split(";")[0]
+    assert eq["verdict"] == "neither style" and quoted == "−2.7 [−6.0, +0.0]"
+    assert f"at equal data (JSD, 25% − InfoNCE, 25%) zero-shot is {quoted}, within noise in both styles" in page
+    assert f"at equal data, JSD, 25% − InfoNCE, 25% is within noise on zero-shot in both styles ({quoted} in Noto's)" in _where_it_holds_paragraph()

@@ -138,8 +138,11 @@ def test_paired_interval_by_hand(tmp_path):
     assert up["unit"] == "base_id group (2 groups of 4 images), not stratified: 1 class holds fewer than 5 groups" and up["seeds"] == [0]
     assert by["base"].get("paired") is None
     md = render_markdown(r)
-    assert "| same | +25.0 [+0.0, +50.0] *within noise* |" in md
-    assert "| up | +75.0 [+50.0, +100.0] **differs** |" in md
+    # beside each interval its Monte Carlo error: the bounds sit on plateaus (MC ±0), p = P(AA) = 1/4 read from 2,000 resamples
+    assert "| same | +25.0 [+0.0, +50.0] *within noise*<br>MC ±0.00, p 0.234 ± 0.009 |" in md
+    assert "| up | +75.0 [+50.0, +100.0] **differs**<br>MC ±0.00, p 0.000 ± 0.000 |" in md
+    assert same["resamples"] == 2000 and same["verdict"] == "within noise" and up["verdict"] == "differs"
+    assert "Each interval is read from 2,000 resamples (a verdict near the edge draws more, up to 20,000)" in md
     assert "each resample draws whole base_id groups of test images, not stratified by class" in md
 
     # the same runs evaluated without --group-column: images are the unit, and the interval is [0.25, 1]
@@ -280,7 +283,8 @@ def test_styles_side_by_side_and_where_each_difference_holds(tmp_path):
     assert {k: c2["summary"]["zeroshot-style2:top1"]["paired"][k] for k in ("delta", "ci_low", "ci_high")} == {
         k: both[k] for k in ("delta", "ci_low", "ci_high")}
     md2 = render_markdown(r2)
-    assert "| noto-only − both | +0.0 [+0.0, +0.0] *within noise*<br>sd 0.0 | −50.0 [−50.0, −50.0] **differs**<br>sd 0.0 |" in md2
+    assert ("| noto-only − both | +0.0 [+0.0, +0.0] *within noise*<br>sd 0.0<br>MC ±0.00, p 1.000 ± 0.000 | "
+            "−50.0 [−50.0, −50.0] **differs**<br>sd 0.0<br>MC ±0.00, p 0.000 ± 0.000 |") in md2
     assert "noto-only − both, ZS (OpenMoji only)" in md2
     with pytest.raises(Exception, match="--pair"):
         build_report(tmp_path / "runs", replace(cfg, pairs=[("nope", "base")]))
@@ -391,3 +395,59 @@ def test_a_twin_missing_in_one_run_is_refused(tmp_path):
     line = r.stderr.strip().splitlines()[-1]
     assert line.startswith("error: run up/seed1 has zeroshot:top1 but not its OpenMoji twin ") and "zeroshot-style2" in line, line
     assert not list(tmp_path.glob("o.*"))
+
+
+def test_a_borderline_style_is_named_in_where_a_difference_holds():
+    """issue 42: a style whose verdict is borderline is neither "differs" nor "within noise" there."""
+    from vltool.report import style_verdict
+
+    up = {"ci_low": 0.1, "delta": 0.2, "differs": True, "verdict": "differs"}
+    edge = {"ci_low": -0.001, "delta": 0.2, "differs": False, "verdict": "borderline"}
+    flat = {"ci_low": -0.1, "delta": 0.0, "differs": False, "verdict": "within noise"}
+    assert style_verdict({"Noto": up, "OpenMoji": edge}) == "Noto only; OpenMoji borderline"
+    assert style_verdict({"Noto": flat, "OpenMoji": edge}) == "Noto within noise; OpenMoji borderline"
+    assert style_verdict({"Noto": edge, "OpenMoji": edge}) == "Noto, OpenMoji borderline"
+
+
+def _pretrain_record(d, threads):
+    """A run's pretrain vltool.json with the runtime it recorded."""
+    d.joinpath("vltool.json").write_text(json.dumps({
+        "command": "pretrain", "command_line": "vltool pretrain emoji", "created": "2026-11-27T00:00:00", "wall_time_s": 60.0,
+        "runtime": {"cpu_count": 2, "processor": "x86_64", "torch_threads": threads, "torch_interop_threads": 2, "device": "cpu",
+                    "dtype": "float32", "deterministic_algorithms": False, "libraries": {"torch": "2.9.0", "numpy": "2.3.0"}}}))
+
+
+def test_runs_on_different_thread_counts_are_not_paired_unless_allowed_and_the_machine_is_the_runs(tmp_path):
+    """issue 42: the report pairs runs only when their records name the same torch thread count (a JSD run's
+    bits depend on it), unless --allow-mixed-threads; the machine block is what the runs recorded, not the
+    report process's."""
+    runs = tmp_path / "runs"
+    write_run(runs / "base" / "seed0", [1, 0, 0, 0])
+    write_run(runs / "up" / "seed0", [1, 1, 1, 1])
+    _pretrain_record(runs / "base" / "seed0", 1)
+    _pretrain_record(runs / "up" / "seed0", 1)
+    cfg = ReportConfig(metrics=[parse_metric("ZS top-1=zeroshot:top1")], baseline="base", bootstrap=200)
+    r = build_report(runs, cfg)
+    m = r["machine"]
+    assert m["torch_threads"] == 1 and m["device"] == "cpu" and m["torch"] == "2.9.0" and m["source"].startswith("the runs' records (2 of 2")
+    assert ("Machine, from the runs' records: 2 CPU cores (x86_64), torch 2.9.0, 1 torch thread(s) (2 inter-op), device cpu, "
+            "float32, deterministic algorithms off.") in render_markdown(r)
+
+    _pretrain_record(runs / "up" / "seed0", 2)
+    with pytest.raises(VltoolError, match=r"up/seed0 ran with 2 torch thread\(s\), .*base/seed0 with 1: .*--allow-mixed-threads"):
+        build_report(runs, cfg)
+    r = build_report(runs, replace(cfg, allow_mixed_threads=True))
+    assert r["paired"]["mixed_threads_allowed"] and r["variants"][1]["summary"]["zeroshot:top1"]["paired"]["differs"]
+    assert r["machine"]["torch_threads"] == {"differs": [{"value": 1, "commands": 1, "e.g.": "base/seed0/vltool.json"},
+                                                         {"value": 2, "commands": 1, "e.g.": "up/seed0/vltool.json"}]}
+    result = CliRunner().invoke(app, ["report", str(runs), "--out", str(tmp_path / "rep"), "--metric", "zeroshot:top1",
+                                      "--baseline", "base", "--bootstrap", "50", "--no-chart"])
+    assert result.exit_code == 1 and "--allow-mixed-threads" in result.output
+    result = CliRunner().invoke(app, ["report", str(runs), "--out", str(tmp_path / "rep"), "--metric", "zeroshot:top1",
+                                      "--baseline", "base", "--bootstrap", "50", "--no-chart", "--allow-mixed-threads"])
+    assert result.exit_code == 0, result.output
+
+    for d in ("base", "up"):  # runs made before vltool recorded its runtime: said so, not the report's own machine
+        (runs / d / "seed0" / "vltool.json").unlink()
+    m = build_report(runs, cfg)["machine"]
+    assert m["source"].startswith("not recorded by the runs") and "torch_threads" not in m

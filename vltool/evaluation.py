@@ -19,7 +19,7 @@ from rich.table import Table
 
 from vltool import console, provenance
 from vltool.cache import EmbeddingCache
-from vltool.encode import encode_images, load_eval_model, model_record
+from vltool.encode import encode_device, encode_images, load_eval_model, model_record
 from vltool.errors import UsageError
 from vltool.importer import clip_benchmark_input
 from vltool.io import LoadedDataset, check_output, load_dataset, model_inputs, require_output_name, write_json_atomic
@@ -71,12 +71,15 @@ def entry(value: float, interval: Interval | None, chance: float | None) -> dict
     def clean(x):
         return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)
 
-    return {
+    out = {
         "value": clean(value),
         "ci_low": clean(interval.low) if interval else None,
         "ci_high": clean(interval.high) if interval else None,
         "chance": clean(chance),
     }
+    if interval is not None and interval.replicates:  # the Monte Carlo error of the bounds (protocol.bootstrap.resamples drawn)
+        out.update(ci_replicates=int(interval.replicates), ci_low_mc_se=clean(interval.low_mc_se), ci_high_mc_se=clean(interval.high_mc_se))
+    return out
 
 
 def bootstrap_record(n_boot: int, seed: int, unit: str, resampling=None, group_column: str | None = None) -> dict:
@@ -218,13 +221,22 @@ def data_record(spec: str, loaded: LoadedDataset, **extra) -> dict:
     return {"spec": spec, "fingerprint": loaded.fingerprint, "split": loaded.split, "where": loaded.where, "rows": loaded.rows, **extra}
 
 
+def _model_dtype(m) -> str | None:
+    """The dtype of the model's weights (None for a model without torch parameters)."""
+    try:
+        return str(next(m.parameters()).dtype).removeprefix("torch.")
+    except (AttributeError, StopIteration, TypeError):
+        return None
+
+
 def write_results(
     command: str, config: EvalCommon, inputs: Sequence[LoadedDataset], m, *, task: str, data: dict, protocol: dict, results: dict,
     rows_out: int, stats: dict, timer: provenance.Timer, argv: Sequence[str] | None, out: Path | None, overwrite: bool, examples: dict | None,
 ) -> dict:
     """The results record, written to --out with the per-example outcomes beside it (finish): the provenance
     fields, then "task", "model", "data", "protocol" and `results` ("metrics", "chance", ...), in that order."""
-    record = provenance.make(command, config, list(inputs), rows_in=sum(i.rows for i in inputs), rows_out=rows_out, stats=stats, timer=timer, argv=argv)
+    record = provenance.make(command, config, list(inputs), rows_in=sum(i.rows for i in inputs), rows_out=rows_out, stats=stats, timer=timer,
+                             argv=argv, device=encode_device(), dtype=_model_dtype(m))
     record.update({"task": task, "model": model_record(m, config.model, config.pretrained), "data": data, "protocol": protocol, **results})
     record["wall_time_s"] = round(timer.seconds, 3)
     return finish(record, out, overwrite, examples)

@@ -145,12 +145,28 @@ class ClassificationItems:
 
 
 def mean_per_class_recall(hit: np.ndarray, target: np.ndarray, num_classes: int, w: np.ndarray | None = None) -> float:
-    """Mean over the classes present (with weight) of the weighted mean hit of their items."""
-    w = np.ones(len(target)) if w is None else w
-    n_c = np.bincount(target, weights=w, minlength=num_classes)
-    h_c = np.bincount(target, weights=w * hit, minlength=num_classes)
-    present = n_c > 0
-    return float(np.mean(h_c[present] / n_c[present])) if present.any() else float("nan")
+    """Mean over the classes present of the mean hit of their items (scikit-learn's balanced accuracy).
+
+    With bootstrap weights `w` the replicate estimates the same quantity: balanced accuracy is the accuracy
+    with each item weighted 1 / n_c, n_c its class's count in the data (scikit-learn computes it so), and a
+    replicate keeps those weights, fixed by the data, and draws the items: sum(w u hit) / sum(w u), u = 1 /
+    n_c. Each class then counts in proportion to how often its items were drawn, n*_c / n_c, whose
+    expectation is 1 for every class: a class absent from a replicate (n*_c = 0, frequent for a class of
+    one or two base_id groups) weighs 0 there, and twice in another. Averaging the recalls of the classes
+    present with equal weights instead drops a class whenever it is absent, so small classes count less
+    than in the estimate and the replicates are biased towards the large classes' recall (an interval that
+    can exclude its own estimate, issue 42). When every class keeps its count (a stratified resample) both
+    are the same number, computed the same way."""
+    n0 = np.bincount(target, minlength=num_classes).astype(np.float64)
+    n_c = n0 if w is None else np.bincount(target, weights=w, minlength=num_classes)
+    if w is None or np.array_equal(n_c, n0):
+        wt = np.ones(len(target)) if w is None else w
+        h_c = np.bincount(target, weights=wt * hit, minlength=num_classes)
+        present = n_c > 0
+        return float(np.mean(h_c[present] / n_c[present])) if present.any() else float("nan")
+    u = np.asarray(w, dtype=np.float64) / n0[target]  # (the items' classes are all present in the data: n0 >= 1)
+    total = u.sum()
+    return float(u @ hit / total) if total > 0 else float("nan")
 
 
 def per_class_recall(hit: np.ndarray, target: np.ndarray, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
@@ -536,8 +552,14 @@ class RetrievalItems:
 
 @dataclass
 class Interval:
+    """A percentile interval, with the number of replicates it was read from and the Monte Carlo standard
+    error of each bound (how much the bound would move with another draw of as many replicates)."""
+
     low: float
     high: float
+    replicates: int = 0
+    low_mc_se: float = float("nan")
+    high_mc_se: float = float("nan")
 
 
 MIN_UNITS_PER_STRATUM = 5  # a stratum (class) with fewer units (groups, or images) hardly varies: no strata then
@@ -690,6 +712,38 @@ def check_resamples(n_boot: int, n_metrics: int | None = None) -> None:
         raise UsageError(f"--bootstrap {problem}")
 
 
+class Replicates:
+    """The bootstrap replicates of every statistic, drawn in order from one generator: `extend(n)` draws
+    more, and the first replicates never change (an interval read from the first B is the same whether or
+    not more were drawn after it). rows(n): the first n replicates, (n, len(names))."""
+
+    def __init__(self, n_units: int, statistic: Callable[[np.ndarray | None], dict[str, float]], seed: int = 0,
+                 resampling: Resampling | None = None, names: Sequence[str] | None = None):
+        plan = resampling if resampling is not None else Resampling.make(n_units)
+        if plan.n_items != n_units:
+            raise ValueError(f"the resampling is for {plan.n_items} items, not {n_units}")
+        self.names = list(names) if names is not None else list(statistic(None).keys())
+        self.statistic = statistic
+        self.weights = plan.sampler(np.random.default_rng(seed))
+        self.reps = np.empty((0, len(self.names)))
+
+    def __len__(self) -> int:
+        return len(self.reps)
+
+    def extend(self, n: int) -> "Replicates":
+        """Draw replicates until there are n."""
+        if n > len(self.reps):
+            more = np.empty((n - len(self.reps), len(self.names)))
+            for b in range(len(more)):
+                vals = self.statistic(self.weights())
+                more[b] = [vals[k] for k in self.names]
+            self.reps = np.concatenate([self.reps, more])
+        return self
+
+    def rows(self, n: int | None = None) -> np.ndarray:
+        return self.reps if n is None else self.reps[:n]
+
+
 def bootstrap(
     n_units: int,
     statistic: Callable[[np.ndarray | None], dict[str, float]],
@@ -704,40 +758,63 @@ def bootstrap(
 
     `statistic(w)` gets the weight of each item in one resample (w[i] = times item i was drawn) and returns
     a dict of values. With `strata` (N,) (the class of each item) items are resampled within their stratum,
-    so every resample keeps each class and its support: per-class means (mean per-class recall, mAP of
-    single-label data) are then defined in every resample and not biased by classes that drop out. With
-    `groups` (N,) whole groups are resampled (a cluster bootstrap; `Resampling` says how strata apply).
-    `resampling` (a `Resampling.make(...)`) replaces `strata` and `groups`.
-    Replicates where a value is NaN are left out of its interval. `n_boot=0` gives no intervals (NaN).
+    so every resample keeps each class and its support. With `groups` (N,) whole groups are resampled (a
+    cluster bootstrap; `Resampling` says how strata apply). `resampling` (a `Resampling.make(...)`) replaces
+    `strata` and `groups`. Replicates where a value is NaN are left out of its interval. `n_boot=0` gives
+    no intervals (NaN). Each interval carries its replicates and the Monte Carlo error of its bounds.
     """
     names = list(statistic(None).keys())
     if n_boot <= 0 or n_units == 0:
         return {k: Interval(float("nan"), float("nan")) for k in names}
     check_resamples(n_boot, len(names))
     plan = resampling if resampling is not None else Resampling.make(n_units, strata, groups)
-    if plan.n_items != n_units:
-        raise ValueError(f"the resampling is for {plan.n_items} items, not {n_units}")
-    weights = plan.sampler(np.random.default_rng(seed))
-    reps = np.empty((n_boot, len(names)))
-    for b in range(n_boot):
-        vals = statistic(weights())
-        reps[b] = [vals[k] for k in names]
-    return percentile_intervals(reps, names, level)
+    reps = Replicates(n_units, statistic, seed, plan, names).extend(n_boot)
+    return percentile_intervals(reps.rows(), names, level)
 
 
 def percentile_intervals(reps: np.ndarray, names: Sequence[str], level: float = 0.95) -> dict[str, Interval]:
     """(n_boot, len(names)) replicates -> the percentile interval of each column (NaN replicates left out)."""
+    return {k: percentile_interval(reps[:, j], level) for j, k in enumerate(names)}
+
+
+def percentile_interval(col: np.ndarray, level: float = 0.95) -> Interval:
+    """The percentile interval of one statistic's replicates (NaN ones left out), with the Monte Carlo
+    standard error of each bound (`percentile_mc_se`)."""
     alpha = (1 - level) / 2 * 100
-    out = {}
-    for j, k in enumerate(names):
-        col = reps[:, j]
-        col = col[np.isfinite(col)]
-        if col.size == 0:
-            out[k] = Interval(float("nan"), float("nan"))
-        else:
-            lo, hi = np.percentile(col, [alpha, 100 - alpha])
-            out[k] = Interval(float(lo), float(hi))
-    return out
+    col = np.asarray(col, dtype=np.float64)
+    col = col[np.isfinite(col)]
+    if col.size == 0:
+        return Interval(float("nan"), float("nan"))
+    lo, hi = np.percentile(col, [alpha, 100 - alpha])
+    return Interval(float(lo), float(hi), int(col.size), percentile_mc_se(col, alpha), percentile_mc_se(col, 100 - alpha))
+
+
+def percentile_mc_se(col: np.ndarray, q: float) -> float:
+    """The Monte Carlo standard error of the q-th percentile (0..100) of B replicates, read from the
+    replicates themselves: the rank of the B·p-th order statistic (p = q/100) varies from one draw of B
+    replicates to another with the binomial sd sqrt(B p (1-p)), so the bound's s.e. is half the distance
+    between the percentiles p ± sqrt(p (1-p) / B) (an order-statistic estimate; no density is fitted).
+    It is 0 where the replicates around the bound are tied (a discrete metric's plateau)."""
+    col = np.asarray(col, dtype=np.float64)
+    b = col.size
+    if b < 2:
+        return float("nan")
+    p = q / 100
+    d = math.sqrt(p * (1 - p) / b) * 100
+    lo, hi = np.percentile(col, [max(0.0, q - d), min(100.0, q + d)])
+    return float((hi - lo) / 2)
+
+
+def far_side_share(col: np.ndarray) -> tuple[float, float]:
+    """The bootstrap p-value of a difference and its Monte Carlo standard error: the share of the (finite)
+    replicates at or beyond 0 on the side away from the bulk, min(share <= 0, share >= 0), and
+    sqrt(p (1 - p) / B). A 95% percentile interval excludes 0 when this share is below 2.5%."""
+    col = np.asarray(col, dtype=np.float64)
+    col = col[np.isfinite(col)]
+    if col.size == 0:
+        return float("nan"), float("nan")
+    p = float(min(np.mean(col <= 0), np.mean(col >= 0)))
+    return p, math.sqrt(p * (1 - p) / col.size)
 
 
 def _stratified_draw(strata: np.ndarray, rng: np.random.Generator) -> Callable[[], np.ndarray]:

@@ -43,10 +43,13 @@ import numpy as np
 from vltool import columns as C
 from vltool.errors import UsageError, VltoolError
 from vltool.io import arrow_column, atomic_file, column_values
-from vltool.metrics import AveragePrecision, ClassificationItems, QueryRanks, Resampling, RetrievalItems, bootstrap
+from vltool.metrics import (AveragePrecision, ClassificationItems, QueryRanks, Replicates, Resampling, RetrievalItems, far_side_share,
+                            percentile_interval)
 
 FORMAT = "vltool-examples/1"
 MIN_SEEDS_RESAMPLED = 3  # paired_difference draws the seeds too from 3 seeds on; fewer: the interval is the test set's only
+MAX_RESAMPLES = 20_000  # a borderline verdict draws more replicates, up to this many, before it is reported as borderline
+BORDERLINE_SE = 2.0  # borderline: the bootstrap p-value within this many Monte Carlo standard errors of (1 - level) / 2
 
 
 def examples_path(json_path: str | Path) -> Path:
@@ -230,6 +233,7 @@ def paired_difference(
     n_boot: int = 1000,
     seed: int = 0,
     level: float = 0.95,
+    max_boot: int = MAX_RESAMPLES,
 ) -> dict:
     """The paired bootstrap of (variant - baseline), pooled over seeds.
 
@@ -247,8 +251,16 @@ def paired_difference(
     and the record says so. With seeds that agree exactly, drawing them changes nothing: the interval is
     the test-set-only one (the groups' draws come from the same generator either way). The interval is the
     percentile interval of D_k over the resamples; "differs" when it excludes 0.
+
+    Monte Carlo error: the bootstrap p-value p (the share of replicates at or beyond 0, `far_side_share`)
+    has the MC standard error sqrt(p (1 - p) / B). A verdict whose p lies within BORDERLINE_SE (2) of them
+    of (1 - level) / 2 could flip with another draw of B replicates: that metric draws more replicates
+    from the same generators (x4 at a time, the first B unchanged, up to `max_boot`) and, when it is still
+    that close at `max_boot`, its verdict is "borderline". A metric settled at `n_boot` keeps the interval
+    of its first `n_boot` replicates, so it is the same as without this step.
     Returns {"unit", "interval", "seeds_resampled", "resampling", "resamples", "seed", "level", "test_sets",
-    "metrics": {k: {"delta", "ci_low", "ci_high", "differs", "per_seed", "seed_sd"}}}.
+    "metrics": {k: {"delta", "ci_low", "ci_high", "differs", "verdict", "resamples", "ci_low_mc_se",
+    "ci_high_mc_se", "p_value", "p_value_mc_se", "per_seed", "seed_sd"}}}.
     """
     if not pairs:
         raise ValueError("no (variant, baseline) pairs")
@@ -258,8 +270,14 @@ def paired_difference(
     resample_seeds = len(aligned) >= MIN_SEEDS_RESAMPLED
     diff, per_seed = _seed_differences(aligned, index, keys, resample_seeds, seed)
     point, seeds_point = diff(), per_seed()
-    iv = bootstrap(plan.n_items, diff, n_boot, seed, level, resampling=plan)
-    metrics = {k: _paired_entry(point[k], iv[k], [float(x[k]) for x in seeds_point]) for k in keys}
+    metrics = {}
+    if n_boot > 0 and plan.n_items > 0:
+        reps = Replicates(plan.n_items, diff, seed, plan, keys)
+        for j, k in enumerate(keys):
+            metrics[k] = _settled_entry(reps, j, n_boot, max(n_boot, max_boot), level, point[k], [float(x[k]) for x in seeds_point])
+    else:
+        metrics = {k: _paired_entry(point[k], percentile_interval(np.zeros(0), level), [float(x[k]) for x in seeds_point])
+                   for k in keys}
     if first.kind == "retrieval":
         unit += ", each image with all its texts" if plan.grouped else " (with all its texts)"
     n_seeds = len(aligned)
@@ -318,15 +336,45 @@ def _seed_differences(aligned, index, keys: list[str], resample_seeds: bool, see
     return diff, per_seed
 
 
-def _paired_entry(delta: float, iv, by_seed: list[float]) -> dict:
-    """One metric's paired record: Δ, its interval and verdict, each seed's difference and their sd."""
+def _settled_entry(reps: Replicates, j: int, n_boot: int, max_boot: int, level: float, delta: float, by_seed: list[float]) -> dict:
+    """Metric j's paired record from the first n_boot replicates, or more (x4 at a time, up to max_boot)
+    while its verdict is borderline (`_paired_entry`)."""
+    n = n_boot
+    while True:
+        col = reps.extend(n).rows(n)[:, j]
+        e = _paired_entry(delta, percentile_interval(col, level), by_seed, far_side_share(col), level)
+        if e["verdict"] != "borderline" or n >= max_boot:
+            return e
+        n = min(max_boot, 4 * n)
+
+
+def _paired_entry(delta: float, iv, by_seed: list[float], p: tuple[float, float] = (float("nan"), float("nan")),
+                  level: float = 0.95) -> dict:
+    """One metric's paired record: Δ, its interval and verdict, the Monte Carlo error of its bounds and of
+    its bootstrap p-value, each seed's difference and their sd. Verdict: "borderline" when the p-value is
+    within BORDERLINE_SE MC standard errors of (1 - level) / 2, else "differs" when the interval excludes 0,
+    else "within noise"."""
     lo, hi = iv.low, iv.high
     finite = np.isfinite(lo) and np.isfinite(hi)
+    excludes = bool(finite and (lo > 0 or hi < 0))
+    pv, pse = p
+    borderline = bool(finite and np.isfinite(pv) and abs(pv - (1 - level) / 2) <= BORDERLINE_SE * pse)
+    verdict = None if not finite else "borderline" if borderline else "differs" if excludes else "within noise"
+
+    def num(x):
+        return float(x) if finite and np.isfinite(x) else None
+
     return {
         "delta": delta,
         "ci_low": float(lo) if finite else None,
         "ci_high": float(hi) if finite else None,
-        "differs": bool(finite and (lo > 0 or hi < 0)),
+        "differs": verdict == "differs",
+        "verdict": verdict,
+        "resamples": int(iv.replicates),
+        "ci_low_mc_se": num(iv.low_mc_se),
+        "ci_high_mc_se": num(iv.high_mc_se),
+        "p_value": num(pv),
+        "p_value_mc_se": num(pse),
         "per_seed": by_seed,
         "seed_sd": float(np.std(by_seed, ddof=1)) if len(by_seed) > 1 else None,
     }

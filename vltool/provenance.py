@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import platform
 import shlex
 import sys
 import time
@@ -35,6 +37,43 @@ def jsonable(obj: Any) -> Any:
     if isinstance(obj, Enum):
         return obj.value
     return obj
+
+
+LIBRARIES = ("numpy", "torch", "torchvision", "transformers", "open_clip", "accelerate", "datasets", "pyarrow", "sklearn",
+             "safetensors", "tokenizers", "PIL")
+
+
+def runtime(device: Any = None, dtype: str | None = None) -> dict:
+    """What determines an output's bits besides its options and inputs (the record's "runtime"): the
+    machine, the versions of the libraries this process has loaded, and, when torch is loaded, its intra-
+    and inter-op thread counts, deterministic-algorithm flags, TF32 settings and default dtype; `device`
+    and `dtype`: where and in what precision the command computed. torch is never imported here: a
+    command that did not load it did not compute with it."""
+    info: dict[str, Any] = {"platform": platform.platform(), "processor": platform.machine(), "cpu_count": os.cpu_count(),
+                            "python": sys.version.split()[0]}
+    libs = {}
+    for name in LIBRARIES:
+        mod = sys.modules.get(name)
+        version = getattr(mod, "__version__", None) if mod is not None else None
+        if isinstance(version, str):
+            libs[name] = version
+    info["libraries"] = libs
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "get_num_threads"):
+        info["torch_threads"] = torch.get_num_threads()
+        info["torch_interop_threads"] = torch.get_num_interop_threads()
+        info["deterministic_algorithms"] = bool(torch.are_deterministic_algorithms_enabled())
+        info["cudnn_deterministic"] = bool(torch.backends.cudnn.deterministic)
+        info["cudnn_benchmark"] = bool(torch.backends.cudnn.benchmark)
+        info["tf32_matmul"] = bool(torch.backends.cuda.matmul.allow_tf32)
+        info["default_dtype"] = str(torch.get_default_dtype()).removeprefix("torch.")
+        info["cuda_build"] = torch.version.cuda
+        info["cuda_available"] = bool(torch.cuda.is_available())
+    if device is not None:
+        info["device"] = str(device)
+    if dtype is not None:
+        info["dtype"] = dtype
+    return info
 
 
 class Timer:
@@ -74,8 +113,11 @@ def make(
     stats: dict | None = None,
     timer: Timer | None = None,
     argv: Sequence[str] | None = None,
+    device: Any = None,
+    dtype: str | None = None,
 ) -> dict:
-    """The provenance record every output carries (docs/conventions.md, "Provenance")."""
+    """The provenance record every output carries (docs/conventions.md, "Provenance"); "runtime" is
+    `runtime(device, dtype)`."""
     prov = {
         "vltool_version": __version__,
         "command": command,
@@ -92,4 +134,5 @@ def make(
         if timer.first_batch is not None:  # something was encoded (not all read from the embedding cache)
             prov["seconds_to_first_batch"] = round(timer.first_batch - timer.start, 3)
     prov["stats"] = jsonable(stats or {})
+    prov["runtime"] = runtime(device, dtype)
     return prov

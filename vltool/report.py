@@ -64,6 +64,8 @@ class ReportConfig:
     styles: list[tuple[str, str]] = field(default_factory=list)  # (name, file suffix); "" names the metrics as given
     pairs: list[tuple[str, str]] = field(default_factory=list)  # (variant, reference): paired contrasts besides --baseline
     bootstrap: int = 1000  # resamples of the paired bootstrap
+    bootstrap_max: int = 20_000  # a borderline verdict draws more, up to this many (vltool.outcomes.MAX_RESAMPLES)
+    allow_mixed_threads: bool = False  # pair runs whose records name different torch thread counts
     seed: int = 0  # its seed
 
 
@@ -198,16 +200,23 @@ def _provenance_files(root: Path) -> list[Path]:
     return sorted(out)
 
 
-def collect_commands(runs_dir: Path) -> tuple[list[dict], dict[str, float]]:
-    """Every vltool command whose output lies under RUNS_DIR, in the order they ran, and wall time per seed."""
-    cmds = []
-    for p in _provenance_files(runs_dir):
+def _command_records(root: Path) -> list[tuple[Path, dict]]:
+    """Every vltool command's record (a provenance file with its command line) under `root`."""
+    out = []
+    for p in _provenance_files(root):
         try:
             r = json.loads(p.read_text())
         except (OSError, json.JSONDecodeError):
             continue
-        if not isinstance(r, dict) or "command_line" not in r:
-            continue
+        if isinstance(r, dict) and "command_line" in r:
+            out.append((p, r))
+    return out
+
+
+def collect_commands(runs_dir: Path) -> tuple[list[dict], dict[str, float]]:
+    """Every vltool command whose output lies under RUNS_DIR, in the order they ran, and wall time per seed."""
+    cmds = []
+    for p, r in _command_records(runs_dir):
         seed = next((int(m.group(1)) for part in p.relative_to(runs_dir).parts if (m := SEED_DIR.match(part))), None)
         cmds.append({"created": r.get("created"), "seed": seed, "output": p.relative_to(runs_dir).as_posix(),
                      "command_line": r["command_line"], "wall_time_s": r.get("wall_time_s")})
@@ -226,18 +235,56 @@ def _mean_sd(xs: list[float]) -> tuple[float, float | None]:
     return m, math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
 
 
-def machine() -> dict:
-    info = {"platform": platform.platform(), "processor": platform.machine(), "cpu_count": os.cpu_count(),
-            "python": platform.python_version()}
-    try:
-        import torch  # lazy: only to name its version; `vltool report` never needs torch otherwise (seconds to import)
+RUNTIME_KEYS = ("platform", "processor", "cpu_count", "python", "torch_threads", "torch_interop_threads", "deterministic_algorithms",
+                "cudnn_deterministic", "cudnn_benchmark", "tf32_matmul", "default_dtype", "device", "dtype", "cuda_build",
+                "cuda_available")
 
-        info["torch"] = torch.__version__
-        info["torch_threads"] = torch.get_num_threads()
-        info["cuda"] = torch.cuda.is_available()
-    except ImportError:  # pragma: no cover - torch is a dependency
-        pass
+
+def machine(runs_dir: Path) -> dict:
+    """The machine block: what the runs' own records say they ran on (provenance "runtime": threads,
+    device, dtype, deterministic flags, library versions), each value with the commands that recorded
+    it when they differ; not the report process's. Runs recorded before vltool kept it: "source" says so,
+    and only the report process's platform is given, marked as such."""
+    records = [(p.relative_to(runs_dir).as_posix(), r["runtime"]) for p, r in _command_records(runs_dir) if isinstance(r.get("runtime"), dict)]
+    n_all = len(_command_records(runs_dir))
+    if not records:
+        return {"source": f"not recorded by the runs ({n_all} commands, made before vltool recorded its runtime); "
+                          "the report process's platform",
+                "report_process": {"platform": platform.platform(), "processor": platform.machine(), "cpu_count": os.cpu_count(),
+                                   "python": platform.python_version()}}
+    info: dict[str, Any] = {"source": f"the runs' records ({len(records)} of {n_all} commands record their runtime)"}
+    for key in RUNTIME_KEYS:
+        values = {}
+        for name, rt in records:
+            if key in rt:
+                values.setdefault(json.dumps(rt[key]), []).append(name)
+        if len(values) == 1:
+            info[key] = json.loads(next(iter(values)))
+        elif values:
+            info[key] = {"differs": [{"value": json.loads(v), "commands": len(names), "e.g.": names[0]} for v, names in sorted(values.items())]}
+    libs: dict[str, set] = {}
+    for _, rt in records:
+        for lib, version in (rt.get("libraries") or {}).items():
+            libs.setdefault(lib, set()).add(version)
+    info["libraries"] = {lib: sorted(v)[0] if len(v) == 1 else sorted(v) for lib, v in sorted(libs.items())}
+    if "torch" in info["libraries"]:
+        info["torch"] = info["libraries"]["torch"]
+    info["cuda"] = info.get("cuda_available", info.get("cuda"))
     return info
+
+
+def run_threads(run_dir: Path) -> set[int]:
+    """The torch thread counts the commands under one run directory recorded (empty: none recorded)."""
+    return {int(r["runtime"]["torch_threads"]) for _, r in _command_records(run_dir)
+            if isinstance(r.get("runtime"), dict) and isinstance(r["runtime"].get("torch_threads"), int)}
+
+
+def _run_dir_of(path: Path) -> Path | None:
+    """The <variant>/seed<N> directory a results file lies in."""
+    for d in path.parents:
+        if SEED_DIR.match(d.name):
+            return d
+    return None
 
 
 def build_report(runs_dir: str | Path, config: ReportConfig) -> dict:
@@ -389,7 +436,7 @@ def report_record(runs_dir: Path, config: ReportConfig, variants: list[dict], in
         "vltool_version": __version__,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "runs_dir": str(runs_dir),
-        "machine": machine(),
+        "machine": machine(runs_dir),
         "seeds": seeds,
         "incomplete_seeds": incomplete,
         "baseline": config.baseline,
@@ -407,8 +454,12 @@ def report_record(runs_dir: Path, config: ReportConfig, variants: list[dict], in
                       "test different examples: one draw over the union of their test sets, groups drawn within the set of "
                       "seeds that test them), and with 3 seeds or more draws the seeds too, with replacement (a hierarchical "
                       "bootstrap: the interval covers the test set and the seeds); 95% percentile interval; "
-                      "'differs' when it excludes 0",
-            "resamples": config.bootstrap, "seed": config.seed, "level": 0.95,
+                      "'differs' when it excludes 0; 'borderline' when the bootstrap p-value (the share of replicates at or "
+                      "beyond 0) is within 2 Monte Carlo standard errors of 0.025 even after drawing more replicates (x4 at a "
+                      "time, up to max_resamples; each metric's own count is its 'resamples')",
+            "resamples": config.bootstrap, "max_resamples": max(config.bootstrap, config.bootstrap_max),
+            "mixed_threads_allowed": config.allow_mixed_threads,
+            "seed": config.seed, "level": 0.95,
         } if has_base else None,
         "paired_notes": paired_notes,
         "notes": config.notes,
@@ -437,6 +488,7 @@ def paired_comparisons(variants: list[dict], base: dict, config: ReportConfig, s
     """Each variant's paired difference from the baseline, with its bootstrap interval, into
     summary[metric]["paired"] (None, with "paired_note", where it cannot be computed); returns the notes."""
     cache: dict[Path, Outcomes] = {}
+    threads_seen: dict[Path, set[int]] = {}
     notes: list[str] = []
 
     def outcomes(key) -> Outcomes | None:
@@ -486,6 +538,8 @@ def paired_comparisons(variants: list[dict], base: dict, config: ReportConfig, s
             keys = {n: next(m.key for m in config.metrics if m.name == n) for n in mnames}
             pairs = []
             for k in seeds:
+                if not config.allow_mixed_threads:
+                    _check_threads(sources[(v["name"], k, mnames[0])][0], sources[(base["name"], k, mnames[0])][0], threads_seen)
                 pair = (outcomes((v["name"], k, mnames[0])), outcomes((base["name"], k, mnames[0])))
                 for who, o in zip((v, base), pair):  # an outcomes file must reproduce its own JSON
                     got = o.statistic()(None)
@@ -495,12 +549,28 @@ def paired_comparisons(variants: list[dict], base: dict, config: ReportConfig, s
                             raise VltoolError(f"{o.path}: its outcomes give {key} = {got[key]!r}, its results JSON {want!r}; "
                                               "the two files come from different runs (re-run the evaluation)")
                 pairs.append(pair)
-            res = paired_difference(pairs, sorted(set(keys.values())), config.bootstrap, config.seed)
+            res = paired_difference(pairs, sorted(set(keys.values())), config.bootstrap, config.seed, max_boot=config.bootstrap_max)
             for n, key in keys.items():
                 r = res["metrics"][key]
                 v["summary"][n]["paired"] = {**r, "seeds": [int(k) for k in seeds], "unit": res["unit"], "resampling": res["resampling"],
                                              "interval": res["interval"], "seeds_resampled": res["seeds_resampled"]}
     return notes
+
+
+def _check_threads(a: Path, b: Path, seen: dict[Path, set[int]]) -> None:
+    """Refuse to pair two runs whose records name different torch thread counts (a JSD model's weights
+    differ in the last bits across them; docs/pretrain.md), unless --allow-mixed-threads."""
+    da, db = _run_dir_of(a), _run_dir_of(b)
+    if da is None or db is None:
+        return
+    for d in (da, db):
+        if d not in seen:
+            seen[d] = run_threads(d)
+    ta, tb = seen[da], seen[db]
+    if ta and tb and ta != tb:
+        raise VltoolError(f"{da} ran with {', '.join(map(str, sorted(ta)))} torch thread(s), {db} with "
+                          f"{', '.join(map(str, sorted(tb)))}: the same seed gives the same bits only at the same thread count "
+                          "(docs/pretrain.md); rerun them alike (pretrain --threads, or OMP_NUM_THREADS), or pass --allow-mixed-threads")
 
 
 def style_verdict(by_style: dict[str, dict | None]) -> str | None:
@@ -510,6 +580,16 @@ def style_verdict(by_style: dict[str, dict | None]) -> str | None:
     if any(p is None or p.get("ci_low") is None for p in by_style.values()):
         return None
     differs = {n: p for n, p in by_style.items() if p["differs"]}
+    borderline = [n for n, p in by_style.items() if p.get("verdict") == "borderline"]
+    if borderline:  # not settled in some style: what holds elsewhere, and where it is borderline
+        settled = [n for n in by_style if n not in borderline]
+        if len({by_style[n]["delta"] > 0 for n in differs}) > 1:
+            rest = "opposite signs"
+        else:
+            rest = (", ".join(differs) + " only" if differs else "") if settled else ""
+            if not differs and settled:
+                rest = ", ".join(settled) + " within noise"
+        return (f"{rest}; " if rest else "") + ", ".join(borderline) + " borderline"
     if not differs:
         return "neither style" if len(by_style) == 2 else "no style"
     if len({p["delta"] > 0 for p in differs.values()}) > 1:
@@ -537,7 +617,8 @@ def style_verdicts(variants: list[dict], base: dict, config: ReportConfig) -> No
             by = {first[name].style: s.get("paired")} | {t.style: (v["summary"].get(t.name) or {}).get("paired") for t in others}
             s["styles"] = {"verdict": style_verdict(by),
                            "by_style": {n: None if p is None or p.get("ci_low") is None else
-                                        ("up" if p["delta"] > 0 else "down") if p["differs"] else "within noise"
+                                        ("up" if p["delta"] > 0 else "down") if p["differs"] else
+                                        "borderline" if p.get("verdict") == "borderline" else "within noise"
                                         for n, p in by.items()}}
 
 
@@ -649,12 +730,13 @@ def _md_baseline_table(report: dict) -> list[str]:
              + (" Where each seed tests its own examples (" + ", ".join(sorted({m["label"] for v in report["variants"]
                 for m in metrics if "union" in ((v["summary"].get(m["name"]) or {}).get("paired") or {}).get("unit", "")}))
                 + "), one draw over the union of the seeds' test sets serves every seed, the groups drawn within the set "
-                "of seeds that test them." if any("union" in p["unit"] for p in paired) else ""), ""]
+                "of seeds that test them." if any("union" in p["unit"] for p in paired) else "")
+             + _mc_sentence(report, paired), ""]
     lines.append("| Variant | " + " | ".join(m["label"] for m in metrics) + " |")
     lines.append("|---|" + "---:|" * len(metrics))
     for v in report["variants"]:
         if v["name"] != base:
-            lines.append("| " + " | ".join([v["label"]] + [_delta_cell(v["summary"].get(m["name"], {}), m) for m in metrics]) + " |")
+            lines.append("| " + " | ".join([v["label"]] + [_delta_cell(v["summary"].get(m["name"], {}), m, _resamples(report)) for m in metrics]) + " |")
     if any(s.get("paired") is None and s.get("delta_vs_baseline") for v in report["variants"] for s in v["summary"].values()):
         lines += ["", "[-]: no paired interval. " + " ".join(report.get("paired_notes") or [])]
     return lines
@@ -669,7 +751,7 @@ def _md_contrasts_table(report: dict) -> list[str]:
     lines.append("|---|" + "---:|" * len(metrics))
     for c in report["contrasts"]:
         lines.append("| " + " | ".join([f"{c['label']} − {c['reference_label']}"]
-                                       + [_delta_cell(c["summary"].get(m["name"], {}), m) for m in metrics]) + " |")
+                                       + [_delta_cell(c["summary"].get(m["name"], {}), m, _resamples(report)) for m in metrics]) + " |")
     return lines
 
 
@@ -679,9 +761,10 @@ def _md_styles_table(report: dict, rows: list[tuple[str, dict]]) -> list[str]:
     if not metrics or not any("styles" in (summary.get(m["name"]) or {}) for _, summary in rows for m in metrics):
         return []
     names = [s["name"] for s in report["styles"]]
-    arrow = {"up": "↑", "down": "↓", "within noise": "–", None: "?"}
+    arrow = {"up": "↑", "down": "↓", "within noise": "–", "borderline": "≈", None: "?"}
     lines = ["", f"Across styles ({', '.join(names)}: the same test examples drawn in each): where each difference "
-                 "above differs from 0, by its paired interval in each style. ↑ / ↓: differs, up or down; –: within noise. "
+                 "above differs from 0, by its paired interval in each style. ↑ / ↓: differs, up or down; –: within noise; "
+                 "≈: borderline. "
                  "*NAME only*: a difference that holds in that style alone.", ""]
     lines.append("| Variant | " + " | ".join(m["label"] for m in metrics) + " |")
     lines.append("|---|" + "---|" * len(metrics))
@@ -702,7 +785,25 @@ def _md_styles_table(report: dict, rows: list[tuple[str, dict]]) -> list[str]:
     return lines
 
 
-def _delta_cell(s: dict, m: dict) -> str:
+def _resamples(report: dict) -> int | None:
+    return (report.get("paired") or {}).get("resamples")
+
+
+def _mc_sentence(report: dict, paired: list[dict]) -> str:
+    """How many replicates the intervals were read from and what their Monte Carlo error is (reports made
+    before it was recorded: nothing)."""
+    if not paired or not all("p_value" in p for p in paired):
+        return ""
+    n, top = _resamples(report), (report.get("paired") or {}).get("max_resamples")
+    more = sorted({p["resamples"] for p in paired if p["resamples"] != n})
+    return (f" Each interval is read from {n:,} resamples" + (f" ({', '.join(f'{x:,}' for x in more)} where a verdict was "
+            f"near the edge; at most {top:,})" if more else f" (a verdict near the edge draws more, up to {top:,})")
+            + "; below the sd, MC ± is the larger Monte Carlo standard error of the two bounds and p the bootstrap p-value "
+            "(the share of resamples at or beyond 0) with its own: **borderline** when p is within 2 of them of 0.025 "
+            "even at the most resamples.")
+
+
+def _delta_cell(s: dict, m: dict, resamples: int | None = None) -> str:
     """Δ [paired interval] and the verdict ([-] without an interval), the sd of the per-seed differences below."""
     d = s.get("delta_vs_baseline")
     if d is None:
@@ -711,12 +812,16 @@ def _delta_cell(s: dict, m: dict) -> str:
     pl = s["kind"] == "value"
     pr = s.get("paired")
     if pr is not None and pr["ci_low"] is not None:
-        cell = (f"{_signed(pr['delta'], sc, pl)} [{_signed(pr['ci_low'], sc, pl)}, {_signed(pr['ci_high'], sc, pl)}] "
-                + ("**differs**" if pr["differs"] else "*within noise*"))
+        verdict = "**borderline**" if pr.get("verdict") == "borderline" else "**differs**" if pr["differs"] else "*within noise*"
+        cell = f"{_signed(pr['delta'], sc, pl)} [{_signed(pr['ci_low'], sc, pl)}, {_signed(pr['ci_high'], sc, pl)}] {verdict}"
     else:
         cell = f"{_signed(d['mean'], sc, pl)} [-]"
     if d["sd"] is not None:
         cell += f"<br>sd {_fmt(d['sd'], sc, plain=pl)}"
+    if pr is not None and pr["ci_low"] is not None and pr.get("p_value") is not None:  # the Monte Carlo error of the bounds and p
+        mc = max(pr["ci_low_mc_se"] or 0.0, pr["ci_high_mc_se"] or 0.0)
+        cell += (f"<br>MC ±{_fmt(mc, sc, 2, plain=pl)}, p {pr['p_value']:.3f} ± {pr['p_value_mc_se']:.3f}"
+                 + (f" ({pr['resamples']:,} resamples)" if pr["resamples"] != resamples else ""))
     return cell
 
 
@@ -726,16 +831,35 @@ def _md_footer(report: dict) -> list[str]:
     if report["notes"]:
         lines.append("")
         lines += [f"{note}" if note.startswith(("- ", "* ")) else f"- {note}" for note in report["notes"]]
-    mach = report["machine"]
     wall = report["wall_time_s"]
     per_seed = [f"{k} {v / 60:.1f} min" for k, v in wall.items() if k.startswith("seed")]
-    lines += ["", f"Machine: {mach.get('cpu_count')} CPU cores ({mach.get('processor')}), torch {mach.get('torch', '?')}, "
-                  f"{'a GPU' if mach.get('cuda') else 'no GPU'}. Wall time (sum of the commands' own times): "
+    lines += ["", f"{_machine_in_words(report['machine'])} Wall time (sum of the commands' own times): "
                   + ", ".join(per_seed + ([f"shared {wall['shared'] / 60:.1f} min"] if wall.get("shared", 0) >= 3 else []))
                   + f"; {len(report['commands'])} commands, listed in the JSON."]
     if report["recipe"]:
         lines.append(f"Made by `{report['recipe']}` with vltool {report['vltool_version']} on {report['created'][:10]}.")
     return lines
+
+
+def _machine_in_words(mach: dict) -> str:
+    """The machine block in a sentence: the runs' recorded runtime (or that they recorded none)."""
+    if "report_process" in mach:
+        return "Machine: not recorded by the runs (made before vltool recorded its runtime)."
+    if "source" not in mach:  # a report made before the machine block described the runs
+        return (f"Machine: {mach.get('cpu_count')} CPU cores ({mach.get('processor')}), torch {mach.get('torch', '?')}, "
+                f"{'a GPU' if mach.get('cuda') else 'no GPU'}.")
+
+    def val(key, unit=""):
+        v = mach.get(key)
+        return "mixed (see the JSON)" if isinstance(v, dict) else f"{v}{unit}"
+
+    return (f"Machine, from the runs' records: {val('cpu_count')} CPU cores ({val('processor')}), torch {val('torch')}, "
+            f"{val('torch_threads')} torch thread(s) ({val('torch_interop_threads')} inter-op), device {val('device')}, "
+            f"{val('dtype')}, deterministic algorithms {_on_off(mach.get('deterministic_algorithms'))}.")
+
+
+def _on_off(v) -> str:
+    return "on" if v is True else "off" if v is False else "mixed (see the JSON)" if isinstance(v, dict) else str(v)
 
 
 def render_chart(report: dict, path: Path) -> str | None:

@@ -123,6 +123,7 @@ def pretrain_command(
     precision: Annotated[str, typer.Option("--precision", help="no | bf16 | fp16 mixed precision (bf16 works on CPU).", rich_help_panel="Optimisation")] = "no",
     seed: SeedOpt = 0,
     device: Annotated[str, typer.Option("--device", help="auto (each process's GPU when there is one, else CPU) | cpu | cuda. Under `accelerate launch` each process takes the GPU of its local rank.", rich_help_panel="Optimisation")] = "auto",
+    threads: Annotated[Int, typer.Option("--threads", help="torch intra-op threads per process [default: torch's own: OMP_NUM_THREADS, else the CPU cores]. The same seed gives the same weights bit for bit at the same thread count and device; a JSD critic's BatchNorm and LayerNorm differ in the last bits across thread counts (docs/pretrain.md). Recorded in run.json and vltool.json.", rich_help_panel="Optimisation", show_default=False)] = None,
     cpu: Annotated[bool, typer.Option("--cpu", hidden=True)] = False,
     # logging
     log_every: Annotated[int, typer.Option("--log-every", help="Steps between lines of metrics.jsonl.", rich_help_panel="Logging")] = 10,

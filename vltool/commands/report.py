@@ -20,7 +20,8 @@ into the file. The table gives mean +- sd over seeds, the mean 95% bootstrap hal
 chance level, and with --baseline each variant's difference from the baseline with its 95% paired
 bootstrap interval over the same test examples (from the runs' per-example outcomes, X.examples.npz;
 whole groups resampled when the runs were evaluated with --group-column; from 3 seeds, the seeds
-resampled too), marked "differs" when the interval excludes 0; --pair A=B adds A's paired difference
+resampled too), marked "differs" when the interval excludes 0 and "borderline" when its bootstrap
+p-value is within 2 Monte Carlo standard errors of 0.025 after up to --bootstrap-max resamples; --pair A=B adds A's paired difference
 from B. With --style, each metric is set beside the same metric in another style of the same test
 examples (its file named with the style's suffix), and a last table says where each difference holds:
 in every style, in one only, or in none. See docs/evaluation.md.
@@ -52,6 +53,8 @@ def report_command(
     recipe: Annotated[Optional[str], typer.Option("--recipe", help="The recipe that made the runs (recorded).")] = None,
     chart: Annotated[bool, typer.Option("--chart/--no-chart", help="Draw STEM.png.")] = True,
     bootstrap: BootstrapOpt = 1000,
+    bootstrap_max: Annotated[int, typer.Option("--bootstrap-max", min=0, help="A paired verdict whose bootstrap p-value is within 2 Monte Carlo standard errors of 0.025 draws more resamples (x4 at a time) up to this many before it is reported as borderline.")] = 20_000,
+    allow_mixed_threads: Annotated[bool, typer.Option("--allow-mixed-threads", help="Pair runs whose records name different torch thread counts (their bits may differ; see docs/pretrain.md).")] = False,
     seed: SeedOpt = 0,
     overwrite: OverwriteOpt = False,
     no_progress: NoProgressOpt = False,
@@ -71,6 +74,8 @@ def report_command(
         styles=parse_styles(style or []),
         pairs=parse_variant_pairs(pair or []),
         bootstrap=bootstrap,
+        bootstrap_max=bootstrap_max,
+        allow_mixed_threads=allow_mixed_threads,
         seed=seed,
     )
     check_report_out(runs_dir, out, overwrite)

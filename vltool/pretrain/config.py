@@ -103,6 +103,7 @@ class PretrainConfig:
     keep_checkpoints: int = 2
     eval_every: int = 0
     device: str = "auto"
+    threads: int | None = None  # torch intra-op threads of each process (None: torch's default, OMP_NUM_THREADS or the cores)
 
     def model_spec(self):
         return ModelSpec(
@@ -145,6 +146,8 @@ def _model_problems(c: PretrainConfig) -> list[str]:
     for name in ("unfreeze_image_last", "unfreeze_text_last", "warmup_steps", "workers"):
         if getattr(c, name) is not None and getattr(c, name) < 0:
             problems.append(f"{_opt(name)} must be >= 0")
+    if c.threads is not None and c.threads < 1:
+        problems.append(f"--threads must be >= 1, got {c.threads}")
     if c.unfreeze_image_last and not c.lock_image:
         problems.append("--unfreeze-image-last needs --lock-image")
     if c.unfreeze_text_last and not c.lock_text:
@@ -266,3 +269,4 @@ class RunSpec:
     num_processes: int
     command_line: str = ""
     init_revision: dict = field(default_factory=dict)  # --init's exact weights (Hub commit, open_clip tag's file sha256)
+    runtime: dict = field(default_factory=dict)  # what determines the bits: threads, device, dtype, versions (provenance.runtime)

@@ -132,17 +132,37 @@ def pretrain(
         raise UsageError(f"--stop-after-steps must be >= 1, got {stop_after_steps}")
     spec, run_dir, config = resolve_run(data, out, config, where, split, eval_data, eval_where, resume)
     made: list[Path] = []  # the run directory, once this invocation has made it (holding its lock)
+    threads_before = torch.get_num_threads()
+    if config.threads is not None:  # (restored afterwards: the count is the process's, not only this run's)
+        torch.set_num_threads(config.threads)
     try:
-        run = setup(spec, run_dir, config, overwrite=overwrite, resumed=resume is not None, progress=progress, made=made)
-        stopped = train(run, stop_after_steps)
-    except BaseException:
-        if made:  # never a directory another invocation made (it may be training in it)
-            _drop_if_nothing_to_resume(run_dir)
-        raise
-    bad_all = ckpt.gather_set(run.bad_ids, run.accelerator)
-    if stopped:
-        return {"status": "stopped", "step": run.step, "total_steps": run.total_steps, "run_dir": str(run_dir)}
-    return finish(run, bad_all, timer)
+        try:
+            run = setup(spec, run_dir, config, overwrite=overwrite, resumed=resume is not None, progress=progress, made=made)
+            stopped = train(run, stop_after_steps)
+        except BaseException:
+            if made:  # never a directory another invocation made (it may be training in it)
+                _drop_if_nothing_to_resume(run_dir)
+            raise
+        bad_all = ckpt.gather_set(run.bad_ids, run.accelerator)
+        if stopped:
+            return {"status": "stopped", "step": run.step, "total_steps": run.total_steps, "run_dir": str(run_dir)}
+        return finish(run, bad_all, timer)
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+def run_dtype(config: PretrainConfig) -> str:
+    """The run's numeric precision, for its records: float32 weights, with --precision's autocast."""
+    return "float32" if config.precision == "no" else f"float32 weights, {config.precision} autocast"
+
+
+def _check_resumed_threads(spec: RunSpec, run_dir: Path) -> None:
+    """A resumed run on another thread count than it started with may not give the bits of an uninterrupted one."""
+    was = (spec.runtime or {}).get("torch_threads")
+    now = torch.get_num_threads()
+    if was is not None and was != now:
+        warn(f"--resume {run_dir}: the run started with {was} torch thread(s), this process has {now}; the weights may differ "
+             "in the last bits from an uninterrupted run (pass --threads at the start to pin it)")
 
 
 def _drop_if_nothing_to_resume(run_dir: Path) -> None:
@@ -199,6 +219,8 @@ def setup(spec: RunSpec, run_dir: Path, config: PretrainConfig, *, overwrite: bo
     if config.workers is None:  # chosen once, from this machine, and recorded in run.json (resume uses it)
         config.workers = default_workers(accelerator.device.type, world)
         spec.config["workers"] = config.workers
+    if resumed:
+        _check_resumed_threads(spec, run_dir)
     if resumed and spec.num_processes != world:
         raise UsageError(
             f"--resume {run_dir}: the run was started with {spec.num_processes} process(es), now {world}; "
@@ -476,7 +498,8 @@ def _write_final(run: RunState, final_eval, bad_all: set, timer) -> dict:
     options = {**asdict(run.config), "data": spec.data, "where": spec.where, "split": spec.split,
                "eval_data": spec.eval_data, "eval_where": spec.eval_where, "init_revision": spec.init_revision or None}
     inputs = run.train.inputs + (run.evald.inputs if run.evald else [])
-    prov = provenance.make("pretrain", options, inputs, rows_in=run.train.rows_in, rows_out=None, stats=stats, timer=timer)
+    prov = provenance.make("pretrain", options, inputs, rows_in=run.train.rows_in, rows_out=None, stats=stats, timer=timer,
+                           device=run.accelerator.device, dtype=run_dtype(run.config))
     write_json_atomic(run.run_dir / C.PROVENANCE_FILE, prov)
     if final is not None:  # complete: now it replaces the old RUN_DIR (which stayed whole until here)
         replace_path(run.run_dir, final, overwrite=True)
@@ -577,6 +600,7 @@ def _start_run_dir(run: RunState) -> None:
         run.run_dir.mkdir(parents=True)
         run.spec.num_processes = acc.num_processes
         run.spec.command_line = provenance.command_line()
+        run.spec.runtime = provenance.runtime(acc.device, run_dtype(run.config))
         write_json_atomic(run.run_dir / RUN_FILE, asdict(run.spec))
     acc.wait_for_everyone()
 

@@ -42,6 +42,8 @@ def test_recipe_runs_in_smoke_mode(recipe, tmp_path):
         for v in variants:
             assert by_name[v]["runs"]["0"], f"{name}: {v} has no numbers"
         assert report["commands"] and all(c["command_line"].startswith("vltool ") for c in report["commands"])
+        # recipes/common.sh pins one torch thread per command, and the report's machine block is the runs' (issue 42)
+        assert report["machine"]["torch_threads"] == 1 and report["machine"]["source"].startswith("the runs' records")
         assert (out / "results" / f"{name}.md").read_text().startswith("# ")
         # every evaluation is also scored in the second art style (emoji-openmoji), its twin beside it
         evals = [m for m in report["metrics"] if m["file"].split("/")[-1].startswith(("zeroshot", "retrieve", "probe"))]

@@ -762,10 +762,11 @@ def _md_styles_table(report: dict, rows: list[tuple[str, dict]]) -> list[str]:
         return []
     names = [s["name"] for s in report["styles"]]
     arrow = {"up": "↑", "down": "↓", "within noise": "–", "borderline": "≈", None: "?"}
+    mc = any("verdict" in (((summary.get(m["name"]) or {}).get("paired")) or {}) for _, summary in rows for m in report["metrics"])
     lines = ["", f"Across styles ({', '.join(names)}: the same test examples drawn in each): where each difference "
-                 "above differs from 0, by its paired interval in each style. ↑ / ↓: differs, up or down; –: within noise; "
-                 "≈: borderline. "
-                 "*NAME only*: a difference that holds in that style alone.", ""]
+                 "above differs from 0, by its paired interval in each style. ↑ / ↓: differs, up or down; –: within noise"
+                 + ("; ≈: borderline. " if mc else ". ")
+                 + "*NAME only*: a difference that holds in that style alone.", ""]
     lines.append("| Variant | " + " | ".join(m["label"] for m in metrics) + " |")
     lines.append("|---|" + "---|" * len(metrics))
     one_only = []

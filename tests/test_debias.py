@@ -162,6 +162,12 @@ def test_other_models_subspace_is_refused(tmp_path, cli):
     assert cli("debias", "--model", model, "--out", tmp_path / "sub").exit_code == 0
     r = cli("zeroshot", data, "--model", other, "--debias", tmp_path / "sub")
     assert r.exit_code == 2 and "computed with another model" in r.stderr
+    # `debias --subspace` names its own option (it said --debias), and says how to make the right one (issue 44)
+    r = cli("debias", "--model", other, "--subspace", tmp_path / "sub", "--eval-data", data)
+    assert r.exit_code == 2
+    line = r.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"error: --subspace {tmp_path / 'sub'} was computed with another model") and "--debias" not in line \
+        and "`vltool debias --model MODEL --out DIR`" in line, line
     r = cli("retrieve", data, "--model", model, "--debias", tmp_path / "sub", "--bootstrap", "0")
     assert r.exit_code == 0, r.stderr
 

@@ -125,3 +125,108 @@ def test_streamed_shards_with_repeated_ids_are_refused_as_a_dataset_is(tmp_path)
                  progress=False)
     assert r["stats"]["steps"] == 1
     assert json.loads((tmp_path / "run" / "vltool.json").read_text())["command"] == "pretrain"
+
+
+# ---- issue 44, "Messages whose advice is wrong": each names the option, the value and what to do.
+
+
+@pytest.mark.parametrize("spec,expect", [
+    ("open_clip:", "'open_clip:' names no architecture; expected open_clip:ARCH/TAG"),
+    ("open_clip:NoSuchArch/tag", "open_clip:NoSuchArch/tag: unknown architecture 'NoSuchArch'"),
+])
+def test_an_open_clip_spelling_without_a_known_architecture_does_not_blame_arch(cli, spec, expect):
+    """`--model open_clip:` and `open_clip:NoSuchArch/tag` said "--arch '...': unknown architecture" (no --arch was given)."""
+    r = cli("zeroshot", "emoji", "--model", spec, "--bootstrap", "0")
+    assert r.exit_code == 2
+    line = error_line(r)
+    assert line.startswith(f"error: {expect}") and "--arch" not in line, line
+
+
+def test_a_file_that_is_not_open_clip_weights_says_what_to_give(cli):
+    """`open_clip:ViT-B-32/../../../../etc/passwd`: a raw "list index out of range"."""
+    r = cli("zeroshot", "emoji", "--model", "open_clip:vltool-micro/../../../../etc/passwd", "--bootstrap", "0")
+    assert r.exit_code == 2
+    line = error_line(r)
+    assert line.startswith("error: open_clip:vltool-micro/../../../../etc/passwd: cannot load open_clip weights ") and \
+        "give a weights file open_clip saved for vltool-micro, or one of its pretrained tags" in line, line
+
+
+def test_a_hub_id_with_a_space_after_hf_says_so(cli):
+    """`hf: ORG/NAME` showed a valid id and called it "not a Hub id"."""
+    r = cli("zeroshot", "emoji", "--model", "hf: openai/clip-vit-base-patch32", "--bootstrap", "0")
+    assert r.exit_code == 2
+    assert error_line(r) == "error: 'hf: openai/clip-vit-base-patch32': a space after 'hf:' (or at the end); write hf:openai/clip-vit-base-patch32"
+
+
+def test_an_unknown_torchvision_tower_is_named_before_its_weights(cli, tmp_path):
+    """`--image-tower torchvision:nosuchnet` asked for --image-weights (for a model that does not exist)."""
+    r = cli("pretrain", "emoji", "--image-tower", "torchvision:nosuchnet", "--out", tmp_path / "run")
+    assert r.exit_code == 2
+    line = error_line(r)
+    assert line == "error: --image-tower torchvision:nosuchnet: torchvision has no model 'nosuchnet' (e.g. mobilenet_v2, resnet50, efficientnet_b0)", line
+
+
+def test_a_models_config_file_given_as_the_model_names_its_folder(cli, run_dir):
+    """`--model RUN/model/config.json` said "not a vltool model (no config.json ...)"."""
+    r = cli("zeroshot", "emoji", "--model", run_dir / "model" / "config.json", "--bootstrap", "0")
+    assert r.exit_code == 2
+    assert error_line(r) == f"error: model '{run_dir / 'model' / 'config.json'}' is a file, not a model folder; give its folder: {run_dir}"
+
+
+def test_resume_of_a_read_only_run_does_not_say_choose_another_out(cli, tmp_path, run_dir):
+    """`pretrain --resume RUN` on a read-only folder said "choose another --out" (resume has no --out)."""
+    import subprocess
+
+    disk = tmp_path / "ro"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m", "tmpfs", str(disk)], capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        run = disk / "run"
+        shutil.copytree(run_dir, run, ignore=shutil.ignore_patterns("model", "open_clip", "vltool.json", "loss.png"))  # unfinished
+        assert subprocess.run(["mount", "-o", "remount,ro", str(disk)]).returncode == 0
+        r = cli("pretrain", "--resume", run, "--no-progress")
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+    assert r.exit_code == 2
+    line = error_line(r)
+    assert line.startswith(f"error: --resume {run}: cannot write in {run} (read-only file system); ") and \
+        "make it writable, or copy the run somewhere writable and resume the copy" in line and "--out" not in line, line
+
+
+def test_hub_cache_problems_are_named_not_called_missing(cli, tmp_path, monkeypatch):
+    """HF_HOME being a file, and refs/main naming a snapshot that is gone, both said "not in the Hugging Face
+    cache; download it", which downloading does not fix."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    home = tmp_path / "hf-home"
+    home.write_text("not a folder")
+    monkeypatch.setenv("HF_HOME", str(home))
+    r = cli("zeroshot", "emoji", "--model", "hf:testorg/tiny-clip", "--bootstrap", "0")
+    assert r.exit_code == 2
+    line = error_line(r)
+    assert f"the Hugging Face cache {home / 'hub'} (HF_HOME={home}) cannot be a folder: {home} is a file; point HF_HOME at a folder" in line, line
+    home.unlink()
+    folder = home / "hub" / "models--testorg--tiny-clip"
+    (folder / "refs").mkdir(parents=True)
+    (folder / "snapshots").mkdir()
+    (folder / "refs" / "main").write_text("ab" * 20)
+    r = cli("zeroshot", "emoji", "--model", "hf:testorg/tiny-clip", "--bootstrap", "0")
+    assert r.exit_code == 2
+    line = error_line(r)
+    assert f"the cache {folder} is damaged: refs/main names commit {'ab' * 20}, whose snapshot folder is missing; remove {folder}" in line, line
+    assert "not in the Hugging Face cache" not in line
+
+
+def test_a_subspace_option_given_empty_is_named(cli, tmp_path, run_dir):
+    """`debias --subspace ''` named --debias."""
+    r = cli("debias", "--model", run_dir, "--subspace", "", "--eval-data", "emoji")
+    assert r.exit_code == 2
+    line = error_line(r)
+    assert line.startswith("error: --subspace is empty") and "--debias" not in line, line
+
+
+def test_report_has_overwrite(cli):
+    """`report --overwrite` was "No such option"."""
+    r = cli("report", "--help")
+    assert r.exit_code == 0 and "--overwrite" in r.stdout

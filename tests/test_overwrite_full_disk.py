@@ -70,9 +70,7 @@ def test_every_command_with_out_and_overwrite_has_a_case():
     assert writers <= {c.split("-report")[0] for c in CASES}, sorted(writers - set(CASES))
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.xfail(
-    strict=True, reason="issue 44 item 5b: torch.save's 'unexpected pos' on a full disk is an internal error")) if c == "pretrain" else c
-    for c in CASES])
+@pytest.mark.parametrize("case", CASES)
 def test_overwrite_on_a_full_disk_keeps_the_earlier_output(world, cli, request, small_disk, case):  # noqa: F811 (fixtures)
     import typer
 

@@ -242,7 +242,7 @@ def measure(config: DebiasConfig, out=None, *, where=(), split=None, overwrite: 
     config.validate()
     src, zs_label, out_path = load_measure_inputs(config, where, split, out, overwrite)
     m = load_eval_model(config.model, config.pretrained, config.cache_dir)
-    v = load_subspace(config.subspace, m.fingerprint)
+    v = load_subspace(config.subspace, m.fingerprint, option="--subspace")
     cache = EmbeddingCache(config.cache_dir)
     queries = read_queries(config)
     images = encode_group_images(m, src, cache, config, queries)

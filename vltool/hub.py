@@ -107,6 +107,9 @@ def _hub_error(spec: str, repo: str, revision: str | None, e: Exception) -> Usag
     at = f"{repo}@{revision}" if revision else repo
     cache = hub_cache()
     if isinstance(e, LocalEntryNotFoundError):
+        broken = _cache_problem(cache, repo, revision)
+        if broken:
+            return UsageError(f"{spec}: {at} cannot be loaded: {broken}")
         why = ("it is not in the Hugging Face cache " f"{cache} and HF_HUB_OFFLINE is set" if hub_offline()
                else f"it is not in the Hugging Face cache {cache} and the Hub could not be reached")
         return UsageError(f"{spec}: {at} cannot be loaded: {why}; download it on a machine online (same HF_HOME), "
@@ -121,6 +124,27 @@ def _hub_error(spec: str, repo: str, revision: str | None, e: Exception) -> Usag
         return UsageError(f"{spec}: {at} has no such file ({str(e).splitlines()[0]})")
     first = str(e).splitlines()[0] if str(e) else type(e).__name__
     return UsageError(f"{spec}: cannot fetch {at} from the Hugging Face Hub (cache {cache}): {first}")
+
+
+def _cache_problem(cache: Path, repo: str, revision: str | None) -> str | None:
+    """Why huggingface_hub's cache cannot hold `repo` (what is wrong and how to fix it), or None: the cache
+    folder is a file (HF_HOME or HF_HUB_CACHE naming one), or refs/REVISION names a commit whose snapshot
+    folder is gone (a cache cleaned by hand)."""
+    p = cache
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    if p.exists() and not p.is_dir():
+        env = "HF_HUB_CACHE" if os.environ.get("HF_HUB_CACHE") else "HF_HOME" if os.environ.get("HF_HOME") else None
+        named = f" ({env}={os.environ[env]})" if env else ""
+        return f"the Hugging Face cache {cache}{named} cannot be a folder: {p} is a file; point {env or 'HF_HOME'} at a folder"
+    folder = cache / ("models--" + repo.replace("/", "--"))
+    ref = folder / "refs" / (revision or "main")
+    if ref.is_file():
+        commit = ref.read_text().strip()
+        if commit and not (folder / "snapshots" / commit).is_dir():
+            return (f"the cache {folder} is damaged: refs/{revision or 'main'} names commit {commit}, whose snapshot folder "
+                    f"is missing; remove {folder} and download it again (online), or copy it from a complete cache")
+    return None
 
 
 def hub_snapshot(spec: str, repo: str, revision: str | None, allow=None, ignore=None) -> Path:
@@ -159,6 +183,8 @@ def resolve_hf(spec: str, allow=None) -> Resolved:
     rest = str(spec)[len(HF_SPEC):]
     if not rest:
         raise UsageError(f"{spec!r}: expected hf:DIR (a local folder) or hf:ORG/NAME[@REVISION] (a Hugging Face Hub id)")
+    if rest != rest.strip():  # `hf: ORG/NAME`: the space is part of neither a folder's name nor a Hub id
+        raise UsageError(f"{spec!r}: a space after 'hf:' (or at the end); write hf:{rest.strip()}")
     local = Path(rest).expanduser()
     if local.exists():
         return Resolved(local)

@@ -622,9 +622,16 @@ def check_writable(out: Path | str) -> None:
         p = p.parent
     if not p.is_dir():
         raise UsageError(f"--out {out}: {p} is not a directory, so nothing can be written under it")
-    if not os.access(p, os.W_OK | os.X_OK):
-        why = "read-only file system" if _read_only_fs(p) else "permission denied"
+    why = not_writable(p)
+    if why:
         raise UsageError(f"--out {out}: cannot write in {p} ({why}); choose another --out")
+
+
+def not_writable(p: Path | str) -> str | None:
+    """Why the directory `p` cannot be written in ("read-only file system", "permission denied"), or None."""
+    if os.access(p, os.W_OK | os.X_OK) and not _read_only_fs(Path(p)):
+        return None
+    return "read-only file system" if _read_only_fs(Path(p)) else "permission denied"
 
 
 def _read_only_fs(p: Path) -> bool:

@@ -320,6 +320,15 @@ def set_sequential_checkpointing(seqs: Sequence[nn.Module], enable: bool) -> Non
         s.__class__ = CheckpointedSequential if enable else nn.Sequential
 
 
+def unknown_torchvision_model(name: str) -> str | None:
+    """The error for `--image-tower torchvision:NAME` when torchvision has no classifier NAME, else None."""
+    import torchvision
+
+    if name in torchvision.models.list_models():
+        return None
+    return f"--image-tower torchvision:{name}: torchvision has no model {name!r} (e.g. mobilenet_v2, resnet50, efficientnet_b0)"
+
+
 class TorchvisionTower(nn.Module):
     """A torchvision classifier without its last linear layer: image (B,3,H,W) -> features (B, width)."""
 
@@ -873,7 +882,9 @@ class ModelSpec:
             kind, _, name = self.image_tower.partition(":")
             if kind != "torchvision" or not name:
                 problems.append(f"--image-tower {self.image_tower!r}: expected torchvision:NAME, e.g. torchvision:mobilenet_v2")
-            if not self.image_weights:
+            elif (unknown := unknown_torchvision_model(name)) is not None:
+                problems.append(unknown)  # (weights for a model that does not exist are beside the point)
+            elif not self.image_weights:
                 problems.append(
                     f"--image-tower {self.image_tower} needs --image-weights FILE (nothing is downloaded); {MOBILENET_HINT}"
                 )
@@ -1027,6 +1038,11 @@ def resolve_model_dir(path: Path | str) -> Path:
         return p / MODEL_DIR
     if not p.exists():
         raise UsageError(f"model {str(path)!r} does not exist (give a vltool RUN_DIR, RUN_DIR/model, hf:ORG/NAME, hf:DIR, open_clip:ARCH/TAG, open_clip:hf-hub:ORG/NAME or local-dir:PATH)")
+    if p.is_file():  # e.g. RUN_DIR/model/config.json: the model is the folder that holds it
+        folder = p.parent.parent if p.parent.name == MODEL_DIR and (p.parent.parent / "run.json").is_file() else p.parent
+        hint = (f"give its folder: {folder}" if (p.parent / CONFIG_FILE).is_file() and (p.parent / WEIGHTS_FILE).is_file()
+                else "give a model folder (a vltool RUN_DIR or RUN_DIR/model)")
+        raise UsageError(f"model {str(path)!r} is a file, not a model folder; {hint}")
     incomplete = _incomplete_model(p)
     if incomplete:
         raise UsageError(incomplete)
@@ -1191,6 +1207,8 @@ def _open_clip_arch(spec: str, pretrained: str | Path | None) -> tuple[TwoTower,
     if pretrained is not None and not str(pretrained).strip():  # never fresh weights by accident
         raise UsageError("--pretrained is empty: give an open_clip tag or a weights file (fresh weights: leave it out)")
     weights = weights or (str(pretrained) if pretrained is not None else "")
+    if not arch.strip():
+        raise UsageError(f"{spec!r} names no architecture; expected {OPEN_CLIP_SPELLINGS}, e.g. open_clip:ViT-B-32/openai")
     cfg = arch_config(arch, spec)
     preprocess_cfg, revision, checkpoint = cfg.get("preprocess_cfg"), {}, None
     tag = hub.open_clip_tag(f"{hub.OPEN_CLIP_SPEC}{arch}/{weights}") if weights else None
@@ -1223,7 +1241,16 @@ def _open_clip_arch(spec: str, pretrained: str | Path | None) -> tuple[TwoTower,
             tag_cfg = open_clip_pretrained_cfg(arch, weights) if tag is not None else {}
             model = _open_clip_native_model(spec, arch, cfg, checkpoint, tag_cfg, tokenizer)
             return model, tokenizer, revision
-        model, tok = _from_open_clip_cfg(cfg, preprocess_cfg, checkpoint, arch)
+        try:
+            model, tok = _from_open_clip_cfg(cfg, preprocess_cfg, checkpoint, arch)
+        except VltoolError as e:
+            if tag is not None:
+                raise
+            import open_clip
+
+            tags = ", ".join(open_clip.list_pretrained_tags_by_model(arch)) or "none"
+            raise UsageError(f"{spec if '/' in spec else '--pretrained ' + weights}: {e}; give a weights file open_clip saved for "
+                             f"{arch}, or one of its pretrained tags ({tags})") from None
     return model, tok, revision
 
 

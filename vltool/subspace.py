@@ -48,23 +48,24 @@ def project_out(h: np.ndarray, components: np.ndarray) -> np.ndarray:
     return edited / np.maximum(np.linalg.norm(edited, axis=1, keepdims=True), 1e-12)
 
 
-def load_subspace(path: Path | str, model_fingerprint: str | None = None) -> np.ndarray:
-    """V (k, D) from a subspace directory; refuses a subspace made with another model."""
+def load_subspace(path: Path | str, model_fingerprint: str | None = None, option: str = "--debias") -> np.ndarray:
+    """V (k, D) from a subspace directory; refuses a subspace made with another model. `option`: the option
+    that named it (--debias of an evaluation, --subspace of `vltool debias`)."""
     path = Path(path)
     f = path / SUBSPACE_FILE
     meta = path / "vltool.json"
     if not f.is_file() or not meta.is_file():
-        raise UsageError(f"--debias {path}: not a subspace directory written by `vltool debias --out` (no {SUBSPACE_FILE})")
+        raise UsageError(f"{option} {path}: not a subspace directory written by `vltool debias --out` (no {SUBSPACE_FILE})")
     try:  # (a leaf: the few lines of vltool.checks.read_json, not an import of it)
         info = json.loads(meta.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
-        raise UsageError(f"--debias {path}: cannot read {meta} ({e}); is it damaged?") from None
+        raise UsageError(f"{option} {path}: cannot read {meta} ({e}); is it damaged?") from None
     if not isinstance(info, dict):
-        raise UsageError(f"--debias {path}: {meta} is not a provenance record; is it damaged?")
+        raise UsageError(f"{option} {path}: {meta} is not a provenance record; is it damaged?")
     fp = info.get("stats", {}).get("model_fingerprint")
     if model_fingerprint is not None and fp != model_fingerprint:
         raise UsageError(
-            f"--debias {path} was computed with another model (fingerprint {fp}, this model {model_fingerprint}); "
-            "run `vltool debias` with this model"
+            f"{option} {path} was computed with another model (fingerprint {fp}, this model {model_fingerprint}); "
+            "make it with this model: `vltool debias --model MODEL --out DIR`, and give that DIR"
         )
     return np.load(f, allow_pickle=False)

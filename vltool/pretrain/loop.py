@@ -37,7 +37,7 @@ from vltool import columns as C
 from vltool import provenance
 from vltool.checks import read_json
 from vltool.errors import UsageError, VltoolError
-from vltool.io import (check_output, final_of_work_dir, hold_output_lock, is_shard_input, refuse_if_busy, replace_path,
+from vltool.io import (check_output, final_of_work_dir, hold_output_lock, is_shard_input, not_writable, refuse_if_busy, replace_path,
                        require_a_decodable_image, shared_ids, test_only_inputs, work_dir, write_json_atomic)
 from vltool.io import model_inputs as model_reads  # (what --init reads; features.model_inputs is a batch's model inputs)
 from vltool.model import (MODEL_DIR, OPEN_CLIP_DIR, build_from_spec, check_init, create_model, export_open_clip, fingerprint, pinned_spec,
@@ -181,6 +181,11 @@ def resolve_run(data, out, config, where, split, eval_data, eval_where, resume) 
             raise UsageError(f"--resume {run_dir}: not a vltool pretrain run directory (no {RUN_FILE})")
         if (run_dir / C.PROVENANCE_FILE).is_file():
             raise UsageError(f"--resume {run_dir}: this run has finished (its model is {run_dir / 'model'})")
+        for d in (run_dir, run_dir.absolute().parent):  # its checkpoints and model go in it, its lock beside it
+            why = not_writable(d)
+            if why:
+                raise UsageError(f"--resume {run_dir}: cannot write in {d} ({why}); a resumed run writes its checkpoints "
+                                 "and model there: make it writable, or copy the run somewhere writable and resume the copy")
         saved = read_json(run_dir / RUN_FILE, f"--resume {run_dir}:")
         try:
             spec = RunSpec(**saved)

@@ -64,20 +64,21 @@ def frozen_features(model, tokenizer, train: TrainData, config, frozen: dict, us
     do_image = config.cache_frozen and frozen["image"] and config.augment == "none" and uses_text
     do_text = config.cache_frozen and frozen["text"] and uses_text
     out = FrozenFeatures()
+    apart = {"before_projection": True} if getattr(model, "projections_apart", False) else {}  # (a whole CLIP's, trained)
     if do_image:
         out.image, out.bad_rows, out.reused["image"] = _through_cache(
-            _key(model.visual, train, C.IMAGE, {"kind": "image-trunk", "transform": model.config["preprocess"], "precision": config.precision}),
+            _key(model.visual, train, C.IMAGE, {"kind": "image-trunk", "transform": model.config["preprocess"], "precision": config.precision, **apart}),
             lambda: _encode_rows(model, train, config, accelerator, image=transform), accelerator)
     if do_text and fixed_text and not templated:
         pre = {"kind": "text-trunk", "tokenizer": model.config.get("tokenizer"), "caption_sampling": config.caption_sampling,
-               "source": train.text_source, "precision": config.precision}
+               "source": train.text_source, "precision": config.precision, **apart}
         per_row, _, out.reused["text"] = _through_cache(
             _key(model.text, train, train.text_column, pre),
             lambda: _encode_rows(model, train, config, accelerator, tokenizer=tokenizer), accelerator)
         out.text = FrozenText(per_row=per_row)
     elif do_text:
         texts = table_texts(train)
-        pre = {"kind": "text-trunk", "tokenizer": model.config.get("tokenizer"), "precision": config.precision}
+        pre = {"kind": "text-trunk", "tokenizer": model.config.get("tokenizer"), "precision": config.precision, **apart}
         table, _, out.reused["text"] = _through_cache(
             _key(model.text, None, TEXTS_COLUMN, pre, texts=texts),
             lambda: _encode_texts(model, tokenizer, texts, config, accelerator), accelerator)

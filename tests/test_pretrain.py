@@ -656,3 +656,19 @@ def test_frozen_features_are_reused_across_runs(tmp_path, pairs, monkeypatch):
     e = pretrain([pairs], tmp_path / "third", micro(**cfg), progress=False)
     assert e["stats"]["cached_features"]["reused_from_store"] == {"image": False, "text": False}
     assert_same_weights(weights(tmp_path / "first"), weights(tmp_path / "third"), atol=0)
+
+
+def test_several_captions_per_image_on_one_caption_each_is_refused(tmp_path, pairs, cli):
+    """--captions-per-image K on rows that each hold one caption was K copies of it: the plain loss under the
+    name of batch text augmentation (fff.sh's "+K captions" on such data). Refused in one line (issue 39)."""
+    import datasets
+
+    one = datasets.load_from_disk(pairs).map(lambda r: {"captions": r["captions"][:1]})
+    one.save_to_disk(str(tmp_path / "one"))
+    r = cli("pretrain", tmp_path / "one", "--out", tmp_path / "run", "--arch", "vltool-micro", "--loss", "sigmoid",
+            "--captions-per-image", "3", "--caption-sampling", "random", "--steps", "1", "--batch-size", "4", "--no-progress")
+    assert r.exit_code == 2 and "--captions-per-image 3: every training row has one caption" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
+    r = cli("pretrain", pairs, "--out", tmp_path / "ok", "--arch", "vltool-micro", "--loss", "sigmoid",
+            "--captions-per-image", "3", "--caption-sampling", "random", "--steps", "1", "--batch-size", "4", "--no-progress")
+    assert r.exit_code == 0, r.stderr

@@ -33,13 +33,17 @@ SMOKE=${SMOKE:-0}
 
 source "$(dirname "$0")/common.sh"
 if [ "$SMOKE" = "1" ]; then STEPS=3; fi
+# UniCL's held-out classes are subgroups of DATA's own `subgroup` / `label` columns, split with its rows
+if [ -n "$TRAIN_DATA" ] || [ -n "${LABEL_DATA:-}" ] || [ -n "${ZEROSHOT_BENCH:-}${RETRIEVAL_BENCH:-}${PROBE_BENCH:-}" ]; then
+    die "LABEL_DATA / TRAIN_DATA / *_BENCH: unicl.sh holds out subgroups of one dataset with caption, label, subgroup and split columns (DATA); a separate labelled dataset is not supported yet"
+fi
 LENGTH=(--epochs "$EPOCHS"); if [ -n "$STEPS" ]; then LENGTH=(--steps "$STEPS"); fi
 
 train() {  # train VARIANT SEED [pretrain options and data...], then evaluate
     local dir="$OUT/$1/seed$2" seed=$2
     shift 2
     say "seed $seed: ${dir#$OUT/}"
-    vltool pretrain "$@" --where split=train --out "$dir/run" --seed "$seed" "${TOWERS[@]}" "${LOCKED[@]}" \
+    vl_pretrain "$@" --where split=train --out "$dir/run" --seed "$seed" "${TOWERS[@]}" "${LOCKED[@]}" \
         --augment none --batch-size "$BATCH" --lr 1e-3 "${RUN_LENGTH[@]}" "${DEVICE_OPTS[@]}" --no-progress --overwrite > /dev/null
     for part in unseen seen; do   # zero-shot among the held-out (unseen) subgroups, and among the seen ones
         vltool zeroshot "$classes/$part" --where split=test --present-classes-only --templates "$TEMPLATES" \
@@ -82,7 +86,7 @@ for SEED in $SEEDS; do
 done
 
 vltool report "$OUT" --out "$RESULTS/unicl" --recipe recipes/unicl.sh "${STYLES[@]}" --baseline unicl-text \
-    --title "UniCL, Tables 5 and 6 on emoji: image-text, image-label, and both (held-out subgroups for zero-shot)" \
+    --title "UniCL, Tables 5 and 6 on $DATA_NAME: image-text, image-label, and both (held-out subgroups for zero-shot)" "${LAUNCH_NOTE[@]}" \
     --variant unicl-text="UniCL, image-text rows (CLIP's loss, UniCL's settings)" --variant clip="CLIP, image-text rows" \
     --variant unicl-label="UniCL, image-label rows (seen subgroups)" \
     --variant unicl-both="UniCL, both (balanced)" \
@@ -95,7 +99,7 @@ vltool report "$OUT" --out "$RESULTS/unicl" --recipe recipes/unicl.sh "${STYLES[
     --note "Every variant trains as many steps as CLIP takes for $EPOCHS epochs of the image-text rows; the paired differences are against UniCL on the image-text rows alone (CLIP's loss with UniCL's logit-scale start e). UniCL, both changes more than the label rows: --balanced gives the image-text rows half the rows they fill in the baseline, the label rows are the same training images with a second text, and those texts are the same $TEMPLATES prompts that zero-shot scores with."
 # Table 5's question: image-text rows added to image-label rows, against the image-label rows alone
 vltool report "$OUT" --out "$RESULTS/unicl-labels" --recipe recipes/unicl.sh "${STYLES[@]}" --baseline unicl-label \
-    --title "UniCL, Table 5 on emoji: image-label rows with and without image-text rows" \
+    --title "UniCL, Table 5 on $DATA_NAME: image-label rows with and without image-text rows" "${LAUNCH_NOTE[@]}" \
     --variant unicl-label="UniCL, image-label rows (seen subgroups)" --variant unicl-both="UniCL, both (balanced)" \
     --metric "ZS top-1, held-out subgroups=zeroshot-unseen:top1" --metric "ZS top-1, seen subgroups=zeroshot-seen:top1" \
     --metric "I→T R@1=retrieve:image_to_text_R@1" --metric "Probe top-1=probe:top1" \

@@ -723,6 +723,7 @@ def _final_stats(run: RunState, plain, final_eval, bad_all: set, exported: bool,
         "global_batch": c.batch_size * run.accelerator.num_processes * c.accum_steps,  # the loss's batch
         "accum_steps": c.accum_steps,
         "num_processes": run.accelerator.num_processes,
+        "per_process_batch": c.batch_size,  # --batch-size: rows per process per micro-batch
         "first_loss": run.first_loss,
         "final_loss": run.last_loss,
         "final_logit_scale": float(plain.logit_scale.detach().exp()),

@@ -176,6 +176,10 @@ if [ -n "$TRAIN_DATA" ]; then
     TRAIN=("$TRAIN_DATA")
     for w in $TRAIN_WHERE; do TRAIN+=(--where "$w"); done
 fi
+# the report's caption names the study's own data and model (the emoji study's titles already do)
+if [ -n "$TRAIN_DATA$INIT$ARCH${ZEROSHOT_BENCH:-}${RETRIEVAL_BENCH:-}${PROBE_BENCH:-}" ] || [ "${default_towers:-1}" = 0 ]; then
+    LAUNCH_NOTE+=(--note "Study: trained on ${TRAIN[*]}; model $MODEL_NAME (${TOWERS[*]}; TRAINABLE=$TRAINABLE); evaluated on ${ZEROSHOT_BENCH:-$DATA} (zero-shot), ${RETRIEVAL_BENCH:-$DATA} (retrieval), ${PROBE_BENCH:-$DATA} (probe), split $EVAL_SPLIT.")
+fi
 
 # rows_of BENCH SPLIT: the arguments that select SPLIT of a benchmark, one a line: --split for a DatasetDict or a
 # CLIP_benchmark folder, --where split=SPLIT for a dataset with a split column, nothing for one without (whole)

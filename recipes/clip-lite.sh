@@ -28,6 +28,7 @@ SMOKE=${SMOKE:-0}
 source "$(dirname "$0")/common.sh"
 if [ "$SMOKE" = "1" ]; then STEPS=2; BATCH_SIZES="4 16"; fi
 global_batch BATCH_SIZES
+[ -n "${PROBE_BENCH:-}" ] || [ -z "$TRAIN_DATA" ] || die "PROBE_BENCH: CLIP-Lite's metric is a linear probe; with TRAIN_DATA give a labelled benchmark with a $PROBE_TRAIN_SPLIT split"
 # the data fractions are nested quarters of whole groups of this column: base_id on emoji, id elsewhere
 SPLIT_BY=${SPLIT_BY:-$([ -z "$TRAIN_DATA" ] && echo base_id || echo id)}
 LENGTH=(--epochs "$EPOCHS"); if [ -n "$STEPS" ]; then LENGTH=(--steps "$STEPS"); fi

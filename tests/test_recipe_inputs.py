@@ -91,6 +91,7 @@ def test_inputs_a_recipe_cannot_use_are_refused_in_one_line(tmp_path):
         ("quickstart", {"INIT": "hf:you/tiny-clip", "ARCH": "vltool-micro"}, "INIT=hf:you/tiny-clip and ARCH=vltool-micro"),
         ("fff", {"TRAIN_DATA": str(tmp_path / "shards/{0..3}.tar")}, "TRAIN_DATA="),
         ("caption-worth", {"CAPTIONS_COLUMN": "texts"}, "CAPTIONS_COLUMN=texts"),
+        ("clip-lite", {"TRAIN_DATA": str(tmp_path)}, "PROBE_BENCH"),
     ]
     for recipe, env, variable in cases:
         proc, cmds = run_recipe(tmp_path, recipe, **env)

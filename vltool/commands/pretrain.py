@@ -101,6 +101,7 @@ def pretrain_command(
     shuffle_buffer: Annotated[int, typer.Option("--shuffle-buffer", help="wds: samples each data stream holds to shuffle in (seeded per epoch and stream, after the shards' order is shuffled).", rich_help_panel="Data")] = 2000,
     eval_data: Annotated[Optional[list[str]], typer.Option("--eval-data", help="Held-out data evaluated during training (repeatable).", rich_help_panel="Data")] = None,
     eval_where: Annotated[Optional[list[str]], typer.Option("--eval-where", help="--where clauses for --eval-data.", rich_help_panel="Data")] = None,
+    eval_split: Annotated[Optional[str], typer.Option("--eval-split", help="Split of --eval-data when it is a DatasetDict (or a CLIP_benchmark import).", rich_help_panel="Data")] = None,
     # optimisation
     batch_size: Annotated[int, typer.Option("--batch-size", help="Rows per process per micro-batch; the global batch is batch-size x processes x accum-steps.", rich_help_panel="Optimisation")] = 64,
     epochs: Annotated[Float, typer.Option("--epochs", help="Passes over the data [default: 1 unless --steps].", rich_help_panel="Optimisation")] = None,
@@ -140,7 +141,7 @@ def pretrain_command(
 
     device = renamed(ctx, "--cpu", "--device", cpu, device, means="cpu")
     config = pretrain_config(locals())
-    result = pretrain(data or [], out, None if resume else config, where=where or [], split=split, eval_data=eval_data or [], eval_where=eval_where or [],
+    result = pretrain(data or [], out, None if resume else config, where=where or [], split=split, eval_data=eval_data or [], eval_where=eval_where or [], eval_split=eval_split,
                       overwrite=overwrite, resume=resume, stop_after_steps=stop_after_steps, progress=not no_progress)
     print_result(result, as_json)
 

@@ -265,3 +265,4 @@ class RunSpec:
     num_processes: int
     command_line: str = ""
     init_revision: dict = field(default_factory=dict)  # --init's exact weights (Hub commit, open_clip tag's file sha256)
+    eval_split: str | None = None  # --eval-split: the split of a DatasetDict given as --eval-data

@@ -118,3 +118,28 @@ def test_model_and_data_variables_reach_every_training_command(tmp_path):
     reports = [c for c in cmds if c[1] == "report"]
     assert reports and all("my-shards" in option(c, "--title") for c in reports)
     assert all(any(a.startswith("Study: ") and "model hf:you/tiny-clip" in a for a in c) for c in reports)
+
+
+def test_unicl_takes_label_data_beside_train_data(tmp_path):
+    """UniCL on a study of one's own: TRAIN_DATA's image-text rows, LABEL_DATA's image-label rows (issue 39)."""
+    import datasets
+
+    labels = tmp_path / "labels"
+    datasets.Dataset.from_dict({"id": ["a"], "label": [0]}, features=datasets.Features(
+        {"id": datasets.Value("string"), "label": datasets.ClassLabel(names=["red heart"])})).save_to_disk(str(labels))
+    bench = tmp_path / "wds_cls"  # CLIP_benchmark's layout: a folder per split
+    for split in ("train", "test"):
+        (bench / split).mkdir(parents=True)
+    proc, cmds = run_recipe(tmp_path, "unicl", TRAIN_DATA="/data/pairs", LABEL_DATA=str(labels), PROBE_BENCH=str(bench),
+                            ZEROSHOT_BENCH=str(bench), SEEDS="0")
+    assert proc.returncode == 0, proc.stderr
+    trains = {option(c, "--out").split("/")[-3]: c for c in cmds if "pretrain" in c}
+    assert set(trains) == {"clip", "unicl-text", "unicl-label", "unicl-both"}
+    assert option(trains["unicl-both"], "--label-data") == str(labels) and option(trains["unicl-both"], "--text-data") == "/data/pairs"
+    assert all("--where" not in c for c in trains.values())
+    assert [c[2:5] for c in cmds if c[1] == "zeroshot"] == [[str(bench), "--split", "test"]] * 4
+    probes = [c for c in cmds if c[1] == "probe"]
+    assert probes and all(c[2:5] == [str(bench), "--split", "train"] and option(c, "--eval-split") == "test" for c in probes)
+    proc, _ = run_recipe(tmp_path, "unicl", TRAIN_DATA="/data/pairs", LABEL_DATA=str(labels), PROBE_BENCH="/bench/cls",
+                         TRAIN_WHERE="lang=en")
+    assert proc.returncode == 2 and "TRAIN_WHERE=lang=en" in proc.stderr

@@ -125,12 +125,20 @@ def own_study(tmp_path_factory):
     from bench.tiny_models import make_blip
 
     captioner = make_blip(root / "blip")
+    folder = root / "folder"  # UniCL's image-label rows: an ImageFolder, its class names from the folder names
+    ds = datasets.load_from_disk(str(imported)).cast_column("image", datasets.Image(decode=False))
+    for i, row in enumerate(ds.select(range(24))):
+        cls = folder / ("smiling_face" if i % 2 else "red_heart")
+        cls.mkdir(parents=True, exist_ok=True)
+        (cls / f"{i}.png").write_bytes(row["image"]["bytes"])
+    r = subprocess.run(["vltool", "import", str(folder), "--out", str(root / "labels"), "--no-progress"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
     assert len(datasets.load_from_disk(str(imported))) == 96
     launch = " ".join(launch_command([], 2))
     env = {"HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1", "INIT": "hf:you/tiny-clip", "LAUNCH": launch,
            "ZEROSHOT_BENCH": str(cls), "RETRIEVAL_BENCH": str(ret), "PROBE_BENCH": str(cls), "DATA_NAME": "my-shards",
            "OMP_NUM_THREADS": "1"}
-    return {"env": env, "shards": shards, "imported": str(imported), "captioner": str(captioner)}
+    return {"env": env, "shards": shards, "imported": str(imported), "captioner": str(captioner), "labels": str(root / "labels")}
 
 
 def _emoji_shards(root: Path, rows: int, per_shard: int) -> str:
@@ -166,6 +174,7 @@ OWN = {  # recipe: its own inputs beyond the shared ones, and the reports it wri
     "fff": ({"TRAIN_DATA": "imported", "CAPTIONER": "captioner"}, ["fff", "fff-terms", "fff-batch"]),
     "caption-worth": ({"TRAIN_DATA": "imported", "CAPTIONER": "captioner"}, ["caption-worth", "caption-worth-filter"]),
     "debias": ({"TRAIN_DATA": "shards", "CONCEPT_DATA": "emoji"}, ["debias", "debias-zeroshot"]),
+    "unicl": ({"TRAIN_DATA": "imported", "LABEL_DATA": "labels"}, ["unicl", "unicl-labels"]),
 }
 
 
@@ -188,7 +197,7 @@ def test_recipe_runs_on_your_own_study(recipe, own_study, tmp_path):
         assert stats["num_processes"] == 2 and stats["per_process_batch"] * 2 == stats["global_batch"]
 
 
-def test_unicl_refuses_a_study_of_ones_own(own_study, tmp_path):
+def test_unicl_without_label_data_refuses_a_study_of_ones_own(own_study, tmp_path):
     env = {**os.environ, **own_study["env"], "SMOKE": "1", "OUT": str(tmp_path / "out"), "TRAIN_DATA": own_study["shards"]}
     proc = subprocess.run(["bash", str(ROOT / "recipes" / "unicl.sh")], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert proc.returncode == 2 and "LABEL_DATA" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1

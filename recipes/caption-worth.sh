@@ -23,16 +23,27 @@ UNFREEZE=${UNFREEZE:-1}               # last MobileNetV2 blocks trained (the res
 KEEP_FRAC=${KEEP_FRAC:-0.5}           # share of the keyword captions the filter keeps (and the random subset's)
 CAPTIONER=${CAPTIONER:-}              # a local image captioner directory (BLIP, ...) for Figure 5a's setting
 SMOKE=${SMOKE:-0}
+TRAINABLE=${TRAINABLE:-image-last-$UNFREEZE}   # the image tower's last UNFREEZE blocks train (common.sh: LOCKED)
 
 source "$(dirname "$0")/common.sh"
-TRAINABLE=(--lock-image --unfreeze-image-last "$UNFREEZE" --lock-text)
-if [ "$SMOKE" = "1" ]; then STEPS=3; TRAINABLE=(); fi
+if [ "$SMOKE" = "1" ]; then STEPS=3; fi
+# CLIPS and the keyword captions need several captions per image: CAPTIONS_COLUMN ('captions') of the training
+# rows, else CAPTIONER's (vltool recaption, per seed); refused rather than CLIPS on one caption
+CAPTIONS_COLUMN=${CAPTIONS_COLUMN:-captions}
+if [ "$CAPTIONS_COLUMN" != captions ]; then die "CAPTIONS_COLUMN=$CAPTIONS_COLUMN: pretrain and pick-caption read several captions from a 'captions' column; rename it, or set CAPTIONER to generate them"; fi
+RECAPTION_TRAIN=0
+if [ -n "$TRAIN_DATA" ] && ! has_column "$TRAIN_DATA" captions; then
+    [ -n "$CAPTIONER" ] || die "CAPTIONER: TRAIN_DATA=$TRAIN_DATA has one caption per image; CLIPS and the keyword captions need several (set CAPTIONER to a local captioning model, or CAPTIONS_COLUMN)"
+    need_table TRAIN_DATA "captioning the training rows"
+    RECAPTION_TRAIN=1
+fi
+[ -n "${PROBE_BENCH:-}" ] || [ -z "$TRAIN_DATA" ] || die "PROBE_BENCH: the paper's metric is a linear probe; with TRAIN_DATA give a labelled benchmark with a $PROBE_TRAIN_SPLIT split"
 LENGTH=(--epochs "$EPOCHS"); if [ -n "$STEPS" ]; then LENGTH=(--steps "$STEPS"); fi
 
 train() {  # train RUN_DIR SEED [pretrain options and data...]
     local run=$1 seed=$2
     shift 2
-    vltool pretrain "$@" --out "$run" --seed "$seed" "${TOWERS[@]}" "${TRAINABLE[@]}" --augment simclr \
+    vl_pretrain "$@" --out "$run" --seed "$seed" "${TOWERS[@]}" "${LOCKED[@]}" --augment simclr \
         --batch-size "$BATCH" --lr 1e-3 "${LENGTH[@]}" "${DEVICE_OPTS[@]}" --no-progress --overwrite > /dev/null
 }
 evaluate_all() {  # evaluate_all DIR: probe (the paper's metric), zero-shot and retrieval
@@ -40,22 +51,32 @@ evaluate_all() {  # evaluate_all DIR: probe (the paper's metric), zero-shot and 
     if [ "${2:-}" != "probe-only" ]; then evaluate "$1/run" "$1"; fi
 }
 
+REFERENCE=(--reference "$DATA" --reference-where split=train)   # the filter's reference: the training rows' captions
+if [ -n "$TRAIN_DATA" ]; then
+    REFERENCE=(--reference "$TRAIN_DATA"); for w in $TRAIN_WHERE; do REFERENCE+=(--reference-where "$w"); done
+fi
 for SEED in $SEEDS; do
+    CAPTIONED=("${TRAIN[@]}")   # the training rows with several captions each
+    if [ "$RECAPTION_TRAIN" = 1 ]; then
+        vltool recaption "${TRAIN[@]}" --model "$CAPTIONER" --num-captions 5 --seed "$SEED" \
+            --out "$OUT/shared/seed$SEED/captioned" --overwrite > /dev/null
+        CAPTIONED=("$OUT/shared/seed$SEED/captioned")
+    fi
     # ---- Table 1
     say "seed $SEED: SimCLR"
-    train "$OUT/simclr/seed$SEED/run" "$SEED" "$DATA" --where split=train --loss simclr
+    train "$OUT/simclr/seed$SEED/run" "$SEED" "${TRAIN[@]}" --loss simclr
     evaluate_all "$OUT/simclr/seed$SEED" probe-only    # no text tower trained: no zero-shot or retrieval
     say "seed $SEED: CLIP, one caption"
-    train "$OUT/clip/seed$SEED/run" "$SEED" "$DATA" --where split=train
+    train "$OUT/clip/seed$SEED/run" "$SEED" "${TRAIN[@]}"
     evaluate_all "$OUT/clip/seed$SEED"
     say "seed $SEED: CLIPS, a random one of k captions per step"
-    train "$OUT/clips/seed$SEED/run" "$SEED" "$DATA" --where split=train --caption-sampling random
+    train "$OUT/clips/seed$SEED/run" "$SEED" "${CAPTIONED[@]}" --caption-sampling random
     evaluate_all "$OUT/clips/seed$SEED"
 
     # ---- Table 2 (left): filter noisy one-keyword captions by how name-like they are
     shared="$OUT/shared/seed$SEED"
-    vltool pick-caption "$DATA" --where split=train --exclude-caption --seed "$SEED" --out "$shared/keywords" --overwrite > /dev/null
-    vltool filter "$shared/keywords" --reference "$DATA" --reference-where split=train --reference-column caption \
+    vltool pick-caption "${CAPTIONED[@]}" --exclude-caption --seed "$SEED" --out "$shared/keywords" --overwrite > /dev/null
+    vltool filter "$shared/keywords" "${REFERENCE[@]}" --reference-column caption \
         --keep-frac "$KEEP_FRAC" --seed "$SEED" --out "$OUT/clip-keywords-filtered/seed$SEED/data" --overwrite > /dev/null
     vltool split "$shared/keywords" --parts "kept=$KEEP_FRAC,rest=$(python -c "print(round(1 - $KEEP_FRAC, 6))")" --separate \
         --seed "$SEED" --out "$shared/random" --overwrite > /dev/null
@@ -68,7 +89,7 @@ for SEED in $SEEDS; do
     # ---- Figure 5a's setting: CLIPS on generated captions, with a local captioner only
     if [ -n "$CAPTIONER" ]; then
         say "seed $SEED: CLIPS on captions from $CAPTIONER"
-        vltool recaption "$DATA" --where split=train --model "$CAPTIONER" --num-captions 5 --replace --seed "$SEED" \
+        vltool recaption "${TRAIN[@]}" --model "$CAPTIONER" --num-captions 5 --replace --seed "$SEED" \
             --out "$OUT/clips-recaptioned/seed$SEED/data" --overwrite > /dev/null
         train "$OUT/clips-recaptioned/seed$SEED/run" "$SEED" "$OUT/clips-recaptioned/seed$SEED/data" --caption-sampling random
         evaluate_all "$OUT/clips-recaptioned/seed$SEED"
@@ -82,13 +103,13 @@ done
 METRICS=(--metric "Probe balanced acc.=probe:mean_per_class_recall" --metric "Probe top-1=probe:top1" --metric "ZS top-1=zeroshot:top1"
          --metric "I→T R@1=retrieve:image_to_text_R@1" --metric "T→I R@1=retrieve:text_to_image_R@1")
 vltool report "$OUT" --overwrite --out "$RESULTS/caption-worth" --recipe recipes/caption-worth.sh "${STYLES[@]}" --baseline clip \
-    --title "Is a Caption Worth a Thousand Images?, Table 1 on emoji: SimCLR vs CLIP vs CLIPS (SimCLR augmentations)" \
+    --title "Is a Caption Worth a Thousand Images?, Table 1 on $DATA_NAME: SimCLR vs CLIP vs CLIPS (SimCLR augmentations)" "${LAUNCH_NOTE[@]}" \
     --variant simclr=SimCLR --variant clip="CLIP (name)" --variant clips="CLIPS (name + keywords)" "${METRICS[@]}" \
     --paper simclr="56.0 (µTx, COCO; Table 1)" --paper clip="57.5" --paper clips="61.3 (+3.8)"
 FILTER_VARIANTS=(--variant clip-keywords-random="CLIP, random $KEEP_FRAC"
                  --variant clip-keywords-filtered="CLIP, filtered $KEEP_FRAC")
 if [ -n "$CAPTIONER" ]; then FILTER_VARIANTS+=(--variant clips-recaptioned="CLIPS, generated captions"); fi
 vltool report "$OUT" --overwrite --out "$RESULTS/caption-worth-filter" --recipe recipes/caption-worth.sh "${STYLES[@]}" --baseline clip-keywords-random \
-    --title "Is a Caption Worth a Thousand Images?, Table 2 on emoji: filtering noisy captions" \
+    --title "Is a Caption Worth a Thousand Images?, Table 2 on $DATA_NAME: filtering noisy captions" "${LAUNCH_NOTE[@]}" \
     "${FILTER_VARIANTS[@]}" "${METRICS[@]}" --metric "Training rows=run/vltool.json:stats.rows_used" \
     --paper clip-keywords-random="53.1 (CC 100K, µTx; Table 2 left)" --paper clip-keywords-filtered="54.2 (+1.1)"

@@ -27,13 +27,17 @@ SMOKE=${SMOKE:-0}
 
 source "$(dirname "$0")/common.sh"
 if [ "$SMOKE" = "1" ]; then STEPS=2; BATCH_SIZES="4 16"; fi
+global_batch BATCH_SIZES
+[ -n "${PROBE_BENCH:-}" ] || [ -z "$TRAIN_DATA" ] || die "PROBE_BENCH: CLIP-Lite's metric is a linear probe; with TRAIN_DATA give a labelled benchmark with a $PROBE_TRAIN_SPLIT split"
+# the data fractions are nested quarters of whole groups of this column: base_id on emoji, id elsewhere
+SPLIT_BY=${SPLIT_BY:-$([ -z "$TRAIN_DATA" ] && echo base_id || echo id)}
 LENGTH=(--epochs "$EPOCHS"); if [ -n "$STEPS" ]; then LENGTH=(--steps "$STEPS"); fi
 
 train() {  # train VARIANT SEED BATCH [pretrain options and data...], then evaluate
     local dir="$OUT/$1/seed$2" seed=$2 batch=$3
     shift 3
     say "seed $seed: ${dir#$OUT/}"
-    vltool pretrain "$@" --out "$dir/run" --seed "$seed" "${TOWERS[@]}" "${LOCKED[@]}" --augment none \
+    vl_pretrain "$@" --out "$dir/run" --seed "$seed" "${TOWERS[@]}" "${LOCKED[@]}" --augment none \
         --batch-size "$batch" --lr 1e-3 "${LENGTH[@]}" "${DEVICE_OPTS[@]}" --no-progress --overwrite > /dev/null
     evaluate "$dir/run" "$dir"
     probe "$dir/run" "$dir" fff --features post
@@ -41,7 +45,7 @@ train() {  # train VARIANT SEED BATCH [pretrain options and data...], then evalu
 
 for SEED in $SEEDS; do
     q="$OUT/shared/seed$SEED/quarters"   # q/q1 .. q/q4: quarters of the training rows, whole base_id groups
-    vltool split "$DATA" --where split=train --by base_id --parts q1=0.25,q2=0.25,q3=0.25,q4=0.25 --separate \
+    vltool split "${TRAIN[@]}" --by "$SPLIT_BY" --parts q1=0.25,q2=0.25,q3=0.25,q4=0.25 --separate \
         --seed "$SEED" --out "$q" --overwrite > /dev/null
     subsets=("$q/q1" "$q/q2" "$q/q3" "$q/q4")
     for k in 1 2 3 4; do
@@ -63,7 +67,7 @@ for k in 1 2 3 4; do
                 --pair "jsd-$((25 * k))pct=clip-$((25 * k))pct")   # JSD against InfoNCE on the same rows
 done
 vltool report "$OUT" --overwrite --out "$RESULTS/clip-lite" --recipe recipes/clip-lite.sh "${STYLES[@]}" --baseline clip-100pct \
-    --title "CLIP-Lite, Tables 1, 2, 4 on emoji: InfoNCE vs JSD at 25-100% of the training rows" \
+    --title "CLIP-Lite, Tables 1, 2, 4 on $DATA_NAME: InfoNCE vs JSD at 25-100% of the training rows" "${LAUNCH_NOTE[@]}" \
     "${FRACTIONS[@]}" "${METRICS[@]}" --metric "Training rows=run/vltool.json:stats.rows_used" \
     --paper jsd-25pct="77.7 (+3.5; Table 2)" --paper jsd-50pct="84.4 (+10.2; Table 2)" \
     --paper jsd-75pct="86.8 (+12.6; Table 2)" --paper clip-100pct="VOC07 mAP 74.2 (CLIP-COCO; Tables 1, 2)" \
@@ -76,14 +80,14 @@ for b in $(printf '%s\n' "${BATCHES[@]}" | sort -n); do
     if [ "$b" = "$BATCH" ]; then BATCH_VARIANTS+=(--variant "jsd-100pct=JSD, batch $b"); else BATCH_VARIANTS+=(--variant "jsd-batch$b=JSD, batch $b"); fi
 done
 vltool report "$OUT" --overwrite --out "$RESULTS/clip-lite-batch" --recipe recipes/clip-lite.sh "${STYLES[@]}" --baseline jsd-100pct \
-    --title "CLIP-Lite, Table 8 on emoji: JSD across batch sizes" \
+    --title "CLIP-Lite, Table 8 on $DATA_NAME: JSD across batch sizes" "${LAUNCH_NOTE[@]}" \
     "${BATCH_VARIANTS[@]}" "${METRICS[@]}" --metric "s/step=run/vltool.json:stats.seconds_per_step_this_invocation" \
     --metric "Steps=run/vltool.json:stats.steps" \
     --paper jsd-100pct="VOC07 74.7 at batch 64 (Table 8)" --paper jsd-batch128="81.3 at 128 (+6.6)" \
     --paper jsd-batch256="84.9 at 256 (+10.2)" \
     --note "Paper: CLIP-Lite Table 8, VOC07 mAP of a ResNet-50 trained with a 2-layer BERT text encoder for 200K iterations at every batch size (512: 87.5, 1024: 87.9); here every batch size trains 10 epochs, so larger batches take fewer steps."
 vltool report "$OUT" --overwrite --out "$RESULTS/clip-lite-negatives" --recipe recipes/clip-lite.sh "${STYLES[@]}" --baseline jsd-all-100pct \
-    --title "CLIP-Lite on emoji: is it the number of negatives? JSD with one negative vs every in-batch negative" \
+    --title "CLIP-Lite on $DATA_NAME: is it the number of negatives? JSD with one negative vs every in-batch negative" "${LAUNCH_NOTE[@]}" \
     --variant jsd-all-100pct="JSD, all $((BATCH - 1)) in-batch negatives" --variant jsd-100pct="JSD, one negative (CLIP-Lite's)" \
     --variant clip-100pct="InfoNCE" "${METRICS[@]}" \
     --note "All rows, batch $BATCH, 10 epochs each. JSD with all negatives is not CLIP-Lite's loss: its negative term averages softplus(T) over every pair i != j of the batch instead of one pair per positive, the same expectation with InfoNCE's number of negatives per step. If the number of negatives were why JSD trails InfoNCE on retrieval, this variant would close the gap: InfoNCE's difference from it would be within noise."

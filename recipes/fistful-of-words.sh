@@ -26,6 +26,8 @@ TOPFREQ=${TOPFREQ:-20}                # RmTopFreq(t): the paper's t = 1000 empti
 SMOKE=${SMOKE:-0}
 
 source "$(dirname "$0")/common.sh"
+# Table 7's halves are whole groups of this column: base_id on emoji (an emoji with its skin tones), id elsewhere
+SPLIT_BY=${SPLIT_BY:-$([ -z "$TRAIN_DATA" ] && echo base_id || echo id)}
 if [ "$SMOKE" = "1" ]; then STEPS=3; SEMI_STEPS=3; TOPFREQ=2; MEMORY_BANK=16; SEMI_MEMORY_BANK=16; fi
 LENGTH=(--epochs "$EPOCHS"); if [ -n "$STEPS" ]; then LENGTH=(--steps "$STEPS"); SEMI_STEPS=$STEPS; fi
 
@@ -35,7 +37,7 @@ train() {  # train OUT_RUN_DIR SEED K LENGTH_OPTS... -- DATA_ARGS...
     local len=()
     while [ "$1" != "--" ]; do len+=("$1"); shift; done
     shift
-    vltool pretrain "$@" --out "$run" --seed "$seed" "${TOWERS[@]}" "${LOCKED[@]}" --augment none \
+    vl_pretrain "$@" --out "$run" --seed "$seed" "${TOWERS[@]}" "${LOCKED[@]}" --augment none \
         --memory-bank "$k" --batch-size "$BATCH" --lr 1e-3 "${len[@]}" "${DEVICE_OPTS[@]}" --no-progress --overwrite > /dev/null
 }
 
@@ -45,13 +47,13 @@ for SEED in $SEEDS; do
         dir="$OUT/$variant/seed$SEED"
         say "seed $SEED: $variant"
         case $variant in
-            intact) train_data=("$DATA" --where split=train) ;;
+            intact) train_data=("${TRAIN[@]}") ;;
             only-bow) ops=shuffle,rmstop,keep4; frac=0 ;;
             mostly-bow) ops=shuffle,rmstop,basevocab,rmtopfreq$TOPFREQ,keep4; frac=0.1 ;;
             mostly-bow-no-rmtopfreq) ops=shuffle,rmstop,basevocab,keep4; frac=0.1 ;;
         esac
         if [ "$variant" != intact ]; then
-            vltool deform "$DATA" --where split=train --ops "$ops" --base-frac "$frac" --seed "$SEED" \
+            vltool deform "${TRAIN[@]}" --ops "$ops" --base-frac "$frac" --seed "$SEED" \
                 --out "$dir/data" --overwrite > /dev/null
             train_data=("$dir/data")
         fi
@@ -61,7 +63,7 @@ for SEED in $SEEDS; do
 
     # ---- Table 7: semi-aligned. Halves of the training split by base_id, so no emoji is in both.
     halves="$OUT/shared/seed$SEED/halves"
-    vltool split "$DATA" --where split=train --by base_id --parts aligned=0.5,unaligned=0.5 --separate \
+    vltool split "${TRAIN[@]}" --by "$SPLIT_BY" --parts aligned=0.5,unaligned=0.5 --separate \
         --seed "$SEED" --out "$halves" --overwrite > /dev/null
     aligned="$OUT/shared/seed$SEED/aligned-bow"   # the paper pseudo-labels with a default-BoW model
     vltool deform "$halves/aligned" --ops shuffle,rmstop,basevocab,rmtopfreq$TOPFREQ,keep4 --seed "$SEED" \
@@ -87,7 +89,7 @@ done
 EVAL_METRICS=(--metric "ZS top-1=zeroshot:top1" --metric "ZS top-5=zeroshot:top5"
               --metric "I→T R@1=retrieve:image_to_text_R@1" --metric "T→I R@1=retrieve:text_to_image_R@1")
 vltool report "$OUT" --overwrite --out "$RESULTS/fistful-of-words" --recipe recipes/fistful-of-words.sh "${STYLES[@]}" --baseline intact \
-    --title "A Fistful of Words, Tables 2 and 4 on emoji: intact captions vs bags of words" \
+    --title "A Fistful of Words, Tables 2 and 4 on $DATA_NAME: intact captions vs bags of words" "${LAUNCH_NOTE[@]}" \
     --variant intact=Intact --variant only-bow="Only BoW (shuffle, rmstop, keep4; 100%)" \
     --variant mostly-bow="Mostly BoW (default cascade; 90%)" --variant mostly-bow-no-rmtopfreq="Mostly BoW − RmTopFreq" \
     "${EVAL_METRICS[@]}" --metric "Avg cap len=data/vltool.json:stats.avg_caption_len_after" \
@@ -98,7 +100,7 @@ vltool report "$OUT" --overwrite --out "$RESULTS/fistful-of-words" --recipe reci
     --note "Paper: both towers trained; its closest setting to our locked towers is Table 3's frozen text encoder (image encoder trained). It has no run with both towers frozen."
 vltool report "$OUT" --overwrite --out "$RESULTS/fistful-of-words-semi-aligned" --recipe recipes/fistful-of-words.sh "${STYLES[@]}" \
     --baseline aligned-only-2x \
-    --title "A Fistful of Words, Table 7 on emoji: semi-aligned learning with pseudo bags of words" \
+    --title "A Fistful of Words, Table 7 on $DATA_NAME: semi-aligned learning with pseudo bags of words" "${LAUNCH_NOTE[@]}" \
     --variant aligned-only="Aligned-only" --variant aligned-only-2x="Aligned-only, 2x steps" \
     --variant pl-rmtop-rand=RmTopRand --variant pl-rmtop-maxcount=RmTopMaxCount \
     --variant pl-maxcount=MaxCount --variant pl-weighted-count=WeightedCount \

@@ -13,8 +13,7 @@
 set -euo pipefail
 
 DATA=${DATA:-emoji}            # a dataset saved with save_to_disk, or the built-in emoji data
-# the same test emoji in a second art style (none of it in training); empty: none
-if [ "$DATA" = "emoji" ]; then STYLE2=${STYLE2-emoji-openmoji}; else STYLE2=${STYLE2-}; fi
+# (the same test emoji in a second art style, none of it in training: STYLE2 / SHIFT_BENCH in common.sh)
 OUT=${OUT:-runs/quickstart}    # every run: OUT/<variant>/seed<N>/
 SEEDS=${SEEDS:-0}
 EPOCHS=${EPOCHS:-10}
@@ -30,10 +29,14 @@ LENGTH=(--epochs "$EPOCHS"); if [ -n "$STEPS" ]; then LENGTH=(--steps "$STEPS");
 
 for SEED in $SEEDS; do
     dir="$OUT/lit-bow/seed$SEED"
-    vltool deform "$DATA" --where split=train --ops shuffle,rmstop,basevocab,rmtopfreq20,keep4 --seed "$SEED" \
+    vltool deform "${TRAIN[@]}" --ops shuffle,rmstop,basevocab,rmtopfreq20,keep4 --seed "$SEED" \
         --out "$dir/data" --overwrite
-    vltool pretrain "$dir/data" --out "$dir/run" --seed "$SEED" "${TOWERS[@]}" "${LOCKED[@]}" --augment none \
+    vl_pretrain "$dir/data" --out "$dir/run" --seed "$SEED" "${TOWERS[@]}" "${LOCKED[@]}" --augment none \
         --batch-size "$BATCH" --lr 1e-3 "${LENGTH[@]}" "${DEVICE_OPTS[@]}" --no-progress --overwrite
+    if [ -n "${ZEROSHOT_BENCH:-}${RETRIEVAL_BENCH:-}" ]; then   # the study's own benchmarks (common.sh)
+        evaluate "$dir/run" "$dir"
+        continue
+    fi
     vltool zeroshot "$DATA" --where split=test --model "$dir/run" --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" --out "$dir/zeroshot.json" --overwrite
     vltool retrieve "$DATA" --where split=test --model "$dir/run" --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" --out "$dir/retrieve.json" --overwrite
     if [ -n "$STYLE2" ]; then
@@ -44,10 +47,10 @@ done
 
 # with STYLE2, each metric beside the same metric in the second style (--style: files named *-style2.json)
 vltool report "$OUT" --overwrite --out "$RESULTS/quickstart" --recipe recipes/quickstart.sh "${STYLES[@]}" --variant lit-bow="LiT on bags of words" \
-    --title "Quick start: MobileNetV2 + MiniLM aligned on bags of words of the emoji names" \
+    --title "Quick start: $MODEL_NAME aligned on bags of words of the $([ "$DATA_NAME" = emoji ] && echo "emoji names" || echo "$DATA_NAME captions")" \
     --metric "ZS top-1=zeroshot:top1" --metric "ZS top-5=zeroshot:top5" \
     --metric "I→T R@1=retrieve:image_to_text_R@1" --metric "T→I R@1=retrieve:text_to_image_R@1" \
-    --metric "Training rows=run/vltool.json:stats.rows_used"
+    --metric "Training rows=run/vltool.json:stats.rows_used" "${LAUNCH_NOTE[@]}"
 
 if [ "$PUBLISH" = "1" ] && [ "$SMOKE" != "1" ] && [ "$RESULTS" != "results" ]; then
     mkdir -p results

@@ -33,13 +33,27 @@ SMOKE=${SMOKE:-0}
 
 source "$(dirname "$0")/common.sh"
 if [ "$SMOKE" = "1" ]; then STEPS=3; fi
+# On DATA, UniCL's held-out classes are subgroups of its own `subgroup` / `label` columns, split with its rows.
+# A study of one's own gives the image-label rows as LABEL_DATA (e.g. an imported ImageFolder) beside TRAIN_DATA's
+# image-text rows, and scores zero-shot on ZEROSHOT_BENCH (whose classes should be absent from LABEL_DATA).
+LABEL_DATA=${LABEL_DATA:-}
+if [ -z "$LABEL_DATA" ] && [ -n "$TRAIN_DATA${ZEROSHOT_BENCH:-}${RETRIEVAL_BENCH:-}${PROBE_BENCH:-}" ]; then
+    die "LABEL_DATA: with TRAIN_DATA or your own benchmarks, give UniCL's image-label rows (a dataset with image and label, e.g. vltool import FOLDER --out DIR)"
+fi
+if [ -n "$LABEL_DATA" ]; then
+    [ -n "$TRAIN_DATA" ] || die "TRAIN_DATA: with LABEL_DATA, give the image-text rows too"
+    [ -z "$TRAIN_WHERE" ] || die "TRAIN_WHERE=$TRAIN_WHERE: with LABEL_DATA, --where would select LABEL_DATA's rows too; select the rows before (vltool split)"
+    need_table TRAIN_DATA "UniCL's loss"
+    [ -n "${PROBE_BENCH:-}" ] || die "PROBE_BENCH: unicl.sh's probe needs a labelled benchmark with a $PROBE_TRAIN_SPLIT split when TRAIN_DATA is given"
+    need_column LABEL_DATA "$LABEL_DATA" label "UniCL's image-label rows" "import an image folder with vltool import"
+fi
 LENGTH=(--epochs "$EPOCHS"); if [ -n "$STEPS" ]; then LENGTH=(--steps "$STEPS"); fi
 
 train() {  # train VARIANT SEED [pretrain options and data...], then evaluate
     local dir="$OUT/$1/seed$2" seed=$2
     shift 2
     say "seed $seed: ${dir#$OUT/}"
-    vltool pretrain "$@" --where split=train --out "$dir/run" --seed "$seed" "${TOWERS[@]}" "${LOCKED[@]}" \
+    vl_pretrain "$@" --where split=train --out "$dir/run" --seed "$seed" "${TOWERS[@]}" "${LOCKED[@]}" \
         --augment none --batch-size "$BATCH" --lr 1e-3 "${RUN_LENGTH[@]}" "${DEVICE_OPTS[@]}" --no-progress --overwrite > /dev/null
     for part in unseen seen; do   # zero-shot among the held-out (unseen) subgroups, and among the seen ones
         vltool zeroshot "$classes/$part" --where split=test --present-classes-only --templates "$TEMPLATES" \
@@ -67,6 +81,37 @@ evaluate_retrieval() {  # evaluate_retrieval MODEL DIR: image-text retrieval on 
     done
 }
 
+if [ -n "$LABEL_DATA" ]; then   # a study of one's own: TRAIN_DATA's image-text rows, LABEL_DATA's image-label rows
+    own_train() {  # own_train VARIANT SEED [pretrain options and data...], then evaluate on the benchmarks
+        local dir="$OUT/$1/seed$2" seed=$2
+        shift 2
+        say "seed $seed: ${dir#$OUT/}"
+        vl_pretrain "$@" --out "$dir/run" --seed "$seed" "${TOWERS[@]}" "${LOCKED[@]}" --augment none --batch-size "$BATCH" \
+            --lr 1e-3 "${RUN_LENGTH[@]}" "${DEVICE_OPTS[@]}" --no-progress --overwrite > /dev/null
+        evaluate "$dir/run" "$dir"
+        probe "$dir/run" "$dir" fff --features post
+    }
+    for SEED in $SEEDS; do
+        RUN_LENGTH=("${LENGTH[@]}")
+        own_train clip "$SEED" "$TRAIN_DATA"
+        RUN_LENGTH=(--steps "$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['stats']['steps'])" "$OUT/clip/seed$SEED/run/vltool.json")")
+        own_train unicl-text "$SEED" --loss unicl --text-data "$TRAIN_DATA"
+        own_train unicl-label "$SEED" --loss unicl --label-data "$LABEL_DATA" --templates "$TEMPLATES"
+        own_train unicl-both "$SEED" --loss unicl --label-data "$LABEL_DATA" --text-data "$TRAIN_DATA" --prefix-ids --balanced \
+            --templates "$TEMPLATES"
+    done
+    OWN_METRICS=(--metric "ZS top-1=zeroshot:top1" --metric "I→T R@1=retrieve:image_to_text_R@1" --metric "Probe top-1=probe:top1")
+    vltool report "$OUT" --overwrite --out "$RESULTS/unicl" --recipe recipes/unicl.sh "${STYLES[@]}" --baseline unicl-text \
+        --title "UniCL, Tables 5 and 6 on $DATA_NAME + $(basename "$LABEL_DATA"): image-text, image-label, and both" "${LAUNCH_NOTE[@]}" \
+        --variant unicl-text="UniCL, image-text rows (CLIP's loss, UniCL's settings)" --variant clip="CLIP, image-text rows" \
+        --variant unicl-label="UniCL, image-label rows" --variant unicl-both="UniCL, both (balanced)" "${OWN_METRICS[@]}" \
+        --note "Every variant trains as many steps as CLIP takes for $EPOCHS epochs of the image-text rows; the label rows are $LABEL_DATA, written with the $TEMPLATES templates."
+    vltool report "$OUT" --overwrite --out "$RESULTS/unicl-labels" --recipe recipes/unicl.sh "${STYLES[@]}" --baseline unicl-label \
+        --title "UniCL, Table 5 on $DATA_NAME + $(basename "$LABEL_DATA"): image-label rows with and without image-text rows" "${LAUNCH_NOTE[@]}" \
+        --variant unicl-label="UniCL, image-label rows" --variant unicl-both="UniCL, both (balanced)" "${OWN_METRICS[@]}"
+    exit 0
+fi
+
 for SEED in $SEEDS; do
     classes="$OUT/shared/seed$SEED/classes"   # classes/seen and classes/unseen: whole subgroups, both splits
     vltool split "$DATA" --by subgroup --parts "seen=$(python -c "print(round(1 - $HOLDOUT, 6))"),unseen=$HOLDOUT" \
@@ -82,7 +127,7 @@ for SEED in $SEEDS; do
 done
 
 vltool report "$OUT" --overwrite --out "$RESULTS/unicl" --recipe recipes/unicl.sh "${STYLES[@]}" --baseline unicl-text \
-    --title "UniCL, Tables 5 and 6 on emoji: image-text, image-label, and both (held-out subgroups for zero-shot)" \
+    --title "UniCL, Tables 5 and 6 on $DATA_NAME: image-text, image-label, and both (held-out subgroups for zero-shot)" "${LAUNCH_NOTE[@]}" \
     --variant unicl-text="UniCL, image-text rows (CLIP's loss, UniCL's settings)" --variant clip="CLIP, image-text rows" \
     --variant unicl-label="UniCL, image-label rows (seen subgroups)" \
     --variant unicl-both="UniCL, both (balanced)" \
@@ -95,7 +140,7 @@ vltool report "$OUT" --overwrite --out "$RESULTS/unicl" --recipe recipes/unicl.s
     --note "Every variant trains as many steps as CLIP takes for $EPOCHS epochs of the image-text rows; the paired differences are against UniCL on the image-text rows alone (CLIP's loss with UniCL's logit-scale start e). UniCL, both changes more than the label rows: --balanced gives the image-text rows half the rows they fill in the baseline, the label rows are the same training images with a second text, and those texts are the same $TEMPLATES prompts that zero-shot scores with."
 # Table 5's question: image-text rows added to image-label rows, against the image-label rows alone
 vltool report "$OUT" --overwrite --out "$RESULTS/unicl-labels" --recipe recipes/unicl.sh "${STYLES[@]}" --baseline unicl-label \
-    --title "UniCL, Table 5 on emoji: image-label rows with and without image-text rows" \
+    --title "UniCL, Table 5 on $DATA_NAME: image-label rows with and without image-text rows" "${LAUNCH_NOTE[@]}" \
     --variant unicl-label="UniCL, image-label rows (seen subgroups)" --variant unicl-both="UniCL, both (balanced)" \
     --metric "ZS top-1, held-out subgroups=zeroshot-unseen:top1" --metric "ZS top-1, seen subgroups=zeroshot-seen:top1" \
     --metric "I→T R@1=retrieve:image_to_text_R@1" --metric "Probe top-1=probe:top1" \

@@ -157,3 +157,31 @@ def test_the_table_fits_80_columns_with_dataset_names_whole(monkeypatch):
     assert max(len(line) for line in lines) <= 80, buf.getvalue()
     assert sum("emoji-openmoji" in line for line in lines) == 3, buf.getvalue()
     assert any("mean_per_class_recall" in line and "100.00%" in line and "99.99-100.00" in line for line in lines)
+
+
+def test_report_pairs_two_models_benchmark_runs(setup, cli, tmp_path):
+    """`vltool benchmark --out X.json` writes each task's per-example outcomes beside X (X.<i>-<task>.examples.npz,
+    named in results[dataset][task]["examples"]), so `report` pairs two models' benchmark runs on the same test
+    examples as it pairs their zeroshot/retrieve/probe runs; before, it printed "[-]" (issue 39)."""
+    root, cb, caps, colors, _ = setup
+    runs = tmp_path / "runs"
+    for variant, seed in (("a", 0), ("b", 1)):
+        model = make_model(tmp_path / f"model-{variant}", seed=seed)
+        out = runs / variant / "seed0" / "bench.json"
+        r = cli("benchmark", "--model", model, "--datasets", f"{cb},{colors}", "--bootstrap", "20", "--out", out,
+                "--cache-dir", tmp_path / "c")
+        assert r.exit_code == 0, r.stderr
+        rec = json.loads(out.read_text())
+        assert rec["results"][colors]["retrieve"]["examples"]["file"] == "bench.1-retrieve.examples.npz"
+        assert (out.parent / "bench.1-retrieve.examples.npz").exists() and (out.parent / "bench.0-zeroshot.examples.npz").exists()
+        r = cli("benchmark", "--model", model, "--datasets", f"{cb},{colors}", "--bootstrap", "20", "--out", out)
+        assert r.exit_code == 2 and "exists" in r.stderr
+    r = cli("report", runs, "--out", tmp_path / "rep", "--baseline", "a",
+            "--metric", f"CB ZS=bench:results.{cb}.zeroshot.metrics.top1",
+            "--metric", f"Colors I→T=bench:results.{colors}.retrieve.metrics.image_to_text_R@1",
+            "--metric", f"Colors probe=bench:results.{colors}.probe.metrics.top1")
+    assert r.exit_code == 0, r.stderr
+    rep = json.loads((tmp_path / "rep.json").read_text())
+    b = next(v for v in rep["variants"] if v["name"] == "b")
+    for m in rep["metrics"]:
+        assert b["summary"][m["name"]]["paired"] is not None, (m["name"], b["summary"][m["name"]].get("paired_note"))

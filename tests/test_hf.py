@@ -240,3 +240,24 @@ def test_a_whole_clip_as_text_tower_is_one_line(hf_dirs, colors, cli, tmp_path):
     r = cli("pretrain", colors, "--out", tmp_path / "run", "--text-tower", f"hf:{hf_dirs['clip']}", "--steps", "1", "--batch-size", "4")
     assert r.exit_code == 2 and "is a whole CLIPModel (both towers), not a text encoder" in r.stderr, r.stderr
     assert f"--init hf:{hf_dirs['clip']}" in r.stderr and "Traceback" not in r.stderr and not (tmp_path / "run").exists()
+
+
+def test_both_towers_locked_train_a_whole_clips_projections(hf_dirs, colors, cli, tmp_path):
+    """--init hf:CLIP --lock-image --lock-text trained one parameter, the logit scale: the projections were locked
+    with the towers they live in. Now they train, as two towers' projections do (issue 39); a model with no
+    projections of its own (SigLIP) is refused in one line instead of training only its logit scale and bias."""
+    from vltool.model import load_hf_dual, load_model
+
+    run = tmp_path / "run"
+    r = cli("pretrain", colors, "--where", "split=train", "--out", run, "--init", f"hf:{hf_dirs['clip']}", "--lock-image",
+            "--lock-text", "--steps", "1", "--batch-size", "6", "--lr", "1e-2", "--no-progress")
+    assert r.exit_code == 0, r.stderr
+    before = dict(load_hf_dual(f"hf:{hf_dirs['clip']}")[0].named_parameters())
+    after = dict(load_model(run).model.named_parameters())
+    assert before.keys() == after.keys()
+    moved = {k for k in after if not torch.equal(after[k], before[k])}
+    assert moved == {"visual.proj.weight", "text.proj.weight", "logit_scale"}
+    r = cli("pretrain", colors, "--where", "split=train", "--out", tmp_path / "sig", "--init", f"hf:{hf_dirs['siglip']}",
+            "--loss", "sigmoid", "--lock-image", "--lock-text", "--steps", "1", "--batch-size", "6", "--no-progress")
+    assert r.exit_code == 2 and "only the logit scale would train" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "sig").exists()

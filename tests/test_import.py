@@ -358,7 +358,7 @@ def test_imagefolder(tmp_path):
     assert (s["format"], s["rows_out"], s["classes"], s["ignored_files"]) == ("imagefolder", 3, 2, 1)
     assert s["skipped"] == {"undecodable image": 1}
     ds = load(out)
-    assert ds.features["label"].names == ["golden_retriever", "tabby-cat"]
+    assert ds.features["label"].names == ["golden retriever", "tabby-cat"]  # words for the prompts (issue 39)
     assert ds["id"] == ["golden_retriever/a", "golden_retriever/b", "tabby-cat/indoor/c"]
     assert ds["caption"] == ["a photo of a golden retriever"] * 2 + ["a photo of a tabby cat"]
     # a classnames.txt beside the class folders does not make it CLIP_benchmark's layout (no shards)
@@ -367,6 +367,34 @@ def test_imagefolder(tmp_path):
     assert (s["format"], s["rows_out"]) == ("imagefolder", 3)
     assert ds["label"] == [0, 0, 1]
     assert report(out)[0]["id"] == "tabby-cat/bad"
+
+
+def test_imagefolder_class_names_are_words(tmp_path):
+    """Zero-shot prompts read the class names: folder names kept their underscores ("a photo of a animal_bird.").
+    Underscores become spaces, the folder -> name map is recorded, --classnames FILE overrides, and two folders
+    that would share a name are refused in one line (issue 39)."""
+    root = tmp_path / "animals"
+    for cls in ("animal_bird", "animal_cat"):
+        (root / cls).mkdir(parents=True)
+        (root / cls / "a.jpg").write_bytes(jpeg())
+    s = run_import(str(root), "--out", str(tmp_path / "out"))
+    assert load(tmp_path / "out").features["label"].names == ["animal bird", "animal cat"]
+    assert s["class_names"] == {"animal_bird": "animal bird", "animal_cat": "animal cat"}
+    (tmp_path / "names.txt").write_text("bird\ncat\n")
+    s = run_import(str(root), "--out", str(tmp_path / "named"), "--classnames", str(tmp_path / "names.txt"),
+                   "--caption-template", "a photo of a {label}")
+    ds = load(tmp_path / "named")
+    assert ds.features["label"].names == ["bird", "cat"] and ds["label"] == [0, 1]
+    assert ds["caption"] == ["a photo of a bird", "a photo of a cat"] and s["class_names"]["animal_cat"] == "cat"
+    (tmp_path / "one.txt").write_text("bird\n")
+    r = CliRunner().invoke(app, ["import", str(root), "--out", str(tmp_path / "bad"), "--classnames", str(tmp_path / "one.txt")])
+    assert r.exit_code == 2 and "1 names for 2 class folders" in r.stderr and not (tmp_path / "bad").exists()
+    (root / "animal-cat").mkdir()
+    (root / "animal-cat" / "b.jpg").write_bytes(jpeg())
+    (root / "animal cat").mkdir()
+    (root / "animal cat" / "c.jpg").write_bytes(jpeg())
+    r = CliRunner().invoke(app, ["import", str(root), "--out", str(tmp_path / "clash")])
+    assert r.exit_code == 2 and "both become the class name 'animal cat'" in r.stderr
 
 
 def test_coco_captions(tmp_path):

@@ -683,3 +683,41 @@ def test_jsd_run_is_bitwise_reproducible_at_equal_threads_and_records_its_runtim
     assert json.loads((tmp_path / "a" / "vltool.json").read_text())["runtime"]["torch_threads"] == 2
     with pytest.raises(UsageError, match="--threads must be >= 1"):
         pretrain([pairs], tmp_path / "c", micro(threads=0), progress=False)
+
+
+def test_several_captions_per_image_on_one_caption_each_is_refused(tmp_path, pairs, cli):
+    """--captions-per-image K on rows that each hold one caption was K copies of it: the plain loss under the
+    name of batch text augmentation (fff.sh's "+K captions" on such data). Refused in one line (issue 39)."""
+    import datasets
+
+    one = datasets.load_from_disk(pairs).map(lambda r: {"captions": r["captions"][:1]})
+    one.save_to_disk(str(tmp_path / "one"))
+    r = cli("pretrain", tmp_path / "one", "--out", tmp_path / "run", "--arch", "vltool-micro", "--loss", "sigmoid",
+            "--captions-per-image", "3", "--caption-sampling", "random", "--steps", "1", "--batch-size", "4", "--no-progress")
+    assert r.exit_code == 2 and "--captions-per-image 3: every training row has one caption" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
+    r = cli("pretrain", pairs, "--out", tmp_path / "ok", "--arch", "vltool-micro", "--loss", "sigmoid",
+            "--captions-per-image", "3", "--caption-sampling", "random", "--steps", "1", "--batch-size", "4", "--no-progress")
+    assert r.exit_code == 0, r.stderr
+
+
+def test_eval_split_selects_a_split_of_eval_data(tmp_path, pairs, cli):
+    """docs/conventions.md listed --eval-split for pretrain, which had none: --eval-data of a DatasetDict (e.g. an
+    imported CLIP_benchmark dataset) could not be evaluated during training (issue 39)."""
+    import datasets
+
+    rows = datasets.load_from_disk(pairs)
+    held = datasets.load_from_disk(make_pairs(tmp_path / "held", n=8, ids=[f"h{i}" for i in range(8)]))
+    datasets.DatasetDict({"train": rows, "test": held}).save_to_disk(str(tmp_path / "dd"))
+    args = ["pretrain", pairs, "--arch", "vltool-micro", "--steps", "2", "--batch-size", "4", "--eval-every", "1",
+            "--eval-data", tmp_path / "dd", "--no-progress"]
+    r = cli(*args, "--out", tmp_path / "no-split")
+    assert r.exit_code == 2 and "choose one with --split" in r.stderr
+    r = cli(*args, "--eval-split", "test", "--out", tmp_path / "run")
+    assert r.exit_code == 0, r.stderr
+    rec = json.loads((tmp_path / "run" / "vltool.json").read_text())
+    assert rec["options"]["eval_split"] == "test"
+    evals = [m for m in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) if m["kind"] == "eval"]
+    assert evals and all(m["val_rows"] == 8 for m in evals)  # the test split, not the 32 training rows
+    r = cli("pretrain", pairs, "--arch", "vltool-micro", "--eval-split", "test", "--out", tmp_path / "x")
+    assert r.exit_code == 2 and "--eval-split test: it selects a split of --eval-data" in r.stderr

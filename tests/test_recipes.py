@@ -102,3 +102,104 @@ def _check_fff(out: Path) -> None:
 
 
 CHECKS = {"fistful-of-words": _check_fistful, "unicl": _check_unicl, "caption-worth": _check_caption_worth, "fff": _check_fff}
+
+
+# ---- every recipe on a study of one's own (issue 39): stand-ins built here for img2dataset shards (image +
+# caption only), separate benchmarks in CLIP_benchmark's layout (classification with train and test splits;
+# retrieval), a CLIP from a hand-built Hugging Face cache (INIT=hf:you/tiny-clip) and 2 CPU processes (LAUNCH).
+
+@pytest.fixture(scope="module")
+def own_study(tmp_path_factory):
+    import datasets
+
+    from tests._clip_benchmark import make_cb_classification, make_cb_retrieval
+    from tests._hf_models import make_hf_clip, put_in_hub_cache
+    from tests._launch import launch_command
+
+    root = tmp_path_factory.mktemp("own_study")
+    shards = _emoji_shards(root / "shards", rows=96, per_shard=48)
+    hf_home = root / "hf_home"
+    put_in_hub_cache(hf_home, "you/tiny-clip", make_hf_clip(root / "tiny-clip-src"), "a" * 40)
+    cls, ret = make_cb_classification(root / "wds_colors"), make_cb_retrieval(root / "wds_captions")
+    imported = root / "shards-ds"  # fff and caption-worth need a table of rows (and caption them)
+    r = subprocess.run(["vltool", "import", shards, "--out", str(imported), "--no-progress"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    from bench.tiny_models import make_blip
+
+    captioner = make_blip(root / "blip")
+    folder = root / "folder"  # UniCL's image-label rows: an ImageFolder, its class names from the folder names
+    ds = datasets.load_from_disk(str(imported)).cast_column("image", datasets.Image(decode=False))
+    for i, row in enumerate(ds.select(range(24))):
+        cls = folder / ("smiling_face" if i % 2 else "red_heart")
+        cls.mkdir(parents=True, exist_ok=True)
+        (cls / f"{i}.png").write_bytes(row["image"]["bytes"])
+    r = subprocess.run(["vltool", "import", str(folder), "--out", str(root / "labels"), "--no-progress"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert len(datasets.load_from_disk(str(imported))) == 96
+    launch = " ".join(launch_command([], 2))
+    env = {"HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1", "INIT": "hf:you/tiny-clip", "LAUNCH": launch,
+           "ZEROSHOT_BENCH": str(cls), "RETRIEVAL_BENCH": str(ret), "PROBE_BENCH": str(cls), "DATA_NAME": "my-shards",
+           "OMP_NUM_THREADS": "1"}
+    return {"env": env, "shards": shards, "imported": str(imported), "captioner": str(captioner), "labels": str(root / "labels")}
+
+
+def _emoji_shards(root: Path, rows: int, per_shard: int) -> str:
+    """img2dataset's layout (key.jpg, key.txt, key.json per sample; no label, split or base_id) holding the first
+    training rows of the built-in emoji data, whose names give the bag-of-words recipes words to work on."""
+    import io as _io
+    import tarfile
+
+    import datasets
+
+    from vltool.io import load_dataset
+
+    ds = load_dataset("emoji", where=["split=train"]).dataset.cast_column("image", datasets.Image(decode=False))
+    root.mkdir(parents=True)
+    for s in range(rows // per_shard):
+        with tarfile.open(root / f"{s:05d}.tar", "w") as tar:
+            for j in range(per_shard):
+                row = ds[s * per_shard + j]
+                key = f"{s:05d}{j:04d}"
+                files = {"png": row["image"]["bytes"], "txt": row["caption"].encode(),
+                         "json": json.dumps({"key": key, "caption": row["caption"], "status": "success"}).encode()}
+                for ext, data in files.items():
+                    info = tarfile.TarInfo(f"{key}.{ext}")
+                    info.size = len(data)
+                    tar.addfile(info, _io.BytesIO(data))
+    return str(root / f"{{00000..{rows // per_shard - 1:05d}}}.tar")
+
+
+OWN = {  # recipe: its own inputs beyond the shared ones, and the reports it writes
+    "quickstart": ({"TRAIN_DATA": "shards"}, ["quickstart"]),
+    "fistful-of-words": ({"TRAIN_DATA": "shards"}, ["fistful-of-words", "fistful-of-words-semi-aligned"]),
+    "clip-lite": ({"TRAIN_DATA": "shards"}, ["clip-lite", "clip-lite-batch", "clip-lite-negatives"]),
+    "fff": ({"TRAIN_DATA": "imported", "CAPTIONER": "captioner"}, ["fff", "fff-terms", "fff-batch"]),
+    "caption-worth": ({"TRAIN_DATA": "imported", "CAPTIONER": "captioner"}, ["caption-worth", "caption-worth-filter"]),
+    "debias": ({"TRAIN_DATA": "shards", "CONCEPT_DATA": "emoji"}, ["debias", "debias-zeroshot"]),
+    "unicl": ({"TRAIN_DATA": "imported", "LABEL_DATA": "labels"}, ["unicl", "unicl-labels"]),
+}
+
+
+@pytest.mark.parametrize("recipe", sorted(OWN))
+def test_recipe_runs_on_your_own_study(recipe, own_study, tmp_path):
+    own, reports = OWN[recipe]
+    out = tmp_path / "out"
+    env = {**os.environ, **own_study["env"], "SMOKE": "1", "OUT": str(out), "PYTHONWARNINGS": "ignore",
+           **{k: own_study.get(v, v) for k, v in own.items()}}
+    proc = subprocess.run(["bash", str(ROOT / "recipes" / f"{recipe}.sh")], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for name in reports:
+        report = json.loads((out / "results" / f"{name}.json").read_text())
+        md = (out / "results" / f"{name}.md").read_text()
+        assert "my-shards" in md.splitlines()[0]  # the title names the data
+        assert "hf:you/tiny-clip" in md and "2 processes" in md  # the caption, the model and the launch
+        assert report["variants"] and any(v["runs"].get("0") for v in report["variants"])
+    for run in out.glob("*/seed0/run/vltool.json"):
+        stats = json.loads(run.read_text())["stats"]
+        assert stats["num_processes"] == 2 and stats["per_process_batch"] * 2 == stats["global_batch"]
+
+
+def test_unicl_without_label_data_refuses_a_study_of_ones_own(own_study, tmp_path):
+    env = {**os.environ, **own_study["env"], "SMOKE": "1", "OUT": str(tmp_path / "out"), "TRAIN_DATA": own_study["shards"]}
+    proc = subprocess.run(["bash", str(ROOT / "recipes" / "unicl.sh")], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert proc.returncode == 2 and "LABEL_DATA" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1

@@ -173,15 +173,24 @@ def plan_dataset(spec: str, config: BenchmarkConfig) -> DatasetPlan:
     return plan
 
 
-def _run_task(task: str, plan: DatasetPlan, config: BenchmarkConfig) -> dict:
+def task_examples_path(out: Path, position: int, task: str) -> Path:
+    """Where a task's per-example outcomes go beside --out X.json: X.<position of the dataset>-<task>.examples.npz
+    (its record in results[dataset][task] names the file, as zeroshot's JSON names X.examples.npz)."""
+    stem = out.name[: -len(".json")] if out.name.endswith(".json") else out.name
+    return out.with_name(f"{stem}.{position}-{task}.examples.npz")
+
+
+def _run_task(task: str, plan: DatasetPlan, config: BenchmarkConfig, examples_out: Path | None = None) -> dict:
     common = {k: getattr(config, k) for k in EvalCommon.__dataclass_fields__}
     if task == "zeroshot":
-        return zeroshot(plan.path, ZeroshotConfig(**common, templates=config.templates), where=plan.eval_where, split=plan.eval_split)
+        return zeroshot(plan.path, ZeroshotConfig(**common, templates=config.templates), where=plan.eval_where, split=plan.eval_split,
+                        examples_out=examples_out)
     if task == "retrieve":
-        return retrieve(plan.path, RetrieveConfig(**common, text_column=plan.text_column), where=plan.eval_where, split=plan.eval_split)
+        return retrieve(plan.path, RetrieveConfig(**common, text_column=plan.text_column), where=plan.eval_where, split=plan.eval_split,
+                        examples_out=examples_out)
 
     return probe(plan.path, plan.path, ProbeConfig(**common, protocol=config.protocol), where=plan.train_where,
-                 split=plan.train_split, eval_where=plan.eval_where, eval_split=plan.eval_split)
+                 split=plan.train_split, eval_where=plan.eval_where, eval_split=plan.eval_split, examples_out=examples_out)
 
 
 def summary_rows(results: dict) -> list[dict]:
@@ -208,10 +217,17 @@ def benchmark(config: BenchmarkConfig, *, out: str | Path | None = None, overwri
     refuse_same_dataset_twice(plans)
     if not any(p.tasks for p in plans):
         raise UsageError("no task applies to any dataset: " + "; ".join(f"{p.spec}: {', '.join(f'{t} ({w})' for t, w in p.skipped.items())}" for p in plans))
+    def examples_out(i: int, task: str) -> Path | None:
+        return task_examples_path(out_path, i, task) if out_path is not None else None
+
+    taken = [examples_out(i, t) for i, p in enumerate(plans) for t in p.tasks if out_path is not None]
+    if not overwrite and any(e.exists() for e in taken):
+        raise UsageError(f"{next(e for e in taken if e.exists())} (per-example outcomes written beside --out) exists; "
+                         "pass --overwrite to replace it")
     results: dict[str, dict] = {}
-    for p in plans:
+    for i, p in enumerate(plans):
         if p.tasks:  # a dataset no task applies to is in record["datasets"] with its reasons
-            results[p.spec] = {t: _run_task(t, p, config) for t in p.tasks}
+            results[p.spec] = {t: _run_task(t, p, config, examples_out(i, t)) for t in p.tasks}
     first = next(r for tasks in results.values() for r in tasks.values())
     inputs = [{"spec": p.spec, "path": p.path} for p in plans]
     stats = {"datasets": len(plans), "tasks_run": sum(len(p.tasks) for p in plans),

@@ -110,11 +110,13 @@ def check_out(out: str | Path | None, overwrite: bool, inputs: Sequence[Path], c
     return p
 
 
-def finish(record: dict, out: Path | None, overwrite: bool, examples: dict | None = None) -> dict:
+def finish(record: dict, out: Path | None, overwrite: bool, examples: dict | None = None, examples_out: Path | None = None) -> dict:
     """Write the record to --out (main process only, atomically); with `examples` (the arrays of
-    vltool.outcomes) first the per-example outcomes beside it, X.examples.npz, which the record names."""
-    if out is not None and examples is not None:
-        ex = examples_path(out)
+    vltool.outcomes) first the per-example outcomes beside it, X.examples.npz, which the record names.
+    `examples_out`: the outcomes to that file instead, also without --out (`vltool benchmark`'s tasks, whose
+    records go into its own JSON beside that file)."""
+    ex = examples_out if examples_out is not None else examples_path(out) if out is not None else None
+    if ex is not None and examples is not None:
         record["examples"] = {"file": ex.name, "format": FORMAT, "rows": int(len(examples["id"]))}
         if is_main():
             write_examples(ex, examples)
@@ -232,6 +234,7 @@ def _model_dtype(m) -> str | None:
 def write_results(
     command: str, config: EvalCommon, inputs: Sequence[LoadedDataset], m, *, task: str, data: dict, protocol: dict, results: dict,
     rows_out: int, stats: dict, timer: provenance.Timer, argv: Sequence[str] | None, out: Path | None, overwrite: bool, examples: dict | None,
+    examples_out: Path | None = None,
 ) -> dict:
     """The results record, written to --out with the per-example outcomes beside it (finish): the provenance
     fields, then "task", "model", "data", "protocol" and `results` ("metrics", "chance", ...), in that order."""
@@ -239,4 +242,4 @@ def write_results(
                              argv=argv, device=encode_device(), dtype=_model_dtype(m))
     record.update({"task": task, "model": model_record(m, config.model, config.pretrained), "data": data, "protocol": protocol, **results})
     record["wall_time_s"] = round(timer.seconds, 3)
-    return finish(record, out, overwrite, examples)
+    return finish(record, out, overwrite, examples, examples_out)

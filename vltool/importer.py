@@ -99,6 +99,7 @@ class ImportConfig:
     max_side: int | None = None
     caption_template: str = "{label}"
     num_proc: int = 1
+    classnames: Path | None = None  # image folders: the class names, one a line, in the folders' sorted order
 
     def validate(self) -> None:
         problems = []
@@ -272,6 +273,7 @@ class _Plan:
     id_column: str | None = None  # parquet
     label_column: str | None = None  # parquet
     label_index: dict = field(default_factory=dict)
+    label_folders: list[str] | None = None  # image folders: the folder of each class of label_names
 
 
 class _Skips:
@@ -693,11 +695,37 @@ def _scan_tables(files: Sequence[Path], fmt: str, config: ImportConfig, writer: 
     return used
 
 
+def imagefolder_class_names(folders: list[str], classnames: Path | None) -> list[str]:
+    """The class name of each folder: its name with underscores as spaces ("animal_bird" -> "animal bird", the
+    words zero-shot prompts read), or line i of --classnames for the i-th folder in sorted order."""
+    if classnames is None:
+        names = [re.sub(r"\s+", " ", f.replace("_", " ")).strip() or f for f in folders]
+        what = "the folder names with underscores as spaces"
+    else:
+        try:
+            names = [line.strip() for line in Path(classnames).expanduser().read_text(encoding="utf-8").splitlines() if line.strip()]
+        except OSError as e:
+            raise UsageError(f"--classnames {classnames}: cannot read it ({e.strerror or e})") from None
+        if len(names) != len(folders):
+            raise UsageError(f"--classnames {classnames}: {len(names)} names for {len(folders)} class folders; "
+                             "give one name a line, in the order of the sorted folder names")
+        what = f"--classnames {classnames}"
+    seen: dict[str, str] = {}
+    for f, n in zip(folders, names):
+        if n in seen:
+            raise UsageError(f"class folders {seen[n]!r} and {f!r} both become the class name {n!r} ({what}); "
+                             "give distinct names with --classnames FILE")
+        seen[n] = f
+    return names
+
+
 def _scan_imagefolder(root: Path, config: ImportConfig, writer: _ChunkWriter) -> dict:
     classes = [p.name for p in _listdir(root) if p.is_dir()]
+    names = imagefolder_class_names(classes, config.classnames)
     ignored = 0
-    for cls in classes:
-        caption = config.caption_template.format(label=re.sub(r"[_-]+", " ", cls).strip())
+    for cls, name in zip(classes, names):
+        label = name if config.classnames is not None else re.sub(r"[_-]+", " ", cls).strip()
+        caption = config.caption_template.format(label=label)
         for dirpath, dirnames, filenames in os.walk(root / cls, followlinks=True):
             dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
             for fn in sorted(filenames):
@@ -708,7 +736,7 @@ def _scan_imagefolder(root: Path, config: ImportConfig, writer: _ChunkWriter) ->
                 rel = p.relative_to(root).as_posix()
                 writer.add(rel.rsplit(".", 1)[0], rel, str(p), caption, cls)
     writer.flush()
-    return {"classes": classes, "ignored_files": ignored}
+    return {"classes": classes, "names": names, "ignored_files": ignored}
 
 
 def _guess_coco_root(ann: Path, first_file: str | None) -> Path | None:
@@ -914,6 +942,8 @@ def refuse_options_for_format(fmt: str, config: ImportConfig) -> None:
             raise UsageError(f"{', '.join(given)} apply to table and shard sources, not to --format {fmt}")
     if fmt != "imagefolder" and config.caption_template != "{label}":
         raise UsageError("--caption-template applies to image folders only")
+    if fmt != "imagefolder" and config.classnames is not None:
+        raise UsageError("--classnames applies to image folders only (a CLIP_benchmark folder brings its classnames.txt)")
     if fmt == "webdataset" and (config.label_column or config.id_column):
         raise UsageError("--label-column and --id-column apply to tables; WebDataset ids are the sample keys")
 
@@ -963,6 +993,8 @@ def plan_import(src: _Sources, config: ImportConfig, work: Path, out: Path) -> t
             units = _first_pass(fmt, files, config, plan, stats, work, out)
     if plan.label_names is not None:
         plan.label_index = {n: i for i, n in enumerate(plan.label_names)}
+        if plan.label_folders is not None:  # the rows carry their folder's name
+            plan.label_index = {f: i for i, f in enumerate(plan.label_folders)}
         stats["classes"] = len(plan.label_names)
     return plan, units, stats
 
@@ -1000,7 +1032,9 @@ def _first_pass(fmt: str, files: Sequence[Path], config: ImportConfig, plan: _Pl
             found = _scan_imagefolder(files[0], config, writer)
             stats.update(classes=len(found["classes"]), ignored_files=found["ignored_files"])
             writer.labels = set(found["classes"])
-            plan.label_names = found["classes"]
+            plan.label_folders = found["classes"]
+            plan.label_names = found["names"]
+            stats["class_names"] = dict(zip(found["classes"], found["names"]))  # folder -> class name, recorded
         elif fmt == "coco":
             stats.update(_scan_coco(files[0], config, writer))
     finally:

@@ -36,6 +36,7 @@ import json
 import math
 import shutil
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -425,6 +426,45 @@ class HFTextTower(nn.Module):
         return list(enc.children())
 
 
+def _inner_projection_name(tower) -> str | None:
+    """The attribute of a whole CLIP's tower that holds its projection (open_clip's proj / text_projection)."""
+    for name in ("proj", "text_projection"):
+        if isinstance(getattr(tower, name, None), (nn.Parameter, nn.Linear)) and hasattr(tower, "transformer"):
+            return name
+    return None
+
+
+@contextmanager
+def _inner_projection_off(tower):
+    """The tower's forward without its own projection: a Hugging Face CLIP's pooled output, an open_clip
+    transformer's with proj / text_projection None (both skip it then); other towers unchanged."""
+    name = _inner_projection_name(tower)
+    if isinstance(tower, HFDualTower):
+        saved = tower.proj
+        tower.proj = nn.Identity()
+    elif name is not None:
+        saved = getattr(tower, name)
+        setattr(tower, name, None)
+    try:
+        yield
+    finally:
+        if isinstance(tower, HFDualTower):
+            tower.proj = saved
+        elif name is not None:
+            setattr(tower, name, saved)
+
+
+def _inner_projection(tower, f: torch.Tensor) -> torch.Tensor:
+    """What _inner_projection_off left out, applied to its output."""
+    if isinstance(tower, HFDualTower):
+        return tower.proj(f)
+    name = _inner_projection_name(tower)
+    if name is None:
+        return f
+    p = getattr(tower, name)
+    return p(f) if isinstance(p, nn.Linear) else f @ p
+
+
 HF_DUAL = "hf_dual"  # tower type of both towers of a Hugging Face CLIPModel / SiglipModel
 HF_DUAL_TYPES = {"clip": "CLIPModel", "siglip": "SiglipModel"}  # config.json's model_type -> transformers class
 
@@ -646,11 +686,28 @@ class TwoTower(nn.Module):
                 raise UsageError(f"--grad-checkpointing: vltool does not know how to checkpoint {type(tower).__name__}")
 
     # Features before the projection ("trunk") and after it; a frozen trunk's output can be cached.
+    # projections_apart: a whole CLIP's projections live inside its towers; when they train while the rest of
+    # both towers is locked (pretrain's --lock-image --lock-text), the trunk stops before them and
+    # project_image / project_text apply them, so the locked part's features can still be computed once.
+    projections_apart = False
+
     def image_trunk(self, images: torch.Tensor) -> torch.Tensor:
+        if self.projections_apart:
+            with _inner_projection_off(self.visual):
+                return self.visual(self._images(images))
         return self.visual(self._images(images))
 
     def text_trunk(self, tokens) -> torch.Tensor:
+        if self.projections_apart:
+            with _inner_projection_off(self.text):
+                return self.text(tokens)
         return self.text(tokens)
+
+    def project_image(self, trunk: torch.Tensor) -> torch.Tensor:
+        return self.image_proj(_inner_projection(self.visual, trunk) if self.projections_apart else trunk)
+
+    def project_text(self, trunk: torch.Tensor) -> torch.Tensor:
+        return self.text_proj(_inner_projection(self.text, trunk) if self.projections_apart else trunk)
 
     def encode_image(self, images: torch.Tensor, normalize: bool = True) -> torch.Tensor:
         f = self.image_proj(self.visual(self._images(images)))  # (B, D)
@@ -677,10 +734,10 @@ class TwoTower(nn.Module):
         head=False: the projections before the critic and normalisation (the trainer gathers them and
         applies `apply_critic` to the global batch, so the critic's BatchNorm sees the whole batch)."""
         if image_trunk is None:
-            image_trunk = self.visual(self._images(images))
+            image_trunk = self.image_trunk(images)
         if text_trunk is None:
-            text_trunk = self.text(tokens)
-        img, txt = self.image_proj(image_trunk), self.text_proj(text_trunk)  # (B, D)
+            text_trunk = self.text_trunk(tokens)
+        img, txt = self.project_image(image_trunk), self.project_text(text_trunk)  # (B, D)
         return self.apply_critic(img, txt) if head else (img, txt)
 
     def clamp_logit_scale(self) -> None:

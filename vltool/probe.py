@@ -423,6 +423,7 @@ def probe(
     out: str | Path | None = None,
     overwrite: bool = False,
     argv: Sequence[str] | None = None,
+    examples_out: Path | None = None,
 ) -> dict:
     """Fit a linear probe on `train_data`'s image features and evaluate it on `eval_data`."""
     timer = provenance.Timer()
@@ -432,7 +433,7 @@ def probe(
     feats = probe_features(m, cache, inputs, config, preset)
     score = score_svm if preset.optimizer == "svm" else score_softmax
     scores = score(feats, inputs, config, preset)
-    return write_probe_record(m, inputs, feats, scores, config, timer, argv, overwrite)
+    return write_probe_record(m, inputs, feats, scores, config, timer, argv, overwrite, examples_out)
 
 
 def load_probe_inputs(train_data: str, eval_data: str, config: ProbeConfig, preset: Preset, where, split, eval_where, eval_split,
@@ -588,7 +589,7 @@ def score_softmax(feats: ProbeFeatures, inputs: ProbeInputs, config: ProbeConfig
 
 
 def write_probe_record(m, inputs: ProbeInputs, feats: ProbeFeatures, scores: ProbeScores, config: ProbeConfig, timer, argv,
-                       overwrite: bool) -> dict:
+                       overwrite: bool, examples_out: Path | None = None) -> dict:
     """The results record (provenance, model, data, protocol, metrics), written to --out with the examples."""
     train, evald, n = inputs.train, inputs.evald, int(len(feats.x_ev))
     stats = {
@@ -620,4 +621,5 @@ def write_probe_record(m, inputs: ProbeInputs, feats: ProbeFeatures, scores: Pro
     }
     results = {"classnames": inputs.lab_tr.classnames, "metrics": scores.metrics, "chance": scores.chance, "per_class": scores.per_class}
     return write_results("probe", config, [train, evald], m, task="linear-probe", data=data, protocol=protocol, results=results,
-                         rows_out=n, stats=stats, timer=timer, argv=argv, out=inputs.out_path, overwrite=overwrite, examples=scores.examples)
+                         rows_out=n, stats=stats, timer=timer, argv=argv, out=inputs.out_path, overwrite=overwrite, examples=scores.examples,
+                         examples_out=examples_out)

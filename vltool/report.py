@@ -161,20 +161,52 @@ def lookup(record: dict, key: str) -> dict | None:
         e = metrics[key]
         return {"value": e.get("value"), "ci_low": e.get("ci_low"), "ci_high": e.get("ci_high"),
                 "chance": e.get("chance"), "kind": "eval"}
-    node: Any = record
-    for part in key.split("."):
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            return None
+    trail = _walk(record, key.split("."))
+    if trail is None:
+        return None
+    node: Any = trail[-1][0]
     if isinstance(node, dict) and "value" in node:  # an evaluation entry reached by its path
         return {"value": node.get("value"), "ci_low": node.get("ci_low"), "ci_high": node.get("ci_high"),
                 "chance": node.get("chance"), "kind": "eval"}
     if isinstance(node, bool) or not isinstance(node, (int, float)):
         return None
     return {"value": float(node), "ci_low": None, "ci_high": None, "chance": None, "kind": "value"}
+
+
+def _walk(node: Any, parts: list[str]) -> list[tuple[Any, list[str]]] | None:
+    """The nodes a dotted path passes through, each with the parts that reached it ([(record, [])] first);
+    a dict key may itself hold dots (a dataset path among `vltool benchmark`'s results): the shortest key
+    that leads to the end is taken."""
+    if not parts:
+        return [(node, [])]
+    for n in range(1, len(parts) + 1):
+        head = ".".join(parts[:n])
+        if isinstance(node, dict) and head in node:
+            child = node[head]
+        elif n == 1 and isinstance(node, list) and head.isdigit() and int(head) < len(node):
+            child = node[int(head)]
+        else:
+            continue
+        rest = _walk(child, parts[n:])
+        if rest is not None:
+            return [(node, [])] + [(x, [head, *p]) for x, p in rest]
+    return None
+
+
+def evaluation_of(record: dict, key: str) -> tuple[dict, str, str]:
+    """The evaluation record that holds metric KEY, the metric's name in its "metrics", and the path to that
+    record: (record, KEY, "") for the file's own metric; for a path through a nested evaluation record
+    (`vltool benchmark`'s results.<dataset>.<task>.metrics.<name>) that record, <name> and its path, so that
+    its per-example outcomes (the record's "examples") pair it as a single command's would be."""
+    metrics = record.get("metrics")
+    if isinstance(metrics, dict) and isinstance(metrics.get(key), dict):
+        return record, key, ""
+    trail = _walk(record, key.split("."))
+    if trail is not None and len(trail) >= 3 and trail[-2][1][-1:] == ["metrics"]:
+        holder, path = trail[-3]
+        if isinstance(holder, dict):
+            return holder, trail[-1][1][-1], ".".join(path)
+    return record, key, ""
 
 
 def find_runs(runs_dir: Path) -> dict[str, dict[int, Path]]:
@@ -306,7 +338,7 @@ def build_report(runs_dir: str | Path, config: ReportConfig) -> dict:
     if base is not None and config.styles:
         style_verdicts(variants, base, config)
     contrasts = [contrast(variants, a, b, config, sources, paired_notes) for a, b in config.pairs]
-    units = sorted({u for _, r in sources.values() if (u := _bootstrap_unit(r))})
+    units = sorted({u for _, r, *_ in sources.values() if (u := _bootstrap_unit(r))})
     return report_record(runs_dir, config, variants, incomplete, paired_notes, units, contrasts)
 
 
@@ -348,7 +380,7 @@ def read_runs(found: dict[str, dict[int, Path]], order: list[tuple[str, str]], c
     """Each variant {"name", "label", "paper", "runs": {seed: {metric: entry}}}, and where each number
     came from: (variant, seed, metric) -> (its JSON file, the record)."""
     variants = []
-    sources: dict[tuple[str, str, str], tuple[Path, dict]] = {}
+    sources: dict[tuple[str, str, str], tuple[Path, dict, str, str]] = {}
     for name, label in order:
         runs: dict[str, dict] = {}
         for seed, d in sorted(found[name].items()):
@@ -367,7 +399,7 @@ def read_runs(found: dict[str, dict[int, Path]], order: list[tuple[str, str]], c
                 if e is not None and e["value"] is not None:
                     _check_numbers(e, p, m.key, f"{name}/seed{seed}")
                     row[m.name] = e
-                    sources[(name, str(seed), m.name)] = (p, record)
+                    sources[(name, str(seed), m.name)] = (p, *evaluation_of(record, m.key))
             runs[str(seed)] = row
         variants.append({"name": name, "label": label, "paper": config.paper.get(name), "runs": runs})
     return variants, sources
@@ -492,7 +524,7 @@ def paired_comparisons(variants: list[dict], base: dict, config: ReportConfig, s
     notes: list[str] = []
 
     def outcomes(key) -> Outcomes | None:
-        json_path, record = sources[key]
+        json_path, record = sources[key][:2]
         p = _examples_file(json_path, record)
         if p is None:
             return None
@@ -530,12 +562,13 @@ def paired_comparisons(variants: list[dict], base: dict, config: ReportConfig, s
                      "written, or the file was moved); re-run their evaluation to get it.")
                 continue
             names = outcomes((v["name"], seeds[0], m.name)).statistic()(None)
-            if m.key not in names:
+            _, _, leaf, where = sources[(v["name"], seeds[0], m.name)]
+            if leaf not in names:
                 s["paired_note"] = f"{m.key} is not recomputed from the per-example outcomes"
                 continue
-            todo.setdefault((m.relpath, tuple(seeds)), []).append(m.name)
-        for (relpath, seeds), mnames in todo.items():
-            keys = {n: next(m.key for m in config.metrics if m.name == n) for n in mnames}
+            todo.setdefault((m.relpath, where, tuple(seeds)), []).append(m.name)
+        for (relpath, _where, seeds), mnames in todo.items():
+            keys = {n: sources[(v["name"], seeds[0], n)][2] for n in mnames}
             pairs = []
             for k in seeds:
                 if not config.allow_mixed_threads:

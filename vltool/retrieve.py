@@ -119,6 +119,7 @@ def retrieve(
     out: str | Path | None = None,
     overwrite: bool = False,
     argv: Sequence[str] | None = None,
+    examples_out: Path | None = None,
 ) -> dict:
     """Evaluate image-text retrieval of `config.model` on `data`; returns the results record.
 
@@ -153,7 +154,7 @@ def retrieve(
         data=data_record(data, loaded, images=ranked.n_images, texts=ranked.n_texts, text_column=config.text_column),
         protocol=retrieval_protocol(config, ks, ranked.edit, plan),
         results={"metrics": metric_entries, "chance": chance},
-        out=out_path, overwrite=overwrite, examples=examples,
+        out=out_path, overwrite=overwrite, examples=examples, examples_out=examples_out,
     )
 
 

@@ -194,6 +194,7 @@ def zeroshot(
     out: str | Path | None = None,
     overwrite: bool = False,
     argv: Sequence[str] | None = None,
+    examples_out: Path | None = None,
 ) -> dict:
     """Evaluate zero-shot classification of `config.model` on `data`; returns the results record.
 
@@ -233,7 +234,7 @@ def zeroshot(
         data=data_record(data, loaded, rows_evaluated=int(len(x)), label_column=labels.column),
         protocol=zeroshot_protocol(config, prompts, edit, plan),
         results={"classnames": labels.classnames, "metrics": scores.metrics, "chance": scores.chance, "per_class": scores.per_class},
-        out=inputs.out_path, overwrite=overwrite, examples=examples,
+        out=inputs.out_path, overwrite=overwrite, examples=examples, examples_out=examples_out,
     )
 
 

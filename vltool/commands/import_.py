@@ -77,6 +77,9 @@ def import_command(
     caption_template: Annotated[
         str, typer.Option("--caption-template", help="Image folders: the caption of each image, from its class name.")
     ] = "{label}",
+    classnames: Annotated[
+        Optional[Path], typer.Option("--classnames", help="Image folders: a file with each class's name, one a line, in the order of the sorted folder names (default: the folder names, underscores as spaces).")
+    ] = None,
     num_proc: NumProcOpt = 1,
     overwrite: OverwriteOpt = False,
     as_json: JsonOpt = False,
@@ -88,7 +91,7 @@ def import_command(
     config = ImportConfig(
         format=format, image_column=image_column, caption_column=caption_column, label_column=label_column,
         id_column=id_column, image_root=image_root, extra_columns=list(extra_column or []), max_side=max_side,
-        caption_template=caption_template, num_proc=num_proc,
+        caption_template=caption_template, num_proc=num_proc, classnames=classnames,
     )
     prov = import_data(sources, out, config, overwrite=overwrite)
     if as_json:

@@ -68,7 +68,7 @@ def pretrain_command(
     loss: Annotated[str, typer.Option("--loss", help="Training objective: clip (InfoNCE) | sigmoid (FFF/SigLIP, several positives) | unicl (label-aware soft targets) | jsd (CLIP-Lite, one negative per positive, critic projections) | simclr (image-only views, no text); clip with --memory-bank K: EMA queue. See docs/objectives.md.", rich_help_panel="Model")] = "clip",
     bias_init: Annotated[Str, typer.Option("--bias-init", help="sigmoid: the logit bias's start, a number or 'search' (FFF 4.4: the initial loss's minimum over a grid of step 1 from [-20, 0], widened until the minimum is inside it, then refined to 0.1; logged in metrics.jsonl); default -10 (SigLIP's).", rich_help_panel="Loss")] = None,
     bias_search_batches: Annotated[int, typer.Option("--bias-search-batches", help="sigmoid --bias-init search: global batches of epoch 0 encoded by the fresh model to choose the bias (vltool's choice: 4).", rich_help_panel="Loss")] = 4,
-    captions_per_image: Annotated[int, typer.Option("--captions-per-image", help="sigmoid: batch text augmentation (FFF 4.2): k captions of each image from the 'captions' list, all positives (shuffled with --caption-sampling random, else in order; fewer captions repeat).", rich_help_panel="Loss")] = 1,
+    captions_per_image: Annotated[int, typer.Option("--captions-per-image", help="sigmoid: batch text augmentation (FFF 4.2): k captions of each image from the 'captions' list, all positives (shuffled with --caption-sampling random, else in order; fewer captions repeat; refused when every row has one caption).", rich_help_panel="Loss")] = 1,
     label_data: Annotated[Optional[list[str]], typer.Option("--label-data", help="unicl: image-label data (repeatable); its text is the class name (--label-column) in a random template per sample.", rich_help_panel="Loss")] = None,
     text_data: Annotated[Optional[list[str]], typer.Option("--text-data", help="unicl: image-text data (repeatable; DATA arguments are taken as --text-data); each row is its own label.", rich_help_panel="Loss")] = None,
     label_column: Annotated[str, typer.Option("--label-column", help="unicl: the ClassLabel (or string) column of --label-data.", rich_help_panel="Loss")] = "label",
@@ -102,6 +102,7 @@ def pretrain_command(
     shuffle_buffer: Annotated[int, typer.Option("--shuffle-buffer", help="wds: samples each data stream holds to shuffle in (seeded per epoch and stream, after the shards' order is shuffled).", rich_help_panel="Data")] = 2000,
     eval_data: Annotated[Optional[list[str]], typer.Option("--eval-data", help="Held-out data evaluated during training (repeatable).", rich_help_panel="Data")] = None,
     eval_where: Annotated[Optional[list[str]], typer.Option("--eval-where", help="--where clauses for --eval-data.", rich_help_panel="Data")] = None,
+    eval_split: Annotated[Optional[str], typer.Option("--eval-split", help="Split of --eval-data when it is a DatasetDict (or a CLIP_benchmark import).", rich_help_panel="Data")] = None,
     # optimisation
     batch_size: Annotated[int, typer.Option("--batch-size", help="Rows per process per micro-batch; the global batch is batch-size x processes x accum-steps.", rich_help_panel="Optimisation")] = 64,
     epochs: Annotated[Float, typer.Option("--epochs", help="Passes over the data [default: 1 unless --steps].", rich_help_panel="Optimisation")] = None,
@@ -142,7 +143,7 @@ def pretrain_command(
 
     device = renamed(ctx, "--cpu", "--device", cpu, device, means="cpu")
     config = pretrain_config(locals())
-    result = pretrain(data or [], out, None if resume else config, where=where or [], split=split, eval_data=eval_data or [], eval_where=eval_where or [],
+    result = pretrain(data or [], out, None if resume else config, where=where or [], split=split, eval_data=eval_data or [], eval_where=eval_where or [], eval_split=eval_split,
                       overwrite=overwrite, resume=resume, stop_after_steps=stop_after_steps, progress=not no_progress)
     print_result(result, as_json)
 

@@ -270,3 +270,4 @@ class RunSpec:
     command_line: str = ""
     init_revision: dict = field(default_factory=dict)  # --init's exact weights (Hub commit, open_clip tag's file sha256)
     runtime: dict = field(default_factory=dict)  # what determines the bits: threads, device, dtype, versions (provenance.runtime)
+    eval_split: str | None = None  # --eval-split: the split of a DatasetDict given as --eval-data

@@ -134,6 +134,12 @@ def load_train_data(
     dropped = dropped.tolist()
     if len(ds) == 0:
         raise UsageError(f"the {what} has no rows with text in {text_col!r}")
+    if config.captions_per_image > 1 and what == "input":
+        most = pc.max(pc.list_value_length(arrow_column(ds, text_col))).as_py()
+        if (most or 0) <= 1:  # k copies of one caption: the plain loss under another name (issue 39)
+            raise UsageError(f"--captions-per-image {config.captions_per_image}: every training row has one caption in "
+                             f"{text_col!r}; give data with several captions per image (e.g. from vltool recaption "
+                             f"--num-captions N) or drop --captions-per-image")
     positives = None
     if C.POSITIVES in needed:
         positives, unfound = _positive_rows(ds, with_unfound=True)

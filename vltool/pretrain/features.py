@@ -66,20 +66,21 @@ def frozen_features(model, tokenizer, train: TrainData, config, frozen: dict, us
     out = FrozenFeatures()
     # the tokenizer's settings and the digest of its files (a tokenizer-only change is a different key)
     tok_key = {**(model.config.get("tokenizer") or {}), "files_sha256": tokenizer.files_digest() if hasattr(tokenizer, "files_digest") else None}
+    apart = {"before_projection": True} if getattr(model, "projections_apart", False) else {}  # (a whole CLIP's, trained)
     if do_image:
         out.image, out.bad_rows, out.reused["image"] = _through_cache(
-            _key(model.visual, train, C.IMAGE, {"kind": "image-trunk", "transform": model.config["preprocess"], "precision": config.precision}),
+            _key(model.visual, train, C.IMAGE, {"kind": "image-trunk", "transform": model.config["preprocess"], "precision": config.precision, **apart}),
             lambda: _encode_rows(model, train, config, accelerator, image=transform), accelerator)
     if do_text and fixed_text and not templated:
         pre = {"kind": "text-trunk", "tokenizer": tok_key, "caption_sampling": config.caption_sampling,
-               "source": train.text_source, "precision": config.precision}
+               "source": train.text_source, "precision": config.precision, **apart}
         per_row, _, out.reused["text"] = _through_cache(
             _key(model.text, train, train.text_column, pre),
             lambda: _encode_rows(model, train, config, accelerator, tokenizer=tokenizer), accelerator)
         out.text = FrozenText(per_row=per_row)
     elif do_text:
         texts = table_texts(train)
-        pre = {"kind": "text-trunk", "tokenizer": tok_key, "precision": config.precision}
+        pre = {"kind": "text-trunk", "tokenizer": tok_key, "precision": config.precision, **apart}
         table, _, out.reused["text"] = _through_cache(
             _key(model.text, None, TEXTS_COLUMN, pre, texts=texts),
             lambda: _encode_texts(model, tokenizer, texts, config, accelerator), accelerator)

@@ -116,6 +116,7 @@ def pretrain(
     split: str | None = None,
     eval_data: Sequence[str] = (),
     eval_where: Sequence[str] = (),
+    eval_split: str | None = None,
     overwrite: bool = False,
     resume: str | Path | None = None,
     stop_after_steps: int | None = None,
@@ -130,7 +131,7 @@ def pretrain(
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if stop_after_steps is not None and stop_after_steps < 1:
         raise UsageError(f"--stop-after-steps must be >= 1, got {stop_after_steps}")
-    spec, run_dir, config = resolve_run(data, out, config, where, split, eval_data, eval_where, resume)
+    spec, run_dir, config = resolve_run(data, out, config, where, split, eval_data, eval_where, resume, eval_split)
     made: list[Path] = []  # the run directory, once this invocation has made it (holding its lock)
     threads_before = torch.get_num_threads()
     if config.threads is not None:  # (restored afterwards: the count is the process's, not only this run's)
@@ -173,7 +174,7 @@ def _drop_if_nothing_to_resume(run_dir: Path) -> None:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def resolve_run(data, out, config, where, split, eval_data, eval_where, resume) -> tuple[RunSpec, Path, PretrainConfig]:
+def resolve_run(data, out, config, where, split, eval_data, eval_where, resume, eval_split=None) -> tuple[RunSpec, Path, PretrainConfig]:
     """What to run: a new run, or the saved options of the run being resumed."""
     if resume is not None:
         run_dir = Path(resume).expanduser()
@@ -210,7 +211,9 @@ def resolve_run(data, out, config, where, split, eval_data, eval_where, resume) 
             # launch names the sibling alike.
             run_dir = work_dir(run_dir, launch_token())
         config = config or PretrainConfig()
-        spec = RunSpec(list(data), list(where), split, list(eval_data), list(eval_where), asdict(config), 0)
+        if eval_split is not None and not eval_data:
+            raise UsageError(f"--eval-split {eval_split}: it selects a split of --eval-data; give --eval-data")
+        spec = RunSpec(list(data), list(where), split, list(eval_data), list(eval_where), asdict(config), 0, eval_split=eval_split)
     config.validate()
     return spec, run_dir, config
 
@@ -501,7 +504,8 @@ def _write_final(run: RunState, final_eval, bad_all: set, timer) -> dict:
                 stats[key] = str(final / Path(stats[key]).relative_to(run.run_dir))
     spec = run.spec
     options = {**asdict(run.config), "data": spec.data, "where": spec.where, "split": spec.split,
-               "eval_data": spec.eval_data, "eval_where": spec.eval_where, "init_revision": spec.init_revision or None}
+               "eval_data": spec.eval_data, "eval_where": spec.eval_where, **({"eval_split": spec.eval_split} if spec.eval_split else {}),
+               "init_revision": spec.init_revision or None}
     inputs = run.train.inputs + (run.evald.inputs if run.evald else [])
     prov = provenance.make("pretrain", options, inputs, rows_in=run.train.rows_in, rows_out=None, stats=stats, timer=timer,
                            device=run.accelerator.device, dtype=run_dtype(run.config))
@@ -541,7 +545,7 @@ def _load_data(spec: RunSpec, config: PretrainConfig, run_dir: Path, overwrite: 
     else:
         train = load_train_data(spec.data, config, spec.where, spec.split)
     test_only_inputs(train.inputs, "training input", config.allow_test_data)
-    evald = load_train_data(spec.eval_data, config, spec.eval_where, None, what="--eval-data") if spec.eval_data else None
+    evald = load_train_data(spec.eval_data, config, spec.eval_where, spec.eval_split, what="--eval-data") if spec.eval_data else None
     if evald is not None:
         require_a_decodable_image(evald.dataset, C.IMAGE, "--eval-data " + ", ".join(s.spec for s in evald.inputs))
     if evald is not None:
@@ -761,6 +765,7 @@ def _final_stats(run: RunState, plain, final_eval, bad_all: set, exported: bool,
         "global_batch": c.batch_size * run.accelerator.num_processes * c.accum_steps,  # the loss's batch
         "accum_steps": c.accum_steps,
         "num_processes": run.accelerator.num_processes,
+        "per_process_batch": c.batch_size,  # --batch-size: rows per process per micro-batch
         "first_loss": run.first_loss,
         "final_loss": run.last_loss,
         "final_logit_scale": float(plain.logit_scale.detach().exp()),

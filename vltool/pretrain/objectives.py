@@ -374,7 +374,7 @@ class SimCLRObjective(Objective):
         size = int(model.config["preprocess"]["size"])
         device = model.logit_scale.device
         x = torch.cat([batch["images"], batch["images2"]]).to(device, non_blocking=True) if "images" in batch else torch.zeros(0, 3, size, size, device=device)
-        f = model.image_proj(model.image_trunk(x))  # (2B, D): both views
+        f = model.project_image(model.image_trunk(x))  # (2B, D): both views
         nb = f.shape[0] // 2
         return [f[:nb], f[nb:]]  # (B, D) each
 

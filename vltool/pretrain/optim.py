@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from vltool.errors import UsageError, VltoolError
+from vltool.model import HFDualTower
 from vltool.pretrain.config import PretrainConfig
 
 
@@ -41,10 +42,34 @@ def apply_freezing(model, config: PretrainConfig) -> dict:
         lock(model.visual, config.unfreeze_image_last, model.image_blocks, model.image_head, "image")
     if config.lock_text:
         lock(model.text, config.unfreeze_text_last, model.text_blocks, model.text_head, "text")
-    return {
-        "image": not any(p.requires_grad for p in model.visual.parameters()),
-        "text": not any(p.requires_grad for p in model.text.parameters()),
+    if config.lock_image and config.lock_text and not (config.unfreeze_image_last or config.unfreeze_text_last):
+        # Both towers locked: the projections train, as they do for two towers (whose projections live outside
+        # them, LiT-style). A whole CLIP's projections live inside its towers; locked with them, only the
+        # logit scale would train (issue 39).
+        inner = tower_projections(model)
+        for p in inner:
+            p.requires_grad_(True)
+        model.projections_apart = bool(inner)  # the locked trunks' features stop before them (and can be cached)
+        only = [n for n, p in model.named_parameters() if p.requires_grad]
+        if only and all(n in ("logit_scale", "logit_bias") for n in only):
+            raise UsageError("--lock-image --lock-text: this model has no projections outside its towers' blocks, so only "
+                             "the logit scale would train; unfreeze the last blocks of a tower (--unfreeze-image-last N) "
+                             "or leave a tower unlocked")
+    apart = {id(p) for p in tower_projections(model)} if getattr(model, "projections_apart", False) else set()
+    return {  # wholly frozen trunks (a whole CLIP's projection trained apart from its locked tower does not count)
+        "image": not any(p.requires_grad for p in model.visual.parameters() if id(p) not in apart),
+        "text": not any(p.requires_grad for p in model.text.parameters() if id(p) not in apart),
     }
+
+
+def tower_projections(model) -> list:
+    """The projections that live inside a whole CLIP's towers (open_clip's proj / text_projection, a Hugging
+    Face CLIPModel's visual_projection / text_projection); none for two towers, whose projections are outside."""
+    out = list(model.open_clip_projection_params())
+    for tower in (model.visual, model.text):
+        if isinstance(tower, HFDualTower):
+            out.extend(tower.proj.parameters())
+    return out
 
 
 def set_train_mode(model) -> None:

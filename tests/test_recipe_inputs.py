@@ -1,0 +1,145 @@
+"""The recipes' inputs (recipes/common.sh, issue 39), checked without running anything: `vltool` and
+`accelerate` on PATH are shims that log their arguments (pretrain's shim writes the one file a recipe reads
+back, its stats.steps). Seconds, not the smoke runs of tests/test_recipes.py."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIM = """#!/usr/bin/env bash
+printf '%q ' "$(basename "$0")" "$@" >> "$SHIM_LOG"; echo >> "$SHIM_LOG"
+prev=""; for a in "$@"; do
+  if [ "$prev" = "--out" ] && [[ " $* " == *" pretrain "* ]]; then mkdir -p "$a" && echo '{"stats": {"steps": 7}}' > "$a/vltool.json"; fi
+  prev=$a
+done
+exit 0
+"""
+
+
+def run_recipe(tmp_path: Path, recipe: str, **env) -> tuple[subprocess.CompletedProcess, list[list[str]]]:
+    bin_ = tmp_path / "bin"
+    bin_.mkdir(exist_ok=True)
+    for name in ("vltool", "accelerate"):
+        (bin_ / name).write_text(SHIM)
+        (bin_ / name).chmod(0o755)
+    log = tmp_path / f"{recipe}.log"
+    log.write_text("")
+    full = {**os.environ, "PATH": f"{bin_}{os.pathsep}{os.environ['PATH']}", "SHIM_LOG": str(log), "OUT": str(tmp_path / "out"), **env}
+    proc = subprocess.run(["bash", str(ROOT / "recipes" / f"{recipe}.sh")], cwd=tmp_path, env=full, capture_output=True, text=True)
+    return proc, [shlex.split(line) for line in log.read_text().splitlines()]
+
+
+def option(cmd: list[str], name: str) -> str:
+    return cmd[cmd.index(name) + 1]
+
+
+def test_batch_variables_are_global_batches_divided_among_launched_processes(tmp_path):
+    """BATCH was per process: under `accelerate launch --num_processes 2` every run trained at twice the batch the
+    recipe names. Now LAUNCH prefixes every training command and BATCH is the global batch (issue 39)."""
+    launch = "accelerate launch --multi_gpu --num_processes 2"
+    proc, cmds = run_recipe(tmp_path, "quickstart", LAUNCH=launch, BATCH="64")
+    assert proc.returncode == 0, proc.stderr
+    (train,) = [c for c in cmds if "pretrain" in c]
+    assert train[:7] == ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "-m", "vltool"]
+    assert option(train, "--batch-size") == "32"
+    report = next(c for c in cmds if c[:2] == ["vltool", "report"])
+    assert any("2 processes" in a and "global batch" in a for a in report)  # the report records the launch
+    assert not [c for c in cmds if c[0] == "vltool" and c[1] == "pretrain"]  # nothing trains outside LAUNCH
+
+
+@pytest.mark.parametrize("recipe,env,variable", [
+    ("quickstart", {"BATCH": "63"}, "BATCH=63"),
+    ("fff", {"BIG_BATCH": "1001"}, "BIG_BATCH=1001"),
+    ("clip-lite", {"BATCH_SIZES": "16 33"}, "BATCH_SIZES=33"),
+])
+def test_a_global_batch_that_does_not_divide_is_refused(tmp_path, recipe, env, variable):
+    proc, cmds = run_recipe(tmp_path, recipe, LAUNCH="torchrun --nproc_per_node 2", **env)
+    assert proc.returncode == 2 and variable in proc.stderr and "2 processes" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not [c for c in cmds if "pretrain" in c]
+
+
+def test_default_command_lines_are_unchanged(tmp_path):
+    """`bash recipes/quickstart.sh` with no variable runs the command lines that made the committed results."""
+    proc, cmds = run_recipe(tmp_path, "quickstart")
+    assert proc.returncode == 0, proc.stderr
+    out = str(tmp_path / "out")
+    (train,) = [c for c in cmds if "pretrain" in c]
+    assert train[0] == "vltool" and train[1:3] == ["pretrain", f"{out}/lit-bow/seed0/data"]
+    assert train[train.index("--seed") + 2:train.index("--seed") + 4] == ["--image-tower", "torchvision:mobilenet_v2"]
+    assert train[train.index("--text-pooling"):] == ["--text-pooling", "mean", "--lock-image", "--lock-text", "--augment", "none",
+                                                       "--batch-size", "64", "--lr", "1e-3", "--epochs", "10", "--no-progress", "--overwrite"]
+    assert cmds[0] == ["vltool", "deform", "emoji", "--where", "split=train", "--ops", "shuffle,rmstop,basevocab,rmtopfreq20,keep4",
+                       "--seed", "0", "--out", f"{out}/lit-bow/seed0/data", "--overwrite"]
+    assert cmds[2] == ["vltool", "zeroshot", "emoji", "--where", "split=test", "--model", f"{out}/lit-bow/seed0/run", "--bootstrap",
+                       "1000", "--group-column", "base_id", "--out", f"{out}/lit-bow/seed0/zeroshot.json", "--overwrite"]
+    report = cmds[-1]
+    assert option(report, "--title") == "Quick start: MobileNetV2 + MiniLM aligned on bags of words of the emoji names"
+    assert report[report.index("--style"):report.index("--style") + 4] == ["--style", "Noto=", "--style", "OpenMoji=-style2"]
+
+
+def test_inputs_a_recipe_cannot_use_are_refused_in_one_line(tmp_path):
+    cases = [
+        ("unicl", {"TRAIN_DATA": str(tmp_path)}, "LABEL_DATA"),
+        ("debias", {"TRAIN_DATA": str(tmp_path)}, "CONCEPT_DATA"),
+        ("quickstart", {"TRAINABLE": "some"}, "TRAINABLE=some"),
+        ("quickstart", {"INIT": "hf:you/tiny-clip", "ARCH": "vltool-micro"}, "INIT=hf:you/tiny-clip and ARCH=vltool-micro"),
+        ("fff", {"TRAIN_DATA": str(tmp_path / "shards/{0..3}.tar")}, "TRAIN_DATA="),
+        ("caption-worth", {"CAPTIONS_COLUMN": "texts"}, "CAPTIONS_COLUMN=texts"),
+        ("clip-lite", {"TRAIN_DATA": str(tmp_path)}, "PROBE_BENCH"),
+    ]
+    for recipe, env, variable in cases:
+        proc, cmds = run_recipe(tmp_path, recipe, **env)
+        assert proc.returncode == 2 and variable in proc.stderr, (recipe, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()) == 1 and not [c for c in cmds if "pretrain" in c], recipe
+
+
+def test_model_and_data_variables_reach_every_training_command(tmp_path):
+    """INIT replaces the towers (TRAINABLE=projections keeps both locked: a whole CLIP's projections train, see
+    tests/test_hf.py), TRAIN_DATA the training rows, and the report's title names both."""
+    proc, cmds = run_recipe(tmp_path, "fistful-of-words", INIT="hf:you/tiny-clip", TRAIN_DATA="/data/my-shards",
+                            TRAIN_WHERE="lang=en", SEEDS="0", ZEROSHOT_BENCH="/bench/cb_cls", RETRIEVAL_BENCH="/bench/cb_ret")
+    assert proc.returncode == 0, proc.stderr
+    trains = [c for c in cmds if "pretrain" in c]
+    assert trains and all(option(c, "--init") == "hf:you/tiny-clip" and "--image-tower" not in c for c in trains)
+    assert all(c[c.index("--init") + 2:c.index("--init") + 4] == ["--lock-image", "--lock-text"] for c in trains)
+    intact = next(c for c in trains if "/intact/" in option(c, "--out"))
+    assert intact[2:5] == ["/data/my-shards", "--where", "lang=en"]
+    halves = next(c for c in cmds if c[1] == "split")
+    assert halves[2:5] == ["/data/my-shards", "--where", "lang=en"] and option(halves, "--by") == "id"
+    evals = [c for c in cmds if c[1] in ("zeroshot", "retrieve")]
+    assert {c[2] for c in evals if c[1] == "zeroshot"} == {"/bench/cb_cls"} and {c[2] for c in evals if c[1] == "retrieve"} == {"/bench/cb_ret"}
+    assert all("--group-column" not in c for c in evals)  # GROUP_COLUMN empty: images are the bootstrap unit
+    reports = [c for c in cmds if c[1] == "report"]
+    assert reports and all("my-shards" in option(c, "--title") for c in reports)
+    assert all(any(a.startswith("Study: ") and "model hf:you/tiny-clip" in a for a in c) for c in reports)
+
+
+def test_unicl_takes_label_data_beside_train_data(tmp_path):
+    """UniCL on a study of one's own: TRAIN_DATA's image-text rows, LABEL_DATA's image-label rows (issue 39)."""
+    import datasets
+
+    labels = tmp_path / "labels"
+    datasets.Dataset.from_dict({"id": ["a"], "label": [0]}, features=datasets.Features(
+        {"id": datasets.Value("string"), "label": datasets.ClassLabel(names=["red heart"])})).save_to_disk(str(labels))
+    bench = tmp_path / "wds_cls"  # CLIP_benchmark's layout: a folder per split
+    for split in ("train", "test"):
+        (bench / split).mkdir(parents=True)
+    proc, cmds = run_recipe(tmp_path, "unicl", TRAIN_DATA="/data/pairs", LABEL_DATA=str(labels), PROBE_BENCH=str(bench),
+                            ZEROSHOT_BENCH=str(bench), SEEDS="0")
+    assert proc.returncode == 0, proc.stderr
+    trains = {option(c, "--out").split("/")[-3]: c for c in cmds if "pretrain" in c}
+    assert set(trains) == {"clip", "unicl-text", "unicl-label", "unicl-both"}
+    assert option(trains["unicl-both"], "--label-data") == str(labels) and option(trains["unicl-both"], "--text-data") == "/data/pairs"
+    assert all("--where" not in c for c in trains.values())
+    assert [c[2:5] for c in cmds if c[1] == "zeroshot"] == [[str(bench), "--split", "test"]] * 4
+    probes = [c for c in cmds if c[1] == "probe"]
+    assert probes and all(c[2:5] == [str(bench), "--split", "train"] and option(c, "--eval-split") == "test" for c in probes)
+    proc, _ = run_recipe(tmp_path, "unicl", TRAIN_DATA="/data/pairs", LABEL_DATA=str(labels), PROBE_BENCH="/bench/cls",
+                         TRAIN_WHERE="lang=en")
+    assert proc.returncode == 2 and "TRAIN_WHERE=lang=en" in proc.stderr

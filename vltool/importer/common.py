@@ -25,6 +25,8 @@ from vltool.errors import UsageError
 from vltool.io import image_size_policy
 from vltool.shards import EMPTY_CAPTION, clean_captions, text_value
 
+# What --format accepts (here beside ImportConfig, which checks it); vltool.importer.core holds the table of
+# formats: the module that reads each.
 FORMATS = ("auto", "csv", "tsv", "jsonl", "parquet", "webdataset", "imagefolder", "coco", "clip_benchmark")
 TABLE_FORMATS = ("csv", "tsv", "jsonl", "parquet")
 

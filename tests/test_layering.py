@@ -198,3 +198,19 @@ def test_leaf_modules_import_no_other_vltool_module_but_leaves():
     assert set(graph["vltool.subspace"]) <= {"vltool.errors"}
     assert "vltool.evaluation" not in graph["vltool.encode"]
     assert "vltool.debias" not in graph["vltool.evaluation"]
+
+
+# vltool/io/: one module per concern, in the order its __init__'s docstring states (each imports only those before it)
+IO_ORDER = ["images", "records", "builtin", "locks", "outputs", "atomic", "index", "loading", "heldout", "digests"]
+
+
+def test_io_modules_import_only_the_io_modules_before_them():
+    graph, files = import_graph()
+    io_modules = {m for m in files if m.startswith("vltool.io.")}
+    assert io_modules == {f"vltool.io.{m}" for m in IO_ORDER}, "a new vltool/io/ module needs its place in IO_ORDER"
+    for i, short in enumerate(IO_ORDER):
+        inside = {t for t in graph[f"vltool.io.{short}"] if t == "vltool.io" or t.startswith("vltool.io.")}
+        assert inside <= {f"vltool.io.{m}" for m in IO_ORDER[:i]}, f"vltool.io.{short} imports {sorted(inside)}"
+        assert ast.get_docstring(ast.parse(files[f"vltool.io.{short}"].read_text(encoding="utf-8"))), f"vltool.io.{short}: no docstring saying its concern"
+    doc = ast.get_docstring(ast.parse(files["vltool.io"].read_text(encoding="utf-8")))
+    assert ", ".join(IO_ORDER) in doc  # the order the package's docstring states

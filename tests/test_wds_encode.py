@@ -143,11 +143,13 @@ def test_decoding_a_tar_path_equals_decoding_the_member_with_one_read_per_image(
 
 def test_the_index_is_built_once_and_a_second_builder_waits(shards, tmp_path, monkeypatch, capfd):
     from vltool import io as vio
+    from vltool.io import index as vindex  # (the module whose shard_index calls _build_shard_index)
+    from vltool.io.locks import _acquire
     from vltool.shards import load_shards
 
     built = []
-    real = vio._build_shard_index
-    monkeypatch.setattr(vio, "_build_shard_index", lambda *a: (built.append(a), real(*a)))
+    real = vindex._build_shard_index
+    monkeypatch.setattr(vindex, "_build_shard_index", lambda *a: (built.append(a), real(*a)))
     cache = tmp_path / "cache"
     # another builder holds the index's lock: this one waits, then reads what the other wrote
     first = vio.load_dataset(shards, cache_dir=cache)
@@ -155,7 +157,7 @@ def test_the_index_is_built_once_and_a_second_builder_waits(shards, tmp_path, mo
     import shutil
 
     shutil.rmtree(dest)
-    lock = vio._acquire(dest)
+    lock = _acquire(dest)
     done = []
     t = threading.Thread(target=lambda: done.append(vio.load_dataset(shards, cache_dir=cache)))
     t.start()

@@ -31,7 +31,10 @@ from vltool import provenance
 from vltool.errors import UsageError, check
 from vltool.evaluation import EvalCommon, check_out, is_main
 from vltool.importer import clip_benchmark_input
-from vltool.io import BUILTIN_DATASETS, read_from_disk, resolve_dataset_path, shard_index, write_json_atomic
+from vltool.io.atomic import write_json_atomic
+from vltool.io.builtin import BUILTIN_DATASETS
+from vltool.io.index import shard_index
+from vltool.io.loading import read_from_disk, resolve_dataset_path
 from vltool.probe import PRESETS, ProbeConfig, probe
 from vltool.retrieve import RetrieveConfig, retrieve
 from vltool.zeroshot import ZeroshotConfig, zeroshot

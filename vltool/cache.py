@@ -33,7 +33,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from vltool import __version__
-from vltool.io import default_cache_dir, values_digest
+from vltool.io.digests import values_digest
+from vltool.io.index import default_cache_dir
 
 SUBDIR = "embeddings"
 KEY_VERSION = 2  # bump when what an entry holds changes meaning (2: the tokenizer's files are in the key)

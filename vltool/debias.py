@@ -27,7 +27,9 @@ from vltool.checks import require_decoded
 from vltool.encode import encode_images, encode_prompts, load_eval_model, model_record
 from vltool.errors import UsageError
 from vltool.evaluation import check_out, finish
-from vltool.io import atomic_output, check_output, load_dataset, model_inputs, write_json_atomic
+from vltool.io.atomic import atomic_output, write_json_atomic
+from vltool.io.loading import load_dataset
+from vltool.io.outputs import check_output, model_inputs
 from vltool.subspace import SUBSPACE_FILE, Subspace, concept_subspace, load_subspace, project_out  # noqa: F401 (re-exported)
 from vltool.zeroshot import ZeroshotConfig, zeroshot
 

@@ -31,7 +31,8 @@ from vltool.checks import has_text
 from vltool.console import Bar
 from vltool.derived import ColumnSpill, replace_text_column, spill_beside
 from vltool.errors import UsageError
-from vltool.io import arrow_column, require_columns
+from vltool.io.digests import arrow_column
+from vltool.io.loading import require_columns
 from vltool.text import english_stopwords, tokenize
 
 DEFAULT_OPS = "shuffle,rmstop,basevocab,rmtopfreq1000,keep4"
@@ -530,7 +531,10 @@ def deform(
     """Load `data`, deform it, write it atomically to `out` with its `vltool.json`; return that record."""
     from vltool import provenance
     from vltool.checks import require_texts
-    from vltool.io import check_output, load_dataset, output_scope, save_dataset
+    from vltool.io.atomic import save_dataset
+    from vltool.io.loading import load_dataset
+    from vltool.io.locks import output_scope
+    from vltool.io.outputs import check_output
 
     timer = provenance.Timer()
     config.validate()

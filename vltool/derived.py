@@ -19,7 +19,7 @@ from typing import Iterator
 
 import numpy as np
 
-from vltool.io import work_dir
+from vltool.io.atomic import work_dir
 from vltool.topology import launched_processes, process_state
 
 # datasets and pyarrow are imported inside the functions that use them: commands import this module (through

@@ -34,7 +34,9 @@ from vltool.cache import CacheKey, EmbeddingCache, cant_write, row_filter, texts
 from vltool.checks import clean_text, image_column, nonblank, read_json, require_texts, text_column
 from vltool.console import Bar
 from vltool.errors import UsageError, VltoolError
-from vltool.io import arrow_column, column_digest, column_values, write_json_atomic, decode_image, strings_digest  # noqa: F401  (decode_image re-exported: callers import it from here)
+from vltool.io.atomic import write_json_atomic
+from vltool.io.digests import arrow_column, column_digest, strings_digest
+from vltool.io.images import decode_image  # noqa: F401  (decode_image re-exported: callers import it from here)
 from vltool.provenance import mark_first_batch
 from vltool.topology import is_main, process_state, warn
 

@@ -22,7 +22,9 @@ from vltool.cache import EmbeddingCache
 from vltool.encode import encode_device, encode_images, load_eval_model, model_record
 from vltool.errors import UsageError
 from vltool.importer import clip_benchmark_input
-from vltool.io import LoadedDataset, check_output, load_dataset, model_inputs, require_output_name, write_json_atomic
+from vltool.io.atomic import write_json_atomic
+from vltool.io.loading import load_dataset, LoadedDataset
+from vltool.io.outputs import check_output, model_inputs, require_output_name
 from vltool.metrics import Interval, majority_rate, topk_chance
 from vltool.outcomes import FORMAT, examples_path, write_examples
 from vltool.subspace import load_subspace, project_out

@@ -38,8 +38,12 @@ from vltool import columns as C
 from vltool import provenance
 from vltool.console import Bar
 from vltool.errors import UsageError, VltoolError
-from vltool.io import (atomic_output, check_output, column_values, image_bytes, image_size_policy, load_dataset, read_provenance,
-                       write_json_atomic)
+from vltool.io.atomic import atomic_output, write_json_atomic
+from vltool.io.digests import column_values
+from vltool.io.images import image_bytes, image_size_policy
+from vltool.io.loading import load_dataset
+from vltool.io.outputs import check_output
+from vltool.io.records import read_provenance
 from vltool.topology import warn
 
 TARGETS = ("webdataset", "csv", "hf")

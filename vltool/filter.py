@@ -45,7 +45,10 @@ from vltool.checks import has_text, missing_text_warning, require_texts
 from vltool.console import Bar, log
 from vltool.derived import with_columns
 from vltool.errors import UsageError
-from vltool.io import arrow_column, check_output, load_dataset, require_columns, save_dataset
+from vltool.io.atomic import save_dataset
+from vltool.io.digests import arrow_column
+from vltool.io.loading import load_dataset, require_columns
+from vltool.io.outputs import check_output
 from vltool.topology import warn
 
 _MASK = (1 << 64) - 1

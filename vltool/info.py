@@ -28,7 +28,9 @@ import pyarrow.compute as pc
 
 from vltool import columns as C
 from vltool.errors import UsageError
-from vltool.io import BUILTIN_DATASETS, is_shard_input, read_from_disk, resolve_dataset_path, shard_index
+from vltool.io.builtin import BUILTIN_DATASETS
+from vltool.io.index import is_shard_input, shard_index
+from vltool.io.loading import read_from_disk, resolve_dataset_path
 
 MAX_CHAIN_DEPTH = 64
 EMBED_KEYS = ("embed_dim", "embedding_dim", "projection_dim", "proj_dim", "output_dim", "emb_dim", "joint_dim")

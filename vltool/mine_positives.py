@@ -36,7 +36,11 @@ from vltool.console import Bar
 from vltool.derived import ColumnSpill, add_columns, spill_beside
 from vltool.encode import encode_device, encode_images, encode_texts, load_eval_model, model_record
 from vltool.errors import UsageError, VltoolError
-from vltool.io import arrow_column, check_output, column_values, load_dataset, model_inputs, output_scope, save_dataset
+from vltool.io.atomic import save_dataset
+from vltool.io.digests import arrow_column, column_values
+from vltool.io.loading import load_dataset
+from vltool.io.locks import output_scope
+from vltool.io.outputs import check_output, model_inputs
 from vltool.topology import process_state, warn
 
 # torch, faiss, datasets, pyarrow and accelerate are imported inside the functions that use them: vltool/commands/

@@ -42,7 +42,8 @@ import numpy as np
 
 from vltool import columns as C
 from vltool.errors import UsageError, VltoolError
-from vltool.io import arrow_column, atomic_file, column_values
+from vltool.io.atomic import atomic_file
+from vltool.io.digests import arrow_column, column_values
 from vltool.metrics import (AveragePrecision, ClassificationItems, QueryRanks, Replicates, Resampling, RetrievalItems, far_side_share,
                             percentile_interval)
 

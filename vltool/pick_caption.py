@@ -22,7 +22,11 @@ from vltool import provenance
 from vltool.checks import text_column
 from vltool.derived import ColumnSpill, replace_text_column, spill_beside
 from vltool.errors import UsageError
-from vltool.io import arrow_column, check_output, load_dataset, output_scope, save_dataset
+from vltool.io.atomic import save_dataset
+from vltool.io.digests import arrow_column
+from vltool.io.loading import load_dataset
+from vltool.io.locks import output_scope
+from vltool.io.outputs import check_output
 
 STRATEGIES = ("random", "first", "last", "longest", "shortest")
 

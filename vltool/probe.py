@@ -43,7 +43,8 @@ from vltool.console import log as console_log
 from vltool.errors import UsageError, VltoolError, check
 from vltool.evaluation import (EvalCommon, Edit, bootstrap_record, check_out, classification_chance, debias_edit, encode_eval_images, entry,
                                load_eval_input, open_model, write_results)
-from vltool.io import LoadedDataset, rows_in_both
+from vltool.io.digests import rows_in_both
+from vltool.io.loading import LoadedDataset
 from vltool.metrics import AveragePrecision, ClassificationItems, Resampling, bootstrap, per_class_recall
 from vltool.outcomes import base_arrays, example_ids, read_groups
 from vltool.topology import is_main, process_state, warn

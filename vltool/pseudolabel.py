@@ -37,7 +37,11 @@ from vltool.checks import clean_texts, missing_text_warning, require_decoded, re
 from vltool.deform import row_seed
 from vltool.encode import decode_image, encode_texts, image_preprocessing, load_eval_model, model_record, require_finite, run_batches
 from vltool.errors import UsageError
-from vltool.io import LoadedDataset, arrow_column, check_output, load_dataset, model_inputs, save_dataset, shared_ids, test_only_inputs
+from vltool.io.atomic import save_dataset
+from vltool.io.digests import arrow_column, shared_ids
+from vltool.io.heldout import test_only_inputs
+from vltool.io.loading import load_dataset, LoadedDataset
+from vltool.io.outputs import check_output, model_inputs
 from vltool.text import english_stopwords, tokenize
 from vltool.topology import warn
 

@@ -49,7 +49,10 @@ from vltool.checks import clean_text, require_texts, text_column
 from vltool.console import err, progress_enabled
 from vltool.console import log as console_log
 from vltool.errors import DiskFull, UsageError, VltoolError, disk_full_cause, disk_full_message
-from vltool.io import LoadedDataset, check_output, decode_image, load_dataset, require_a_decodable_image, save_dataset, write_json_atomic
+from vltool.io.atomic import save_dataset, write_json_atomic
+from vltool.io.images import decode_image, require_a_decodable_image
+from vltool.io.loading import load_dataset, LoadedDataset
+from vltool.io.outputs import check_output
 from vltool.paraphrase import DEFAULT_EXAMPLES, PROMPT_HEADER, load_examples, one_line, paraphrase_prompt  # noqa: F401 (re-exported)
 from vltool.topology import process_state, warn
 

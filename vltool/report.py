@@ -32,7 +32,8 @@ from typing import Any
 
 from vltool import __version__
 from vltool.errors import UsageError, VltoolError
-from vltool.io import atomic_file, check_output, require_output_name, write_json_atomic
+from vltool.io.atomic import atomic_file, write_json_atomic
+from vltool.io.outputs import check_output, require_output_name
 from vltool.outcomes import Outcomes, paired_difference
 
 SEED_DIR = re.compile(r"^seed(\d+)$")

@@ -18,7 +18,10 @@ from vltool import columns as C
 from vltool import provenance
 from vltool.derived import add_columns
 from vltool.errors import UsageError
-from vltool.io import arrow_column, atomic_output, check_output, load_dataset, save_dataset, write_json_atomic
+from vltool.io.atomic import atomic_output, save_dataset, write_json_atomic
+from vltool.io.digests import arrow_column
+from vltool.io.loading import load_dataset
+from vltool.io.outputs import check_output
 
 
 @dataclass

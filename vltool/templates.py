@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Sequence
 
 from vltool.errors import UsageError
-from vltool.io import ASSETS
+from vltool.io.builtin import ASSETS
 
 TEMPLATE_DIR = ASSETS / "templates"
 DATASET_TEMPLATES = "zeroshot_classification_templates.txt"  # a dataset's own templates, beside it (CLIP_benchmark's name)

@@ -26,7 +26,8 @@ from vltool.encode import encode_prompts
 from vltool.errors import UsageError, VltoolError, check
 from vltool.evaluation import (EvalCommon, Edit, bootstrap_record, check_out, classification_chance, data_record, debias_edit,
                                encode_eval_images, entry, load_eval_input, open_model, require_selected, write_results)
-from vltool.io import LoadedDataset, column_values
+from vltool.io.digests import column_values
+from vltool.io.loading import LoadedDataset
 from vltool.metrics import AveragePrecision, ClassificationItems, Resampling, bootstrap, class_ranks, per_class_recall
 from vltool.outcomes import base_arrays, example_ids, read_groups
 from vltool.templates import AUTO, class_prompts, load_class_prompts, load_classnames, load_templates, resolve_templates

@@ -13,7 +13,7 @@ import typer
 
 from vltool.console import progress_setting
 from vltool.errors import UsageError, VltoolError
-from vltool.io import output_scope
+from vltool.io.locks import output_scope
 
 OutOpt = Annotated[Path, typer.Option("--out", "-o", help="Where to write the result (created atomically).")]
 OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="Replace --out if it exists.")]

@@ -31,8 +31,12 @@ from vltool.checks import has_text, text_column
 from vltool.derived import add_columns
 from vltool.distinct import duplicate
 from vltool.errors import UsageError, VltoolError
-from vltool.io import (arrow_column, atomic_file, column_values, decode_image, default_cache_dir, load_dataset, read_from_disk,
-                       read_provenance, shard_index)
+from vltool.io.atomic import atomic_file
+from vltool.io.digests import arrow_column, column_values
+from vltool.io.images import decode_image
+from vltool.io.index import default_cache_dir, shard_index
+from vltool.io.loading import load_dataset, read_from_disk
+from vltool.io.records import read_provenance
 from vltool.pretrain.config import PretrainConfig
 from vltool.shards import DUPLICATE_ID, iter_samples, load_shards, sample_id, sample_image, sample_text
 from vltool.templates import load_templates

@@ -6,7 +6,7 @@ import torch
 
 from vltool import columns as C
 from vltool.checks import require_decoded
-from vltool.io import decode_image
+from vltool.io.images import decode_image
 from vltool.losses import LossInput
 from vltool.model import to_device
 from vltool.pretrain.data import TrainData, texts_of

@@ -21,7 +21,7 @@ import torch
 
 from vltool import columns as C
 from vltool.cache import CacheKey, EmbeddingCache, texts_digest
-from vltool.io import decode_image
+from vltool.io.images import decode_image
 from vltool.losses import gather_keep_grad
 from vltool.model import fingerprint, to_device
 from vltool.pretrain.data import TrainData, texts_of

@@ -37,9 +37,14 @@ from vltool import columns as C
 from vltool import provenance
 from vltool.checks import read_json
 from vltool.errors import UsageError, VltoolError
-from vltool.io import (check_output, final_of_work_dir, hold_output_lock, is_shard_input, not_writable, refuse_if_busy, replace_path,
-                       require_a_decodable_image, shared_ids, test_only_inputs, work_dir, write_json_atomic)
-from vltool.io import model_inputs as model_reads  # (what --init reads; features.model_inputs is a batch's model inputs)
+from vltool.io.atomic import final_of_work_dir, replace_path, work_dir, write_json_atomic
+from vltool.io.digests import shared_ids
+from vltool.io.heldout import test_only_inputs
+from vltool.io.images import require_a_decodable_image
+from vltool.io.index import is_shard_input
+from vltool.io.locks import hold_output_lock, refuse_if_busy
+from vltool.io.outputs import check_output, not_writable
+from vltool.io.outputs import model_inputs as model_reads  # (what --init reads; features.model_inputs is a batch's model inputs)
 from vltool.model import (MODEL_DIR, OPEN_CLIP_DIR, build_from_spec, check_init, create_model, export_open_clip, fingerprint, pinned_spec,
                           save_model)
 from vltool.pretrain import checkpoint as ckpt

@@ -1,0 +1,87 @@
+"""Image decoding: the one place vltool turns a stored image into pixels.
+
+`decode_image` reads datasets' undecoded image ({bytes, path}: embedded bytes, a file, or a
+`tar://MEMBER::SHARD` path into a WebDataset shard, read by offset) and returns a PIL image, or None for
+a bad one; `image_size_policy` makes an image over PIL's size limit a bad image (never a raw warning);
+`require_a_decodable_image` refuses a column in which no image decodes.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+
+from vltool.checks import require_decoded
+from vltool.shards import parse_tar_url, read_member
+
+# datasets, pyarrow and PIL are imported inside the functions that use them, not here: `vltool --help` loads this
+# module (through commands/common.py), and importing them costs about a second.
+
+
+def image_size_policy() -> None:
+    """vltool's policy on huge images: one over PIL's limit (PIL.Image.MAX_IMAGE_PIXELS, about 89
+    megapixels) is a bad image, skipped and counted like an undecodable one, never a raw
+    DecompressionBombWarning. Every reader of images (decode_image, import, export) calls this first.
+
+    The rule is put back in front of the warning filters whenever something (a notebook's or a test's
+    warnings.catch_warnings, a library) has replaced or shadowed it."""
+    from PIL import Image
+
+    first = warnings.filters[0] if warnings.filters else None
+    if first is not None and first[0] == "error" and first[2] is Image.DecompressionBombWarning:
+        return
+    warnings.filterwarnings("error", category=Image.DecompressionBombWarning)
+
+
+def image_bytes(value) -> bytes | None:
+    """The encoded bytes of datasets' undecoded image ({bytes, path}): its bytes, the shard member a
+    `tar://MEMBER::SHARD` path names (one pread, vltool.shards.read_member), or the file a path names.
+    Raises OSError/KeyError when the file or member cannot be read; None when the value holds neither."""
+    if value is None:
+        return None
+    if value.get("bytes") is not None:
+        return value["bytes"]
+    path = value.get("path")
+    if not path:
+        return None
+
+    if parse_tar_url(path) is not None:
+        return read_member(path)
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def decode_image(value, rgb: bool = True):
+    """datasets' undecoded image ({bytes, path}) -> RGB PIL image, or None when it cannot be decoded.
+    `rgb=False` keeps the image's own mode (RGBA, P, L, ...) for a model's transform that converts it
+    itself, as open_clip's and transformers' do (vltool.transforms.eval_transform).
+
+    Training, encoding and pseudo-labelling all read images through this, so they agree on what a bad
+    image is (skipped and counted; images over the size limit too, see image_size_policy). A path
+    `tar://MEMBER::SHARD` (the shard index's) is read from the shard by offset."""
+    from PIL import Image
+
+    image_size_policy()
+    try:
+        data = image_bytes(value)
+        if data is None:
+            return None
+        im = Image.open(io.BytesIO(data))
+        im.load()
+        return im.convert("RGB") if rgb else im
+    except Exception:
+        return None
+
+
+def require_a_decodable_image(ds, column: str, what: str) -> None:
+    """An error before any work when not one image of `column` decodes (every image corrupt, missing or
+    too large). Cheap when the data are fine: the scan stops at the first image that decodes."""
+    import datasets
+
+    if isinstance(ds.features[column], datasets.Image) and ds.features[column].decode:
+        ds = ds.cast_column(column, datasets.Image(decode=False))
+    for lo in range(0, len(ds), 256):
+        if any(decode_image(v) is not None for v in ds[lo : lo + 256][column]):
+            return
+    require_decoded([True] * len(ds), what)
+

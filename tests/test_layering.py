@@ -198,3 +198,21 @@ def test_leaf_modules_import_no_other_vltool_module_but_leaves():
     assert set(graph["vltool.subspace"]) <= {"vltool.errors"}
     assert "vltool.evaluation" not in graph["vltool.encode"]
     assert "vltool.debias" not in graph["vltool.evaluation"]
+
+
+# The vltool.model package, bottom to top (its __init__'s docstring states the same order): a module imports
+# only modules before it, never the package's __init__ (which re-exports them all).
+MODEL_LAYERS = ["format", "checkpointing", "torchvision_tower", "hf_towers", "architecture", "tokenizer", "pinning", "configs",
+                "create", "model_dir", "open_clip_source", "hf_source", "export", "load"]
+
+
+def test_the_model_package_imports_only_downward():
+    graph, files = import_graph()
+    modules = sorted(m for m in files if m.startswith("vltool.model."))
+    assert modules == sorted(f"vltool.model.{n}" for n in MODEL_LAYERS)  # a new module gets its place in the list
+    for i, name in enumerate(MODEL_LAYERS):
+        module = f"vltool.model.{name}"
+        below = {f"vltool.model.{n}" for n in MODEL_LAYERS[:i]}
+        inside = {t for t in graph[module] if t == "vltool.model" or t.startswith("vltool.model.")}
+        assert inside <= below, f"{module} imports {sorted(inside - below)}, which are not below it in MODEL_LAYERS"
+        assert ast.get_docstring(ast.parse(files[module].read_text(encoding="utf-8"))), f"{module} opens with no docstring of its concern"

@@ -214,3 +214,21 @@ def test_io_modules_import_only_the_io_modules_before_them():
         assert ast.get_docstring(ast.parse(files[f"vltool.io.{short}"].read_text(encoding="utf-8"))), f"vltool.io.{short}: no docstring saying its concern"
     doc = ast.get_docstring(ast.parse(files["vltool.io"].read_text(encoding="utf-8")))
     assert ", ".join(IO_ORDER) in doc  # the order the package's docstring states
+
+
+# The vltool.model package, bottom to top (its __init__'s docstring states the same order): a module imports
+# only modules before it, never the package's __init__ (which re-exports them all).
+MODEL_LAYERS = ["format", "checkpointing", "torchvision_tower", "hf_towers", "architecture", "tokenizer", "pinning", "configs",
+                "create", "model_dir", "open_clip_source", "hf_source", "export", "load"]
+
+
+def test_the_model_package_imports_only_downward():
+    graph, files = import_graph()
+    modules = sorted(m for m in files if m.startswith("vltool.model."))
+    assert modules == sorted(f"vltool.model.{n}" for n in MODEL_LAYERS)  # a new module gets its place in the list
+    for i, name in enumerate(MODEL_LAYERS):
+        module = f"vltool.model.{name}"
+        below = {f"vltool.model.{n}" for n in MODEL_LAYERS[:i]}
+        inside = {t for t in graph[module] if t == "vltool.model" or t.startswith("vltool.model.")}
+        assert inside <= below, f"{module} imports {sorted(inside - below)}, which are not below it in MODEL_LAYERS"
+        assert ast.get_docstring(ast.parse(files[module].read_text(encoding="utf-8"))), f"{module} opens with no docstring of its concern"

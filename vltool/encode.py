@@ -91,13 +91,13 @@ def load_eval_model(spec: str, pretrained: str | None = None, cache_dir: str | P
     not pay for building the towers. open_clip:ARCH, local-dir:PATH and hf:DIR are loaded at once; open_clip:ARCH
     without --pretrained is a randomly initialised model, loaded with a warning.
     """
-    from vltool.model import load_model
+    from vltool.model.load import load_model
 
     spec = str(spec)
     if spec.startswith("open_clip:") and "/" not in spec.partition(":")[2] and pretrained is None and not spec.startswith("open_clip:hf-hub:"):
         warn(f"{spec} without --pretrained (or open_clip:ARCH/TAG) evaluates randomly initialised weights")
     if not spec.startswith(("open_clip:", "local-dir:", "hf:")):
-        from vltool.model import resolve_model_dir
+        from vltool.model.model_dir import resolve_model_dir
 
         return LazyModel(resolve_model_dir(spec), cache_dir)
     return load_model(spec, pretrained=pretrained, device=encode_device())
@@ -112,7 +112,8 @@ class LazyModel:
     """
 
     def __init__(self, model_dir: Path, cache_dir: str | Path | None = None):
-        from vltool.model import CONFIG_FILE, WEIGHTS_FILE, tokenizer_files_digest, tokenizer_source
+        from vltool.model.format import CONFIG_FILE, WEIGHTS_FILE
+        from vltool.model.tokenizer import tokenizer_files_digest, tokenizer_source
 
         self._loaded = None
         self.model_dir = Path(model_dir)
@@ -134,7 +135,7 @@ class LazyModel:
 
     def _load(self):
         if self._loaded is None:
-            from vltool.model import load_model
+            from vltool.model.load import load_model
 
             self._loaded = load_model(str(self.model_dir), device=encode_device())
             self.fingerprint = self._loaded.fingerprint  # (self.config stays the file's: keys never depend on loading)
@@ -161,7 +162,7 @@ def model_record(m, spec: str, pretrained: str | None) -> dict:
     revision = getattr(m, "revision", None) or {}
     pinned = str(spec)
     if revision.get("commit"):
-        from vltool.model import pinned_spec
+        from vltool.model.pinning import pinned_spec
 
         pinned = pinned_spec(str(spec), revision)
     return {

@@ -11,7 +11,7 @@
 - `hf` (a model, not a dataset): a vltool model started from a Hugging Face CLIP or SigLIP (`pretrain --init
   hf:DIR`) written in transformers' layout (config.json, model.safetensors, tokenizer and image processor
   files), so `transformers.AutoModel.from_pretrained(OUT)` and `AutoProcessor.from_pretrained(OUT)` load it
-  unchanged; `export_hf_model` (vltool.model.export_hf does the writing).
+  unchanged; `export_hf_model` (vltool.model.export.export_hf does the writing).
 
 KEY is the row's id when every id is a safe file name (letters, digits, `_`, `-`), else the row number
 (`000000042`); the `.json` and the CSV always carry the id. `--image-format jpg` copies JPEG images byte
@@ -382,7 +382,10 @@ def export_hf_model(model: str, out, *, overwrite: bool = False) -> dict:
     """Write the vltool model `model` (a RUN_DIR or RUN_DIR/model started from hf:DIR) to `out` in
     transformers' layout, with vltool.json beside; return the provenance record."""
     # lazy: vltool.model imports torch and transformers, which exporting a dataset never needs
-    from vltool.model import HF_DUAL_TYPES, export_hf, fingerprint, read_model_dir, resolve_model_dir
+    from vltool.model.export import export_hf
+    from vltool.model.hf_towers import HF_DUAL_TYPES
+    from vltool.model.model_dir import read_model_dir, resolve_model_dir
+    from vltool.model.pinning import fingerprint
 
     timer = provenance.Timer()
     model_dir = resolve_model_dir(model)

@@ -2,7 +2,7 @@
 SimCLR's augmentations.
 
 A leaf module (torchvision and open_clip, imported inside the functions; no other vltool module):
-vltool.model builds a loaded model's `preprocess` with `eval_transform`.
+vltool.model.load builds a loaded model's `preprocess` with `eval_transform`.
 Training transforms draw from torch's global RNG; the trainer seeds it per row (seed, epoch, row), so an
 augmentation does not depend on the worker, the process count or a resume.
 """

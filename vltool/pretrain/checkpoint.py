@@ -21,7 +21,7 @@ from accelerate.utils import gather_object
 from vltool.errors import DiskFull, VltoolError, disk_full_cause, disk_full_message
 from vltool.checks import read_json
 from vltool.io.atomic import final_of_work_dir
-from vltool.model import state_dict_for_save
+from vltool.model.model_dir import state_dict_for_save
 from vltool.pretrain.config import CHECKPOINTS, METRICS_FILE
 
 

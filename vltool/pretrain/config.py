@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from vltool import columns as C
 from vltool.errors import UsageError
 from vltool.losses import LOSSES
-from vltool.model import ModelSpec, _check_open_clip_cfg, arch_config
+from vltool.model.configs import _check_open_clip_cfg, arch_config
+from vltool.model.create import ModelSpec
 from vltool.templates import load_templates
 from vltool.transforms import AUGMENTATIONS
 

@@ -8,7 +8,7 @@ from vltool import columns as C
 from vltool.checks import require_decoded
 from vltool.io.images import decode_image
 from vltool.losses import LossInput
-from vltool.model import to_device
+from vltool.model.load import to_device
 from vltool.pretrain.data import TrainData, texts_of
 
 

@@ -23,7 +23,8 @@ from vltool import columns as C
 from vltool.cache import CacheKey, EmbeddingCache, texts_digest
 from vltool.io.images import decode_image
 from vltool.losses import gather_keep_grad
-from vltool.model import fingerprint, to_device
+from vltool.model.load import to_device
+from vltool.model.pinning import fingerprint
 from vltool.pretrain.data import TrainData, texts_of
 
 TEXTS_COLUMN = "<texts>"  # the column of a text table's cache key: a list of distinct texts, not a dataset column

@@ -45,8 +45,12 @@ from vltool.io.index import is_shard_input
 from vltool.io.locks import hold_output_lock, refuse_if_busy
 from vltool.io.outputs import check_output, not_writable
 from vltool.io.outputs import model_inputs as model_reads  # (what --init reads; features.model_inputs is a batch's model inputs)
-from vltool.model import (MODEL_DIR, OPEN_CLIP_DIR, build_from_spec, check_init, create_model, export_open_clip, fingerprint, pinned_spec,
-                          save_model)
+from vltool.model.create import create_model
+from vltool.model.export import export_open_clip
+from vltool.model.format import MODEL_DIR, OPEN_CLIP_DIR
+from vltool.model.load import build_from_spec, check_init
+from vltool.model.model_dir import save_model
+from vltool.model.pinning import fingerprint, pinned_spec
 from vltool.pretrain import checkpoint as ckpt
 from vltool.pretrain.config import METRICS_FILE, PLOT_FILE, RUN_FILE, PretrainConfig, RunSpec
 from vltool.pretrain.data import (Collate, PairDataset, ShardData, ShardStream, TrainData, load_shard_data, load_train_data,

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 import torch
 
 from vltool.losses import LOSSES, BiasSearch, LossInput, MemoryBankLoss, SigmoidLoss, build_loss, gather_many, positive_mask, search_logit_bias
-from vltool.model import batchnorm_stats_kept
+from vltool.model.checkpointing import batchnorm_stats_kept
 from vltool.pretrain.data import TrainData
 
 

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from vltool.errors import UsageError, VltoolError
-from vltool.model import HFDualTower
+from vltool.model.hf_towers import HFDualTower
 from vltool.pretrain.config import PretrainConfig
 
 

@@ -186,6 +186,18 @@ if [ -n "$TRAIN_DATA$INIT$ARCH${ZEROSHOT_BENCH:-}${RETRIEVAL_BENCH:-}${PROBE_BEN
     LAUNCH_NOTE+=(--note "Study: trained on ${TRAIN[*]}; model $MODEL_NAME (${TOWERS[*]}; TRAINABLE=$TRAINABLE); evaluated on ${ZEROSHOT_BENCH:-$DATA} (zero-shot), ${RETRIEVAL_BENCH:-$DATA} (retrieval), ${PROBE_BENCH:-$DATA} (probe), split $EVAL_SPLIT.")
 fi
 
+# each_style FIRST FUNCTION ARGS...: the two-style loop. `FUNCTION DATA SUFFIX ARGS...` on FIRST (the training
+# style's test set; SUFFIX empty) and then, with STYLE2 (the first SHIFT_BENCH), on STYLE2 with SUFFIX -style2, the
+# suffix of its result files (zeroshot-style2.json, ...) that the reports' --style reads.
+each_style() {
+    local first=$1 fn=$2 data suffix
+    shift 2
+    for data in "$first" ${STYLE2:+"$STYLE2"}; do
+        suffix=""; if [ "$data" != "$first" ]; then suffix=-style2; fi
+        "$fn" "$data" "$suffix" "$@"
+    done
+}
+
 # rows_of BENCH SPLIT: the arguments that select SPLIT of a benchmark, one a line: --split for a DatasetDict or a
 # CLIP_benchmark folder, --where split=SPLIT for a dataset with a split column, nothing for one without (whole)
 rows_of() {
@@ -227,20 +239,23 @@ PY
 # the others into zeroshot-<name>.json, set beside it in the report), with its own class names and templates.
 EVAL_QUIET=${EVAL_QUIET:-1}
 evaluate() {
-    local model=$1 dir=$2 data suffix
+    local model=$1 dir=$2
     shift 2
     if [ -z "${ZEROSHOT_BENCH:-}${RETRIEVAL_BENCH:-}" ]; then
-        for data in "$DATA" ${STYLE2:+"$STYLE2"}; do
-            suffix=""; if [ "$data" != "$DATA" ]; then suffix=-style2; fi
-            vltool zeroshot "$data" --where split=test "$@" --model "$model" --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" \
-                --out "$dir/zeroshot$suffix.json" --overwrite --no-progress > /dev/null
-            vltool retrieve "$data" --where split=test "$@" --model "$model" --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" \
-                --out "$dir/retrieve$suffix.json" --overwrite --no-progress > /dev/null
-        done
+        each_style "$DATA" evaluate_style "$model" "$dir" "$@"
         return
     fi
     bench_eval zeroshot "${ZEROSHOT_BENCH:-$DATA}" "$model" "$dir"
     bench_eval retrieve "${RETRIEVAL_BENCH:-$DATA}" "$model" "$dir"
+}
+# evaluate_style DATA SUFFIX MODEL DIR [extra --where clauses...]: evaluate's two commands on one style's test rows
+evaluate_style() {
+    local data=$1 suffix=$2 model=$3 dir=$4
+    shift 4
+    vltool zeroshot "$data" --where split=test "$@" --model "$model" --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" \
+        --out "$dir/zeroshot$suffix.json" --overwrite --no-progress > /dev/null
+    vltool retrieve "$data" --where split=test "$@" --model "$model" --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" \
+        --out "$dir/retrieve$suffix.json" --overwrite --no-progress > /dev/null
 }
 # bench_eval TASK "BENCH..." MODEL DIR: TASK on each benchmark's EVAL_SPLIT, then on each SHIFT_BENCH that has its columns
 bench_eval() {
@@ -274,6 +289,15 @@ if [ ${#BENCH_STYLES[@]} -gt 0 ]; then
     STYLES+=("${BENCH_STYLES[@]}")
 fi
 
+# probe_style DATA SUFFIX MODEL DIR PROTOCOL [probe options...]: probe's command for one style: fitted on DATA's
+# training split (the training style), scored on that style's test rows
+probe_style() {
+    local data=$1 suffix=$2 model=$3 dir=$4 protocol=$5
+    shift 5
+    vltool probe "$DATA" --where split=train --eval-data "$data" --eval-where split=test --model "$model" \
+        --protocol "$protocol" "$@" --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" --out "$dir/probe$suffix.json" \
+        --overwrite --no-progress > /dev/null
+}
 # probe MODEL DIR PROTOCOL [probe options...]: a linear probe fitted on the training split's frozen image
 # features, scored on the test split, into DIR/probe.json; with STYLE2, the same probe (fitted on the training
 # style) scored on STYLE2's test rows, into DIR/probe-style2.json. With PROBE_BENCH: each benchmark's own
@@ -283,12 +307,7 @@ probe() {
     shift 3
     if [ -z "${PROBE_BENCH:-}" ]; then
         if [ -n "$TRAIN_DATA" ]; then die "PROBE_BENCH: this recipe's linear probe needs a labelled benchmark with a $PROBE_TRAIN_SPLIT split when TRAIN_DATA is given (e.g. PROBE_BENCH=a CLIP_benchmark folder)"; fi
-        for data in "$DATA" ${STYLE2:+"$STYLE2"}; do
-            suffix=""; if [ "$data" != "$DATA" ]; then suffix=-style2; fi
-            vltool probe "$DATA" --where split=train --eval-data "$data" --eval-where split=test --model "$model" \
-                --protocol "$protocol" "$@" --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" --out "$dir/probe$suffix.json" \
-                --overwrite --no-progress > /dev/null
-        done
+        each_style "$DATA" probe_style "$model" "$dir" "$protocol" "$@"
         return
     fi
     local b first=1 fit ev shift

@@ -41,6 +41,14 @@ ZS_LABEL=(--zeroshot-label label)
 if [ -n "$OWN_CONCEPT_DATA" ] && ! has_column "$CONCEPT_DATA" label; then ZS_LABEL=(--zeroshot-label ""); fi
 LENGTH=(--epochs "$EPOCHS"); if [ -n "$STEPS" ]; then LENGTH=(--steps "$STEPS"); fi
 
+# zeroshot_style DATA SUFFIX MODEL DIR [edit options...]: zero-shot on one style's concept rows, into DIR/zeroshot$SUFFIX.json
+zeroshot_style() {
+    local data=$1 suffix=$2 model=$3 dir=$4
+    shift 4
+    vltool zeroshot "$data" "${CONCEPT_ROWS[@]}" --model "$model" "$@" --bootstrap "$BOOTSTRAP" \
+        "${EVAL_GROUPS[@]}" --out "$dir/zeroshot$suffix.json" --overwrite --no-progress > /dev/null
+}
+
 for SEED in $SEEDS; do
     dir="$OUT/images/seed$SEED"
     say "seed $SEED: train, build the subspace, measure"
@@ -64,12 +72,8 @@ for SEED in $SEEDS; do
         edit=()
         if [ "$v" != before ]; then edit=(--debias "$dir/gender"); fi
         if [ "$v" = images-and-queries ]; then edit+=(--debias-text); fi
-        for data in "$CONCEPT_DATA" ${STYLE2:+"$STYLE2"}; do   # in each style
-            suffix=""; if [ "$data" != "$CONCEPT_DATA" ]; then suffix=-style2; fi
-            [ "${ZS_LABEL[1]}" = "" ] && continue   # no label column: no zero-shot
-            vltool zeroshot "$data" "${CONCEPT_ROWS[@]}" --model "$dir/run" "${edit[@]}" --bootstrap "$BOOTSTRAP" \
-                "${EVAL_GROUPS[@]}" --out "$OUT/$v/seed$SEED/zeroshot$suffix.json" --overwrite --no-progress > /dev/null
-        done
+        [ "${ZS_LABEL[1]}" = "" ] && continue   # no label column: no zero-shot
+        each_style "$CONCEPT_DATA" zeroshot_style "$dir/run" "$OUT/$v/seed$SEED" "${edit[@]}"   # in each style
     done
 done
 

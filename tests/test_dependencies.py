@@ -47,7 +47,9 @@ def _optional_nodes(tree: ast.AST) -> set[int]:
 
 def third_party_imports() -> dict[str, str]:
     """{dotted module name: the first file (relative to the repository) that imports it}."""
-    local_modules = {p.stem for d in SOURCES for p in (ROOT / d).rglob("*.py")}
+    # scripts in tests/, bench/ and scripts/ import their neighbours by bare name (e.g. `tiny_models`); vltool's own
+    # modules are always imported as `vltool.X`, so their file names (importer/clip_benchmark.py) are not local names
+    local_modules = {p.stem for d in ("tests", "bench", "scripts") for p in (ROOT / d).glob("*.py")}
     found: dict[str, str] = {}
     for d in SOURCES:
         for path in sorted((ROOT / d).rglob("*.py")):

@@ -37,21 +37,29 @@ def arch_config(name: str, what: str | None = None) -> dict:
     return copy.deepcopy(cfg)
 
 
-def _check_open_clip_cfg(model_cfg: dict, what: str) -> None:
+def open_clip_native_reasons(model_cfg: dict) -> list[str]:
+    """Why vltool's TwoTower does not rebuild an open_clip architecture ([] when it does): such an
+    architecture runs as open_clip's own model (OpenClipModel), built by open_clip.create_model."""
     text_cfg, vision_cfg = model_cfg.get("text_cfg", {}), model_cfg.get("vision_cfg", {})
-    problems = []
+    out = []
     if "multimodal_cfg" in model_cfg:
-        problems.append("it is a captioning model (CoCa), not a two-tower model")
+        out.append("a CoCa model (its contrastive towers)")
     if text_cfg.get("hf_model_name"):
-        problems.append(f"its text tower is the Hugging Face model {text_cfg['hf_model_name']!r}, which would be downloaded")
+        out.append(f"a Hugging Face text tower ({text_cfg['hf_model_name']})")
     elif text_cfg.get("hf_tokenizer_name"):
-        problems.append(f"its tokenizer is the Hugging Face tokenizer {text_cfg['hf_tokenizer_name']!r}, which would be downloaded")
+        out.append(f"a Hugging Face tokenizer ({text_cfg['hf_tokenizer_name']})")
     if vision_cfg.get("timm_model_name"):
-        problems.append(f"its image tower is the timm model {vision_cfg['timm_model_name']!r}")
+        out.append(f"a timm image tower ({vision_cfg['timm_model_name']})")
+    return out
+
+
+def _check_open_clip_cfg(model_cfg: dict, what: str) -> None:
+    """An open_clip architecture that vltool's own towers do not rebuild cannot be trained from scratch here."""
+    problems = open_clip_native_reasons(model_cfg)
     if problems:
         raise UsageError(
-            f"{what}: vltool cannot build it offline: {'; '.join(problems)}. Use a plain open_clip architecture "
-            "(e.g. RN50, ViT-B-32), a vltool config, or --image-tower torchvision:NAME / --text-tower hf:DIR"
+            f"{what}: vltool cannot build it offline from scratch: it has {'; '.join(problems)}. Use a plain open_clip "
+            "architecture (e.g. RN50, ViT-B-32), a vltool config, or --image-tower torchvision:NAME / --text-tower hf:DIR"
         )
 
 

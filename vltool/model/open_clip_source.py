@@ -16,25 +16,9 @@ from vltool import hub
 from vltool.checks import read_json
 from vltool.errors import UsageError, VltoolError
 from vltool.model.architecture import TwoTower
-from vltool.model.configs import CONFIGS_DIR, arch_config, config_from_open_clip
+from vltool.model.configs import CONFIGS_DIR, arch_config, config_from_open_clip, open_clip_native_reasons
 from vltool.model.format import FORMAT, FORMAT_VERSION, OPEN_CLIP_CONFIG
 from vltool.model.tokenizer import OpenClipTokenizer, Tokenizer, _first_line, _tokenizer_problem, source_tokenizer
-
-
-def open_clip_native_reasons(model_cfg: dict) -> list[str]:
-    """Why vltool's TwoTower does not rebuild an open_clip architecture ([] when it does): such an
-    architecture runs as open_clip's own model (OpenClipModel), built by open_clip.create_model."""
-    text_cfg, vision_cfg = model_cfg.get("text_cfg", {}), model_cfg.get("vision_cfg", {})
-    out = []
-    if "multimodal_cfg" in model_cfg:
-        out.append("a CoCa model (its contrastive towers)")
-    if text_cfg.get("hf_model_name"):
-        out.append(f"a Hugging Face text tower ({text_cfg['hf_model_name']})")
-    elif text_cfg.get("hf_tokenizer_name"):
-        out.append(f"a Hugging Face tokenizer ({text_cfg['hf_tokenizer_name']})")
-    if vision_cfg.get("timm_model_name"):
-        out.append(f"a timm image tower ({vision_cfg['timm_model_name']})")
-    return out
 
 
 def open_clip_cannot_run(model_cfg: dict) -> str | None:

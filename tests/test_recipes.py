@@ -130,9 +130,9 @@ def own_study(tmp_path_factory):
     folder = root / "folder"  # UniCL's image-label rows: an ImageFolder, its class names from the folder names
     ds = datasets.load_from_disk(str(imported)).cast_column("image", datasets.Image(decode=False))
     for i, row in enumerate(ds.select(range(24))):
-        cls = folder / ("smiling_face" if i % 2 else "red_heart")
-        cls.mkdir(parents=True, exist_ok=True)
-        (cls / f"{i}.png").write_bytes(row["image"]["bytes"])
+        class_dir = folder / ("smiling_face" if i % 2 else "red_heart")
+        class_dir.mkdir(parents=True, exist_ok=True)
+        (class_dir / f"{i}.png").write_bytes(row["image"]["bytes"])
     r = subprocess.run(["vltool", "import", str(folder), "--out", str(root / "labels"), "--no-progress"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert len(datasets.load_from_disk(str(imported))) == 96

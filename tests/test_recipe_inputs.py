@@ -14,6 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SHIM = """#!/usr/bin/env bash
 printf '%q ' "$(basename "$0")" "$@" >> "$SHIM_LOG"; echo >> "$SHIM_LOG"
+echo "${OMP_NUM_THREADS:-unset}" >> "$SHIM_LOG.threads"
 prev=""; for a in "$@"; do
   if [ "$prev" = "--out" ] && [[ " $* " == *" pretrain "* ]]; then mkdir -p "$a" && echo '{"stats": {"steps": 7}}' > "$a/vltool.json"; fi
   prev=$a
@@ -24,13 +25,15 @@ exit 0
 
 def run_recipe(tmp_path: Path, recipe: str, **env) -> tuple[subprocess.CompletedProcess, list[list[str]]]:
     bin_ = tmp_path / "bin"
-    bin_.mkdir(exist_ok=True)
+    bin_.mkdir(parents=True, exist_ok=True)
     for name in ("vltool", "accelerate"):
         (bin_ / name).write_text(SHIM)
         (bin_ / name).chmod(0o755)
     log = tmp_path / f"{recipe}.log"
     log.write_text("")
-    full = {**os.environ, "PATH": f"{bin_}{os.pathsep}{os.environ['PATH']}", "SHIM_LOG": str(log), "OUT": str(tmp_path / "out"), **env}
+    Path(f"{log}.threads").write_text("")  # each command's OMP_NUM_THREADS, a line each
+    inherited = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}  # what the recipe sets, not pytest's
+    full = {**inherited, "PATH": f"{bin_}{os.pathsep}{os.environ['PATH']}", "SHIM_LOG": str(log), "OUT": str(tmp_path / "out"), **env}
     proc = subprocess.run(["bash", str(ROOT / "recipes" / f"{recipe}.sh")], cwd=tmp_path, env=full, capture_output=True, text=True)
     return proc, [shlex.split(line) for line in log.read_text().splitlines()]
 
@@ -143,3 +146,37 @@ def test_unicl_takes_label_data_beside_train_data(tmp_path):
     proc, _ = run_recipe(tmp_path, "unicl", TRAIN_DATA="/data/pairs", LABEL_DATA=str(labels), PROBE_BENCH="/bench/cls",
                          TRAIN_WHERE="lang=en")
     assert proc.returncode == 2 and "TRAIN_WHERE=lang=en" in proc.stderr
+
+
+@pytest.mark.parametrize("recipe", ["caption-worth", "clip-lite", "debias", "fff", "fistful-of-words", "quickstart", "unicl"])
+def test_every_training_command_runs_under_launch_with_its_batch_divided(tmp_path, recipe):
+    """Under LAUNCH every recipe runs the command lines it runs on one process, each training command prefixed by
+    LAUNCH and its --batch-size halved (a global batch over 2 processes), and nothing else changes. The smoke runs
+    of tests/test_recipes.py launch 2 real processes for one recipe; this covers the rest in seconds."""
+    launch = "accelerate launch --multi_gpu --num_processes 2"
+    proc, alone = run_recipe(tmp_path / "alone", recipe, SEEDS="0")
+    assert proc.returncode == 0, proc.stderr
+    proc, launched = run_recipe(tmp_path / "launched", recipe, SEEDS="0", LAUNCH=launch)
+    assert proc.returncode == 0, proc.stderr
+    trains = [c for c in alone if "pretrain" in c]
+    assert trains and len(launched) == len(alone)
+    prefix = launch.split() + ["-m"]
+    for one, two in zip(alone, launched):
+        one = [a.replace("/alone/", "/launched/") for a in one]
+        if "pretrain" not in one:
+            assert two[:2] == one[:2] and ("report" in one or two == one), (one, two)
+            continue
+        assert two[:len(prefix)] == prefix and two[len(prefix):len(prefix) + 2] == ["vltool", "pretrain"]
+        two = two[len(prefix):]
+        batch = one.index("--batch-size") + 1
+        assert int(two[batch]) * 2 == int(one[batch])
+        assert two[:batch] + two[batch + 1:] == one[:batch] + one[batch + 1:]
+
+
+def test_threads_reach_every_command(tmp_path):
+    """THREADS (default 1, as the committed runs were made) is every command's OMP_NUM_THREADS (issue 42)."""
+    for threads, expected in ((None, "1"), ("3", "3")):
+        proc, cmds = run_recipe(tmp_path, "fistful-of-words", SEEDS="0", **({"THREADS": threads} if threads else {}))
+        assert proc.returncode == 0, proc.stderr
+        seen = (tmp_path / "fistful-of-words.log.threads").read_text().split()
+        assert len(seen) == len(cmds) > 10 and set(seen) == {expected}

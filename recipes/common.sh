@@ -331,6 +331,9 @@ probe() {
     done
 }
 
+# steps_of RUN: the optimizer steps a finished `vltool pretrain` run took (its vltool.json's stats.steps)
+steps_of() { python -c "import json, sys; print(json.load(open(sys.argv[1]))['stats']['steps'])" "$1/vltool.json"; }
+
 say() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
 # REPORT_ONLY=1: no runs, only the tables, from whatever runs OUT already holds (e.g. after stopping a

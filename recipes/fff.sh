@@ -79,7 +79,7 @@ for SEED in $SEEDS; do
     # The batch hypothesis: at batch 64 a row's ~3 mined positives among ~3,000 training rows share its batch
     # with probability ~2% each, so mining barely changes the loss. At BIG_BATCH (with the same number of
     # steps as the batch-64 runs, on the locked towers' cached features) they share it ~1/3 of the time.
-    steps=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['stats']['steps'])" "$OUT/sigmoid/seed$SEED/run/vltool.json")
+    steps=$(steps_of "$OUT/sigmoid/seed$SEED/run")
     TRAIN_BATCH=$BIG_BATCH TRAIN_STEPS=$steps train "sigmoid-b$BIG_BATCH" "$SEED" "${TRAIN[@]}" "${SIGMOID[@]}"
     TRAIN_BATCH=$BIG_BATCH TRAIN_STEPS=$steps train "sigmoid-mined-b$BIG_BATCH" "$SEED" \
         "$OUT/sigmoid-mined/seed$SEED/data" "${SIGMOID[@]}" --mined-positives

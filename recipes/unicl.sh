@@ -53,19 +53,23 @@ train() {  # train VARIANT SEED [pretrain options and data...], then evaluate
     local dir="$OUT/$1/seed$2" seed=$2
     shift 2
     say "seed $seed: ${dir#$OUT/}"
-    vl_pretrain "$@" --where split=train --out "$dir/run" --seed "$seed" "${TOWERS[@]}" "${LOCKED[@]}" \
+    vl_pretrain "$@" "${TRAIN_ROWS[@]}" --out "$dir/run" --seed "$seed" "${TOWERS[@]}" "${LOCKED[@]}" \
         --augment none --batch-size "$BATCH" --lr 1e-3 "${RUN_LENGTH[@]}" "${DEVICE_OPTS[@]}" --no-progress --overwrite > /dev/null
-    for part in unseen seen; do   # zero-shot among the held-out (unseen) subgroups, and among the seen ones
-        vltool zeroshot "$classes/$part" --where split=test --present-classes-only --templates "$TEMPLATES" \
-            --model "$dir/run" --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" --out "$dir/zeroshot-$part.json" --overwrite --no-progress > /dev/null
-        if [ -n "$STYLE2" ]; then   # the same subgroups in the second style
-            mapfile -t where < <(part_where "$classes/$part")
-            vltool zeroshot "$STYLE2" --where split=test "${where[@]}" --present-classes-only \
-                --templates "$TEMPLATES" --model "$dir/run" --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" \
-                --out "$dir/zeroshot-$part-style2.json" --overwrite --no-progress > /dev/null
-        fi
-    done
-    evaluate_retrieval "$dir/run" "$dir"
+    if [ -n "$LABEL_DATA" ]; then
+        evaluate "$dir/run" "$dir"   # the study's own benchmarks
+    else
+        for part in unseen seen; do   # zero-shot among the held-out (unseen) subgroups, and among the seen ones
+            vltool zeroshot "$classes/$part" --where split=test --present-classes-only --templates "$TEMPLATES" \
+                --model "$dir/run" --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" --out "$dir/zeroshot-$part.json" --overwrite --no-progress > /dev/null
+            if [ -n "$STYLE2" ]; then   # the same subgroups in the second style
+                mapfile -t where < <(part_where "$classes/$part")
+                vltool zeroshot "$STYLE2" --where split=test "${where[@]}" --present-classes-only \
+                    --templates "$TEMPLATES" --model "$dir/run" --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" \
+                    --out "$dir/zeroshot-$part-style2.json" --overwrite --no-progress > /dev/null
+            fi
+        done
+        evaluate_retrieval "$dir/run" "$dir"
+    fi
     # the towers are locked, so the probe reads the learned embedding (after the projection)
     probe "$dir/run" "$dir" fff --features post
 }
@@ -81,25 +85,29 @@ evaluate_retrieval() {  # evaluate_retrieval MODEL DIR: image-text retrieval on 
     done
 }
 
-if [ -n "$LABEL_DATA" ]; then   # a study of one's own: TRAIN_DATA's image-text rows, LABEL_DATA's image-label rows
-    own_train() {  # own_train VARIANT SEED [pretrain options and data...], then evaluate on the benchmarks
-        local dir="$OUT/$1/seed$2" seed=$2
-        shift 2
-        say "seed $seed: ${dir#$OUT/}"
-        vl_pretrain "$@" --out "$dir/run" --seed "$seed" "${TOWERS[@]}" "${LOCKED[@]}" --augment none --batch-size "$BATCH" \
-            --lr 1e-3 "${RUN_LENGTH[@]}" "${DEVICE_OPTS[@]}" --no-progress --overwrite > /dev/null
-        evaluate "$dir/run" "$dir"
-        probe "$dir/run" "$dir" fff --features post
-    }
-    for SEED in $SEEDS; do
-        RUN_LENGTH=("${LENGTH[@]}")
-        own_train clip "$SEED" "$TRAIN_DATA"
-        RUN_LENGTH=(--steps "$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['stats']['steps'])" "$OUT/clip/seed$SEED/run/vltool.json")")
-        own_train unicl-text "$SEED" --loss unicl --text-data "$TRAIN_DATA"
-        own_train unicl-label "$SEED" --loss unicl --label-data "$LABEL_DATA" --templates "$TEMPLATES"
-        own_train unicl-both "$SEED" --loss unicl --label-data "$LABEL_DATA" --text-data "$TRAIN_DATA" --prefix-ids --balanced \
-            --templates "$TEMPLATES"
-    done
+# The image-text rows (TEXT) and image-label rows (LABELS) of each seed: on DATA, its training split and its seen
+# subgroups; in a study of one's own, TRAIN_DATA (whole) and LABEL_DATA.
+TRAIN_ROWS=(--where split=train); if [ -n "$LABEL_DATA" ]; then TRAIN_ROWS=(); fi
+for SEED in $SEEDS; do
+    if [ -n "$LABEL_DATA" ]; then
+        TEXT=$TRAIN_DATA LABELS=$LABEL_DATA
+    else
+        classes="$OUT/shared/seed$SEED/classes"   # classes/seen and classes/unseen: whole subgroups, both splits
+        vltool split "$DATA" --by subgroup --parts "seen=$(python -c "print(round(1 - $HOLDOUT, 6))"),unseen=$HOLDOUT" \
+            --separate --seed "$SEED" --out "$classes" --overwrite > /dev/null
+        TEXT=$DATA LABELS="$classes/seen"
+    fi
+    RUN_LENGTH=("${LENGTH[@]}")
+    train clip "$SEED" "$TEXT"
+    # every other variant: the steps CLIP took (EPOCHS epochs of the image-text rows)
+    RUN_LENGTH=(--steps "$(steps_of "$OUT/clip/seed$SEED/run")")
+    train unicl-text "$SEED" --loss unicl --text-data "$TEXT"
+    train unicl-label "$SEED" --loss unicl --label-data "$LABELS" --templates "$TEMPLATES"
+    train unicl-both "$SEED" --loss unicl --label-data "$LABELS" --text-data "$TEXT" --prefix-ids --balanced \
+        --templates "$TEMPLATES"
+done
+
+if [ -n "$LABEL_DATA" ]; then
     OWN_METRICS=(--metric "ZS top-1=zeroshot:top1" --metric "I→T R@1=retrieve:image_to_text_R@1" --metric "Probe top-1=probe:top1")
     vltool report "$OUT" --overwrite --out "$RESULTS/unicl" --recipe recipes/unicl.sh "${STYLES[@]}" --baseline unicl-text \
         --title "UniCL, Tables 5 and 6 on $DATA_NAME + $(basename "$LABEL_DATA"): image-text, image-label, and both" "${LAUNCH_NOTE[@]}" \
@@ -111,20 +119,6 @@ if [ -n "$LABEL_DATA" ]; then   # a study of one's own: TRAIN_DATA's image-text 
         --variant unicl-label="UniCL, image-label rows" --variant unicl-both="UniCL, both (balanced)" "${OWN_METRICS[@]}"
     exit 0
 fi
-
-for SEED in $SEEDS; do
-    classes="$OUT/shared/seed$SEED/classes"   # classes/seen and classes/unseen: whole subgroups, both splits
-    vltool split "$DATA" --by subgroup --parts "seen=$(python -c "print(round(1 - $HOLDOUT, 6))"),unseen=$HOLDOUT" \
-        --separate --seed "$SEED" --out "$classes" --overwrite > /dev/null
-    RUN_LENGTH=("${LENGTH[@]}")
-    train clip "$SEED" "$DATA"
-    # every other variant: the steps CLIP took (EPOCHS epochs of the image-text rows)
-    RUN_LENGTH=(--steps "$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['stats']['steps'])" "$OUT/clip/seed$SEED/run/vltool.json")")
-    train unicl-text "$SEED" --loss unicl --text-data "$DATA"
-    train unicl-label "$SEED" --loss unicl --label-data "$classes/seen" --templates "$TEMPLATES"
-    train unicl-both "$SEED" --loss unicl --label-data "$classes/seen" --text-data "$DATA" --prefix-ids --balanced \
-        --templates "$TEMPLATES"
-done
 
 vltool report "$OUT" --overwrite --out "$RESULTS/unicl" --recipe recipes/unicl.sh "${STYLES[@]}" --baseline unicl-text \
     --title "UniCL, Tables 5 and 6 on $DATA_NAME: image-text, image-label, and both (held-out subgroups for zero-shot)" "${LAUNCH_NOTE[@]}" \

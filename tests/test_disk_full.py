@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -74,6 +75,24 @@ def model(tmp_path_factory) -> Path:
     return root / "run"
 
 
+def pretrain_on_a_filling_disk(tmp_path, monkeypatch, owner, name: str, failing, checkpoint_every: int) -> tuple[DiskFull, Path, list[str]]:
+    """A 3-step run with `owner.name` replaced by `failing(original, *args, **kwargs)` (a writer that fails as a full
+    disk does): the DiskFull it raises and the run folder. The writer is then restored and the run resumed to the
+    end (asserted). Returns the error, the run, and what the failed run left: its checkpoints (and "model" if written)."""
+    from vltool.pretrain import pretrain
+
+    data = make_pairs(tmp_path / "pairs", n=16)
+    original = getattr(owner, name)
+    monkeypatch.setattr(owner, name, lambda *args, **kwargs: failing(original, *args, **kwargs))
+    run = tmp_path / "run"
+    with pytest.raises(DiskFull) as e:
+        pretrain([data], run, micro(steps=3, checkpoint_every=checkpoint_every), progress=False)
+    kept = sorted(p.name for p in (run / "checkpoints").iterdir()) + (["model"] if (run / "model").exists() else [])
+    monkeypatch.setattr(owner, name, original)
+    assert pretrain(resume=run, progress=False)["stats"]["steps"] == 3
+    return e.value, run, kept
+
+
 def test_the_cause_is_found_through_wrapping_errors():
     """datasets wraps the OSError (DatasetGenerationError from it); safetensors says it in its text only."""
     from safetensors import SafetensorError
@@ -103,23 +122,14 @@ def test_pretrain_keeps_the_last_complete_checkpoint_when_the_disk_fills(tmp_pat
     import safetensors.torch
     from safetensors import SafetensorError
 
-    from vltool.pretrain import pretrain
-
-    data = make_pairs(tmp_path / "pairs", n=16)
-    save_file = safetensors.torch.save_file
-
-    def full_at_step_2(tensors, filename, metadata=None):
+    def full_at_step_2(save_file, tensors, filename, metadata=None):
         if "step_00000002" in str(filename):
             raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
         return save_file(tensors, filename, metadata=metadata)
 
-    monkeypatch.setattr(safetensors.torch, "save_file", full_at_step_2)
-    run = tmp_path / "run"
-    with pytest.raises(DiskFull, match=r"step_00000001, is kept: free some space and continue with `vltool pretrain --resume"):
-        pretrain([data], run, micro(steps=3, checkpoint_every=1), progress=False)
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_00000001"]
-    monkeypatch.setattr(safetensors.torch, "save_file", save_file)
-    assert pretrain(resume=run, progress=False)["stats"]["steps"] == 3
+    error, run, kept = pretrain_on_a_filling_disk(tmp_path, monkeypatch, safetensors.torch, "save_file", full_at_step_2, 1)
+    assert re.search(r"step_00000001, is kept: free some space and continue with `vltool pretrain --resume", str(error))
+    assert kept == ["step_00000001"]
 
 
 def test_import_on_a_full_disk_is_one_line_and_leaves_nothing(cli, tmp_path, small_disk):
@@ -166,27 +176,17 @@ def test_a_full_disk_while_torch_writes_optimizer_pt_keeps_the_previous_checkpoi
     on a full tmpfs: a few bytes written, then that RuntimeError.)"""
     import torch
 
-    from vltool.pretrain import pretrain
-
-    data = make_pairs(tmp_path / "pairs", n=16)
-    save = torch.save
-
-    def full_at_step_2(obj, f, *args, **kwargs):
+    def full_at_step_2(save, obj, f, *args, **kwargs):
         if Path(str(f)).name == "optimizer.pt" and "step_00000002" in str(f):
             Path(f).write_bytes(b"PK\x03\x04" + b"\0" * 60)
             raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 1728 vs 1640")
         return save(obj, f, *args, **kwargs)
 
-    monkeypatch.setattr(torch, "save", full_at_step_2)
-    run = tmp_path / "run"
-    with pytest.raises(DiskFull) as e:
-        pretrain([data], run, micro(steps=3, checkpoint_every=1), progress=False)
-    assert str(e.value) == (f"{FULL} writing {run}; the checkpoint of step 2 could not be written; the previous checkpoint, "
-                            f"step_00000001, is kept: free some space and continue with `vltool pretrain --resume {run}` "
-                            "(exactly from that checkpoint)")
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_00000001"]  # no half checkpoint
-    monkeypatch.setattr(torch, "save", save)
-    assert pretrain(resume=run, progress=False)["stats"]["steps"] == 3
+    error, run, kept = pretrain_on_a_filling_disk(tmp_path, monkeypatch, torch, "save", full_at_step_2, 1)
+    assert str(error) == (f"{FULL} writing {run}; the checkpoint of step 2 could not be written; the previous checkpoint, "
+                          f"step_00000001, is kept: free some space and continue with `vltool pretrain --resume {run}` "
+                          "(exactly from that checkpoint)")
+    assert kept == ["step_00000001"]  # no half checkpoint
 
 
 def test_a_full_disk_at_the_final_save_names_the_checkpoint_to_resume_from(tmp_path, monkeypatch):
@@ -195,24 +195,16 @@ def test_a_full_disk_at_the_final_save_names_the_checkpoint_to_resume_from(tmp_p
     from safetensors import SafetensorError
 
     import vltool.pretrain.loop as loop
-    from vltool.pretrain import pretrain
 
-    data = make_pairs(tmp_path / "pairs", n=16)
-    save_model = loop.save_model
-
-    def full(*args, **kwargs):
+    def full(save_model, *args, **kwargs):
         raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
 
-    monkeypatch.setattr(loop, "save_model", full)
-    run = tmp_path / "run"
-    with pytest.raises(DiskFull) as e:
-        pretrain([data], run, micro(steps=3, checkpoint_every=2), progress=False)
-    assert str(e.value) == (f"{FULL} writing {run}; the final model of step 3 could not be written; the previous checkpoint, "
-                            f"step_00000003, is kept: free some space and continue with `vltool pretrain --resume {run}` "
-                            "(exactly from that checkpoint)")
-    assert "choose another --out" not in str(e.value) and not (run / "model").exists()
-    monkeypatch.setattr(loop, "save_model", save_model)
-    assert pretrain(resume=run, progress=False)["stats"]["steps"] == 3 and (run / "model").is_dir()
+    error, run, kept = pretrain_on_a_filling_disk(tmp_path, monkeypatch, loop, "save_model", full, 2)
+    assert str(error) == (f"{FULL} writing {run}; the final model of step 3 could not be written; the previous checkpoint, "
+                          f"step_00000003, is kept: free some space and continue with `vltool pretrain --resume {run}` "
+                          "(exactly from that checkpoint)")
+    assert "choose another --out" not in str(error) and "step_00000003" in kept and "model" not in kept
+    assert (run / "model").is_dir()  # written by the resume
 
 
 def test_torch_saves_short_write_on_a_full_disk_is_recognised(small_disk):

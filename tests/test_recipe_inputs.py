@@ -149,7 +149,7 @@ def test_unicl_takes_label_data_beside_train_data(tmp_path):
 
 
 @pytest.mark.parametrize("recipe", ["caption-worth", "clip-lite", "debias", "fff", "fistful-of-words", "quickstart", "unicl"])
-def test_every_training_command_runs_under_launch_with_its_batch_divided(tmp_path, recipe):
+def test_every_training_command_runs_under_launch_with_its_batch_divided_and_every_evaluation_in_both_styles(tmp_path, recipe):
     """Under LAUNCH every recipe runs the command lines it runs on one process, each training command prefixed by
     LAUNCH and its --batch-size halved (a global batch over 2 processes), and nothing else changes. The smoke runs
     of tests/test_recipes.py launch 2 real processes for one recipe; this covers the rest in seconds."""
@@ -160,6 +160,11 @@ def test_every_training_command_runs_under_launch_with_its_batch_divided(tmp_pat
     assert proc.returncode == 0, proc.stderr
     trains = [c for c in alone if "pretrain" in c]
     assert trains and len(launched) == len(alone)
+    # ... and, on the emoji study, every evaluation is also scored in the second art style: X.json has its twin
+    # X-style2.json (the smoke runs of tests/test_recipes.py score both styles in three recipes only)
+    outs = [option(c, "--out") for c in alone if c[1] in ("zeroshot", "retrieve", "probe")]
+    first = [o for o in outs if "-style2" not in o]
+    assert first and sorted(o.replace(".json", "-style2.json") for o in first) == sorted(o for o in outs if "-style2" in o)
     prefix = launch.split() + ["-m"]
     for one, two in zip(alone, launched):
         one = [a.replace("/alone/", "/launched/") for a in one]

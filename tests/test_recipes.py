@@ -28,6 +28,12 @@ RECIPES = {
 }
 
 
+# The recipes whose smoke runs also score the second art style (emoji-openmoji): the twin path is the same
+# `each_style` loop in every recipe (recipes/common.sh) except unicl's held-out subgroups and debias's zero-shot;
+# the other recipes run with STYLE2= (one style), which halves their evaluations and these tests' time.
+SMOKE_TWINS = {"quickstart", "unicl", "debias"}
+
+
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
 def test_recipe_runs_in_smoke_mode(recipe, tmp_path):
     out = tmp_path / "out"
@@ -35,6 +41,8 @@ def test_recipe_runs_in_smoke_mode(recipe, tmp_path):
     # say 1 although torch alone would take both cores (OMP_NUM_THREADS unset here: the recipe exports it)
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     env.update({"SMOKE": "1", "OUT": str(out), "PYTHONWARNINGS": "ignore", "THREADS": "1"})
+    if recipe not in SMOKE_TWINS:
+        env["STYLE2"] = ""
     proc = subprocess.run(["bash", str(ROOT / "recipes" / f"{recipe}.sh")], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert not (tmp_path / "results").exists()  # smoke results stay under OUT
@@ -51,7 +59,9 @@ def test_recipe_runs_in_smoke_mode(recipe, tmp_path):
         assert (out / "results" / f"{name}.md").read_text().startswith("# ")
         # every evaluation is also scored in the second art style (emoji-openmoji), its twin beside it
         evals = [m for m in report["metrics"] if m["file"].split("/")[-1].startswith(("zeroshot", "retrieve", "probe"))]
-        if evals:
+        if evals and recipe not in SMOKE_TWINS:
+            assert not report.get("styles") and not [m for m in evals if m.get("twin_of")]
+        elif evals:
             assert [s["name"] for s in report["styles"]] == ["Noto", "OpenMoji"]
             twins = [m for m in evals if m.get("twin_of")]
             assert twins and {m["twin_of"] for m in twins} == {m["name"] for m in evals if not m.get("twin_of")}

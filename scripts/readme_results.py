@@ -6,7 +6,7 @@ with a line
 
     **<title>** (`results/<name>.md`, chart `results/<name>.png`)
 
-and runs to its "Machine: ..." line. This script replaces each such block with the body of
+and runs to its "Machine: ..." (or "Machine, from the runs' records: ...") line. This script replaces each such block with the body of
 `results/<name>.md` (everything between its "# title" line and its "Machine: ..." line, inclusive), so that
 the page shows exactly what `vltool report` wrote. The commentary around the tables is left alone.
 
@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+MACHINE = ("Machine: ", "Machine, ")  # a report's last table line: the machine, as older or newer reports word it
 HEADER = re.compile(r"^\*\*(?P<title>.+)\*\* \(`results/(?P<name>[\w.-]+)\.md`(?P<rest>.*)\)$")
 
 
@@ -29,7 +30,7 @@ def table_block(md: str) -> tuple[str, list[str]]:
     lines = md.splitlines()
     if not lines or not lines[0].startswith("# "):
         raise ValueError("a results .md starts with '# <title>'")
-    end = next((i for i, line in enumerate(lines) if line.startswith("Machine: ")), None)
+    end = next((i for i, line in enumerate(lines) if line.startswith(MACHINE)), None)
     if end is None:
         raise ValueError("a results .md has a 'Machine: ...' line")
     return lines[0][2:], lines[1:end + 1]
@@ -60,7 +61,7 @@ def sync(readme: str, results: Path, page: str = "README") -> str:
         name = match["name"]
         title, body = table_block((results / f"{name}.md").read_text())
         out.append(f"**{title}** (`results/{name}.md`{match['rest']})")
-        end = next((j for j in range(i + 1, len(lines)) if lines[j].startswith("Machine: ")), None)
+        end = next((j for j in range(i + 1, len(lines)) if lines[j].startswith(MACHINE)), None)
         if end is None:
             raise ValueError(f"{page}: the table of results/{name}.md has no 'Machine: ...' line")
         out.extend(body)

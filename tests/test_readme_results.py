@@ -24,6 +24,11 @@ def test_sync_replaces_only_the_table_block(tmp_path):
     assert _module().sync(readme, tmp_path) == (
         "intro\n\n**New title** (`results/demo.md`, chart `results/demo.png`)\n\nSeeds 0, 1, 2: ...\n\n"
         "| a |\n|---|\n| 2 |\n\nMachine: new.\n\nWhat we see: commentary.\n")
+    # a report written from runs that record their runtime words its machine line "Machine, from the runs' records"
+    (tmp_path / "demo.md").write_text("# New title\n\n| a |\n|---|\n| 3 |\n\nMachine, from the runs' records: x.\nMade by y.\n")
+    assert _module().sync(readme, tmp_path) == (
+        "intro\n\n**New title** (`results/demo.md`, chart `results/demo.png`)\n\n"
+        "| a |\n|---|\n| 3 |\n\nMachine, from the runs' records: x.\n\nWhat we see: commentary.\n")
 
 
 def test_every_page_shows_the_committed_results():
@@ -150,14 +155,19 @@ WORDS = {0: "none", 1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "si
 
 def test_readme_tally_counts_each_comparison_once():
     comps, repeats = _all_comparisons()
-    n = {v: sum(c["verdict"] == v for c in comps) for v in ("neither style", "Noto only", "both styles", "OpenMoji only", "opposite signs")}
-    assert sum(n.values()) == len(comps)
+    kinds = ("neither style", "Noto only", "both styles", "OpenMoji only", "opposite signs", "Noto only; OpenMoji borderline")
+    n = {v: sum(c["verdict"] == v for c in comps) for v in kinds}
+    assert sum(n.values()) == len(comps), {c["verdict"] for c in comps} - set(kinds)  # a new kind of verdict needs words
     opposite = "none with opposite signs" if not n["opposite signs"] else f"{n['opposite signs']} with opposite signs"
+    borderline = f"{n['Noto only; OpenMoji borderline']} in Noto's only with OpenMoji's borderline, " if n["Noto only; OpenMoji borderline"] else ""
     text = _where_it_holds_paragraph()
     assert (f"over the {len(comps)} distinct paired differences in results/*.json that have an OpenMoji twin (each summary's "
             f"`styles.verdict`; the {repeats} `--pair` contrasts that repeat a variant's own comparison with the baseline are "
             f"counted once): {n['neither style']} in neither style, {n['Noto only']} in Noto's only, {n['both styles']} in both, "
-            f"{n['OpenMoji only']} in OpenMoji's only, {opposite}.") in text
+            f"{n['OpenMoji only']} in OpenMoji's only, {borderline}{opposite}.") in text
+    for c in comps:  # each borderline comparison is named
+        if "borderline" in c["verdict"]:
+            assert f"The borderline one: {c['label']}, {c['metric']}" in text
     assert f"Of the {WORDS[n['both styles']]} that hold in both styles" in text
     assert f"The {WORDS[n['OpenMoji only']]} in OpenMoji's only" in text
 
@@ -238,9 +248,11 @@ def test_reproductions_page_claims_where_the_differences_hold():
     assert "No difference in the three reports has opposite signs" in page
     unicl_both = {(c["label"], c["metric"]) for n in ("unicl", "unicl-labels") for c in _comparisons(ROOT / "results" / f"{n}.json")[0]
                   if c["verdict"] == "both styles"}
-    assert unicl_both == {("UniCL, image-label rows (seen subgroups)", "ZS top-1, seen subgroups"),
-                          ("UniCL, image-label rows (seen subgroups)", "I→T R@1"), ("UniCL, both (balanced)", "ZS top-1, seen subgroups")}
-    assert "The only effects that hold in both styles: the seen subgroups and the loss of retrieval" in page
+    assert unicl_both == {("UniCL, image-label rows (seen subgroups)", "ZS top-1, seen subgroups"), ("UniCL, both (balanced)", "ZS top-1, seen subgroups")}
+    assert "The only effects that hold in both styles: the seen subgroups." in page
+    (retrieval,) = [c for c in _comparisons(ROOT / "results" / "unicl.json")[0]
+                    if (c["label"], c["metric"]) == ("UniCL, image-label rows (seen subgroups)", "I→T R@1")]
+    assert retrieval["verdict"] == "Noto only; OpenMoji borderline" and "is **borderline** (p 0.026" in page
     eq = next(c for c in _comparisons(ROOT / "results" / "clip-lite.json")[0]
               if (c["label"], c["reference"], c["metric"]) == ("JSD, 25%", "InfoNCE, 25%", "ZS top-1"))
     quoted = _cell(eq["summary"][eq["name"]]).split(";")[0]

@@ -185,3 +185,26 @@ def test_threads_reach_every_command(tmp_path):
         assert proc.returncode == 0, proc.stderr
         seen = (tmp_path / "fistful-of-words.log.threads").read_text().split()
         assert len(seen) == len(cmds) > 10 and set(seen) == {expected}
+
+
+def test_clip_lite_on_shards_trains_on_nested_quarters_and_probes_on_the_benchmarks_own_splits(tmp_path):
+    """A study of one's own in clip-lite.sh (its real run is left out of tests/test_recipes.py for time): the shards
+    are split by id into quarters, the k-th fraction trains on the first k, and the probe fits on the benchmark's
+    train split and scores its test split."""
+    bench = tmp_path / "wds_cls"  # CLIP_benchmark's layout: a folder per split
+    for split in ("train", "test"):
+        (bench / split).mkdir(parents=True)
+    shards = "/data/shards/{00000..00001}.tar"
+    proc, cmds = run_recipe(tmp_path, "clip-lite", TRAIN_DATA=shards, PROBE_BENCH=str(bench), ZEROSHOT_BENCH=str(bench),
+                            RETRIEVAL_BENCH=str(bench), SEEDS="0")
+    assert proc.returncode == 0, proc.stderr
+    (split,) = [c for c in cmds if c[1] == "split"]
+    assert split[2] == shards and option(split, "--by") == "id" and option(split, "--parts") == "q1=0.25,q2=0.25,q3=0.25,q4=0.25"
+    quarters = option(split, "--out")
+    trains = {option(c, "--out").split("/")[-3]: c for c in cmds if c[1] == "pretrain"}
+    for k in (1, 2, 3, 4):
+        for loss in ("clip", "jsd"):
+            c = trains[f"{loss}-{25 * k}pct"]
+            assert c[2:2 + k] == [f"{quarters}/q{i}" for i in range(1, k + 1)] and option(c, "--loss") == loss
+    probes = [c for c in cmds if c[1] == "probe"]
+    assert len(probes) == len(trains) and all(c[2:5] == [str(bench), "--split", "train"] and option(c, "--eval-split") == "test" for c in probes)

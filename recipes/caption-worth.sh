@@ -102,14 +102,14 @@ done
 # top-1, which a majority class of 14% of the test split would sway.
 METRICS=(--metric "Probe balanced acc.=probe:mean_per_class_recall" --metric "Probe top-1=probe:top1" --metric "ZS top-1=zeroshot:top1"
          --metric "I→T R@1=retrieve:image_to_text_R@1" --metric "T→I R@1=retrieve:text_to_image_R@1")
-vltool report "$OUT" --overwrite --out "$RESULTS/caption-worth" --recipe recipes/caption-worth.sh "${STYLES[@]}" --baseline clip \
+vltool report "$OUT" --overwrite --out "$RESULTS/caption-worth" --recipe recipes/caption-worth.sh "${STYLES[@]}" "${REPORT_OPTS[@]}" --baseline clip \
     --title "Is a Caption Worth a Thousand Images?, Table 1 on $DATA_NAME: SimCLR vs CLIP vs CLIPS (SimCLR augmentations)" "${LAUNCH_NOTE[@]}" \
     --variant simclr=SimCLR --variant clip="CLIP (name)" --variant clips="CLIPS (name + keywords)" "${METRICS[@]}" \
     --paper simclr="56.0 (µTx, COCO; Table 1)" --paper clip="57.5" --paper clips="61.3 (+3.8)"
 FILTER_VARIANTS=(--variant clip-keywords-random="CLIP, random $KEEP_FRAC"
                  --variant clip-keywords-filtered="CLIP, filtered $KEEP_FRAC")
 if [ -n "$CAPTIONER" ]; then FILTER_VARIANTS+=(--variant clips-recaptioned="CLIPS, generated captions"); fi
-vltool report "$OUT" --overwrite --out "$RESULTS/caption-worth-filter" --recipe recipes/caption-worth.sh "${STYLES[@]}" --baseline clip-keywords-random \
+vltool report "$OUT" --overwrite --out "$RESULTS/caption-worth-filter" --recipe recipes/caption-worth.sh "${STYLES[@]}" "${REPORT_OPTS[@]}" --baseline clip-keywords-random \
     --title "Is a Caption Worth a Thousand Images?, Table 2 on $DATA_NAME: filtering noisy captions" "${LAUNCH_NOTE[@]}" \
     "${FILTER_VARIANTS[@]}" "${METRICS[@]}" --metric "Training rows=run/vltool.json:stats.rows_used" \
     --paper clip-keywords-random="53.1 (CC 100K, µTx; Table 2 left)" --paper clip-keywords-filtered="54.2 (+1.1)"

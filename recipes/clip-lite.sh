@@ -66,7 +66,7 @@ for k in 1 2 3 4; do
     FRACTIONS+=(--variant "clip-$((25 * k))pct=InfoNCE, $((25 * k))%" --variant "jsd-$((25 * k))pct=JSD, $((25 * k))%"
                 --pair "jsd-$((25 * k))pct=clip-$((25 * k))pct")   # JSD against InfoNCE on the same rows
 done
-vltool report "$OUT" --overwrite --out "$RESULTS/clip-lite" --recipe recipes/clip-lite.sh "${STYLES[@]}" --baseline clip-100pct \
+vltool report "$OUT" --overwrite --out "$RESULTS/clip-lite" --recipe recipes/clip-lite.sh "${STYLES[@]}" "${REPORT_OPTS[@]}" --baseline clip-100pct \
     --title "CLIP-Lite, Tables 1, 2, 4 on $DATA_NAME: InfoNCE vs JSD at 25-100% of the training rows" "${LAUNCH_NOTE[@]}" \
     "${FRACTIONS[@]}" "${METRICS[@]}" --metric "Training rows=run/vltool.json:stats.rows_used" \
     --paper jsd-25pct="77.7 (+3.5; Table 2)" --paper jsd-50pct="84.4 (+10.2; Table 2)" \
@@ -79,14 +79,14 @@ BATCH_VARIANTS=()
 for b in $(printf '%s\n' "${BATCHES[@]}" | sort -n); do
     if [ "$b" = "$BATCH" ]; then BATCH_VARIANTS+=(--variant "jsd-100pct=JSD, batch $b"); else BATCH_VARIANTS+=(--variant "jsd-batch$b=JSD, batch $b"); fi
 done
-vltool report "$OUT" --overwrite --out "$RESULTS/clip-lite-batch" --recipe recipes/clip-lite.sh "${STYLES[@]}" --baseline jsd-100pct \
+vltool report "$OUT" --overwrite --out "$RESULTS/clip-lite-batch" --recipe recipes/clip-lite.sh "${STYLES[@]}" "${REPORT_OPTS[@]}" --baseline jsd-100pct \
     --title "CLIP-Lite, Table 8 on $DATA_NAME: JSD across batch sizes" "${LAUNCH_NOTE[@]}" \
     "${BATCH_VARIANTS[@]}" "${METRICS[@]}" --metric "s/step=run/vltool.json:stats.seconds_per_step_this_invocation" \
     --metric "Steps=run/vltool.json:stats.steps" \
     --paper jsd-100pct="VOC07 74.7 at batch 64 (Table 8)" --paper jsd-batch128="81.3 at 128 (+6.6)" \
     --paper jsd-batch256="84.9 at 256 (+10.2)" \
     --note "Paper: CLIP-Lite Table 8, VOC07 mAP of a ResNet-50 trained with a 2-layer BERT text encoder for 200K iterations at every batch size (512: 87.5, 1024: 87.9); here every batch size trains 10 epochs, so larger batches take fewer steps."
-vltool report "$OUT" --overwrite --out "$RESULTS/clip-lite-negatives" --recipe recipes/clip-lite.sh "${STYLES[@]}" --baseline jsd-all-100pct \
+vltool report "$OUT" --overwrite --out "$RESULTS/clip-lite-negatives" --recipe recipes/clip-lite.sh "${STYLES[@]}" "${REPORT_OPTS[@]}" --baseline jsd-all-100pct \
     --title "CLIP-Lite on $DATA_NAME: is it the number of negatives? JSD with one negative vs every in-batch negative" "${LAUNCH_NOTE[@]}" \
     --variant jsd-all-100pct="JSD, all $((BATCH - 1)) in-batch negatives" --variant jsd-100pct="JSD, one negative (CLIP-Lite's)" \
     --variant clip-100pct="InfoNCE" "${METRICS[@]}" \

@@ -108,6 +108,9 @@ else
 fi
 EVAL_GROUPS=(); if [ -n "$GROUP_COLUMN" ]; then EVAL_GROUPS=(--group-column "$GROUP_COLUMN"); fi
 RESULTS=${RESULTS:-results}
+# REPORT_SEED: the bootstrap seed of every report (vltool report --seed; its default 0 when unset). Another
+# seed redraws the same runs' intervals: scripts/compare_verdicts.py says whether a verdict depends on the draw.
+REPORT_OPTS=(); if [ -n "${REPORT_SEED:-}" ]; then REPORT_OPTS=(--seed "$REPORT_SEED"); fi
 
 # ---- Training data: TRAIN_DATA (a dataset on disk or shards; TRAIN_WHERE: --where clauses, space-separated),
 # else DATA's training split.

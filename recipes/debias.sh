@@ -82,18 +82,18 @@ for q in man woman; do for g in man woman; do
     CELLS+=(--metric "'$q' → $g images, before=debias:stats.cells.$q.$g.before"
             --metric "after=debias:stats.cells.$q.$g.after")
 done; done
-vltool report "$OUT" --overwrite --out "$RESULTS/debias" --recipe recipes/debias.sh "${STYLES[@]}" \
+vltool report "$OUT" --overwrite --out "$RESULTS/debias" --recipe recipes/debias.sh "${STYLES[@]}" "${REPORT_OPTS[@]}" \
     --title "CLIP-Lite, section 4.8 / Table 6 on $DATA_NAME: removing gender from the embedding space" "${LAUNCH_NOTE[@]}" \
     --variant images="Image embeddings edited" --variant images-and-queries="Images and queries edited" \
     --metric "Own−other gap, before=debias:stats.gap_before" --metric "after=debias:stats.gap_after" \
     --metric "Relative reduction=debias:stats.gap_reduction" \
     --metric "ZS top-1, before=debias:stats.zeroshot.before" --metric "after=debias:stats.zeroshot.after" \
     --paper images="the two groups' alignments converge (Table 6); no accuracy reported"
-vltool report "$OUT" --overwrite --out "$RESULTS/debias-alignment" --recipe recipes/debias.sh "${STYLES[@]}" --no-chart \
+vltool report "$OUT" --overwrite --out "$RESULTS/debias-alignment" --recipe recipes/debias.sh "${STYLES[@]}" "${REPORT_OPTS[@]}" --no-chart \
     --title "CLIP-Lite, Table 6 on $DATA_NAME: mean alignment of gendered queries with the top images of each group" "${LAUNCH_NOTE[@]}" \
     --variant images="Image embeddings edited" --variant images-and-queries="Images and queries edited" "${CELLS[@]}" \
     --paper images="Table 6, male queries: men 0.085 → 0.069, women 0.057 → 0.067; female queries: men 0.042 → 0.068, women 0.089 → 0.062"
-vltool report "$OUT" --overwrite --out "$RESULTS/debias-zeroshot" --recipe recipes/debias.sh "${STYLES[@]}" --baseline before \
+vltool report "$OUT" --overwrite --out "$RESULTS/debias-zeroshot" --recipe recipes/debias.sh "${STYLES[@]}" "${REPORT_OPTS[@]}" --baseline before \
     --title "Concept debiasing on $DATA_NAME: zero-shot accuracy before and after removing gender" "${LAUNCH_NOTE[@]}" \
     --variant before="No edit" --variant images="Image embeddings edited" --variant images-and-queries="Images and queries edited" \
     --metric "ZS top-1=zeroshot:top1" --metric "ZS top-5=zeroshot:top5" \

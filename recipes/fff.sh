@@ -97,7 +97,7 @@ if [ -n "$GROUP_COLUMN" ]; then
 else   # no group column: the pairs mined, without how many are true near-duplicates
     MINED=(--metric "Mined pairs=data/vltool.json:stats.pairs")
 fi
-vltool report "$OUT" --overwrite --out "$RESULTS/fff" --recipe recipes/fff.sh "${STYLES[@]}" --baseline sigmoid \
+vltool report "$OUT" --overwrite --out "$RESULTS/fff" --recipe recipes/fff.sh "${STYLES[@]}" "${REPORT_OPTS[@]}" --baseline sigmoid \
     --title "FFF, Table 4 on $DATA_NAME: fixing false negatives and batch text augmentation" "${LAUNCH_NOTE[@]}" \
     --variant clip="CLIP (InfoNCE)" --variant sigmoid="Sigmoid" --variant sigmoid-mined="Sigmoid + mined positives" \
     --variant sigmoid-k="Sigmoid + $K captions" --variant sigmoid-1ofk="Sigmoid + 1 random caption per step (control)" \
@@ -107,13 +107,13 @@ vltool report "$OUT" --overwrite --out "$RESULTS/fff" --recipe recipes/fff.sh "$
     --paper sigmoid-mined-k="32.9 (+14.3; all pseudo-captions in the batch + mining, which adds +1.8; Tab. 4)" \
     --paper sigmoid-mined-1ofk="31.4 (1 of 5 captions sampled at random: −1.5 from 32.9; CC3M, section 6)" \
     --note "Paper: for Tab. 4 (ViT-B/16 on CC3M, ImageNet zero-shot top-1) FFF's text gives the baseline (18.6), mining's gain with web captions (+2.7), with one pseudo-caption (+3.5) and with all pseudo-captions (+1.8), and the total (32.9); it names no number for the other rows."
-vltool report "$OUT" --overwrite --out "$RESULTS/fff-terms" --recipe recipes/fff.sh "${STYLES[@]}" --baseline sigmoid \
+vltool report "$OUT" --overwrite --out "$RESULTS/fff-terms" --recipe recipes/fff.sh "${STYLES[@]}" "${REPORT_OPTS[@]}" --baseline sigmoid \
     --title "FFF, Table 5 on $DATA_NAME: the three terms of M" "${LAUNCH_NOTE[@]}" \
     --variant sigmoid="Sigmoid, no mining" --variant mined-it="S_it > p1 only" --variant mined-ii="S_ii > p2 only" \
     --variant mined-tt="S_tt > p3 and S_it > p1' only" --variant sigmoid-mined="All three (M)" "${METRICS[@]}" "${MINED[@]}" \
     --paper mined-it="the most impactful term, viewed independently (Tab. 5)" \
     --note "Paper: FFF's text gives no number from Tab. 5; it says that, viewed independently, S_it is the most impactful term, for ground-truth and pseudo-captions alike."
-vltool report "$OUT" --overwrite --out "$RESULTS/fff-batch" --recipe recipes/fff.sh "${STYLES[@]}" --baseline "sigmoid-b$BIG_BATCH" \
+vltool report "$OUT" --overwrite --out "$RESULTS/fff-batch" --recipe recipes/fff.sh "${STYLES[@]}" "${REPORT_OPTS[@]}" --baseline "sigmoid-b$BIG_BATCH" \
     --title "FFF on $DATA_NAME: does mining help once mined positives share batches? (batch $BATCH vs $BIG_BATCH)" "${LAUNCH_NOTE[@]}" \
     --variant sigmoid="Sigmoid, batch $BATCH" --variant sigmoid-mined="Sigmoid + mined positives, batch $BATCH" \
     --variant "sigmoid-b$BIG_BATCH=Sigmoid, batch $BIG_BATCH" \

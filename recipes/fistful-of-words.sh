@@ -88,7 +88,7 @@ done
 
 EVAL_METRICS=(--metric "ZS top-1=zeroshot:top1" --metric "ZS top-5=zeroshot:top5"
               --metric "I→T R@1=retrieve:image_to_text_R@1" --metric "T→I R@1=retrieve:text_to_image_R@1")
-vltool report "$OUT" --overwrite --out "$RESULTS/fistful-of-words" --recipe recipes/fistful-of-words.sh "${STYLES[@]}" --baseline intact \
+vltool report "$OUT" --overwrite --out "$RESULTS/fistful-of-words" --recipe recipes/fistful-of-words.sh "${STYLES[@]}" "${REPORT_OPTS[@]}" --baseline intact \
     --title "A Fistful of Words, Tables 2 and 4 on $DATA_NAME: intact captions vs bags of words" "${LAUNCH_NOTE[@]}" \
     --variant intact=Intact --variant only-bow="Only BoW (shuffle, rmstop, keep4; 100%)" \
     --variant mostly-bow="Mostly BoW (default cascade; 90%)" --variant mostly-bow-no-rmtopfreq="Mostly BoW − RmTopFreq" \
@@ -98,7 +98,7 @@ vltool report "$OUT" --overwrite --out "$RESULTS/fistful-of-words" --recipe reci
     --paper mostly-bow="30.1 (+0.6; Tables 2, 4); text frozen: 16.9 (+1.8; Table 3)" \
     --paper mostly-bow-no-rmtopfreq="29.0 (−0.5; Table 4)" \
     --note "Paper: both towers trained; its closest setting to our locked towers is Table 3's frozen text encoder (image encoder trained). It has no run with both towers frozen."
-vltool report "$OUT" --overwrite --out "$RESULTS/fistful-of-words-semi-aligned" --recipe recipes/fistful-of-words.sh "${STYLES[@]}" \
+vltool report "$OUT" --overwrite --out "$RESULTS/fistful-of-words-semi-aligned" --recipe recipes/fistful-of-words.sh "${STYLES[@]}" "${REPORT_OPTS[@]}" \
     --baseline aligned-only-2x \
     --title "A Fistful of Words, Table 7 on $DATA_NAME: semi-aligned learning with pseudo bags of words" "${LAUNCH_NOTE[@]}" \
     --variant aligned-only="Aligned-only" --variant aligned-only-2x="Aligned-only, 2x steps" \

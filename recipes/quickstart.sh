@@ -46,7 +46,7 @@ for SEED in $SEEDS; do
 done
 
 # with STYLE2, each metric beside the same metric in the second style (--style: files named *-style2.json)
-vltool report "$OUT" --overwrite --out "$RESULTS/quickstart" --recipe recipes/quickstart.sh "${STYLES[@]}" --variant lit-bow="LiT on bags of words" \
+vltool report "$OUT" --overwrite --out "$RESULTS/quickstart" --recipe recipes/quickstart.sh "${STYLES[@]}" "${REPORT_OPTS[@]}" --variant lit-bow="LiT on bags of words" \
     --title "Quick start: $MODEL_NAME aligned on bags of words of the $([ "$DATA_NAME" = emoji ] && echo "emoji names" || echo "$DATA_NAME captions")" \
     --metric "ZS top-1=zeroshot:top1" --metric "ZS top-5=zeroshot:top5" \
     --metric "I→T R@1=retrieve:image_to_text_R@1" --metric "T→I R@1=retrieve:text_to_image_R@1" \

@@ -109,18 +109,18 @@ done
 
 if [ -n "$LABEL_DATA" ]; then
     OWN_METRICS=(--metric "ZS top-1=zeroshot:top1" --metric "I→T R@1=retrieve:image_to_text_R@1" --metric "Probe top-1=probe:top1")
-    vltool report "$OUT" --overwrite --out "$RESULTS/unicl" --recipe recipes/unicl.sh "${STYLES[@]}" --baseline unicl-text \
+    vltool report "$OUT" --overwrite --out "$RESULTS/unicl" --recipe recipes/unicl.sh "${STYLES[@]}" "${REPORT_OPTS[@]}" --baseline unicl-text \
         --title "UniCL, Tables 5 and 6 on $DATA_NAME + $(basename "$LABEL_DATA"): image-text, image-label, and both" "${LAUNCH_NOTE[@]}" \
         --variant unicl-text="UniCL, image-text rows (CLIP's loss, UniCL's settings)" --variant clip="CLIP, image-text rows" \
         --variant unicl-label="UniCL, image-label rows" --variant unicl-both="UniCL, both (balanced)" "${OWN_METRICS[@]}" \
         --note "Every variant trains as many steps as CLIP takes for $EPOCHS epochs of the image-text rows; the label rows are $LABEL_DATA, written with the $TEMPLATES templates."
-    vltool report "$OUT" --overwrite --out "$RESULTS/unicl-labels" --recipe recipes/unicl.sh "${STYLES[@]}" --baseline unicl-label \
+    vltool report "$OUT" --overwrite --out "$RESULTS/unicl-labels" --recipe recipes/unicl.sh "${STYLES[@]}" "${REPORT_OPTS[@]}" --baseline unicl-label \
         --title "UniCL, Table 5 on $DATA_NAME + $(basename "$LABEL_DATA"): image-label rows with and without image-text rows" "${LAUNCH_NOTE[@]}" \
         --variant unicl-label="UniCL, image-label rows" --variant unicl-both="UniCL, both (balanced)" "${OWN_METRICS[@]}"
     exit 0
 fi
 
-vltool report "$OUT" --overwrite --out "$RESULTS/unicl" --recipe recipes/unicl.sh "${STYLES[@]}" --baseline unicl-text \
+vltool report "$OUT" --overwrite --out "$RESULTS/unicl" --recipe recipes/unicl.sh "${STYLES[@]}" "${REPORT_OPTS[@]}" --baseline unicl-text \
     --title "UniCL, Tables 5 and 6 on $DATA_NAME: image-text, image-label, and both (held-out subgroups for zero-shot)" "${LAUNCH_NOTE[@]}" \
     --variant unicl-text="UniCL, image-text rows (CLIP's loss, UniCL's settings)" --variant clip="CLIP, image-text rows" \
     --variant unicl-label="UniCL, image-label rows (seen subgroups)" \
@@ -133,7 +133,7 @@ vltool report "$OUT" --overwrite --out "$RESULTS/unicl" --recipe recipes/unicl.s
     --note "Paper: Table 6 (Swin-Tiny, 32 epochs, a standard data sampler): ImageNet-1K zero-shot / linear probe on 18 datasets. UniCL, both here uses appendix B.2's balanced sampler, the setting of Table 5 (section 4.2.1), where ImageNet-1K + YFCC-14M against ImageNet-1K alone gives 40.0 vs 30.2 zero-shot on 14 datasets and 80.1 vs 78.0 on the probe." \
     --note "Every variant trains as many steps as CLIP takes for $EPOCHS epochs of the image-text rows; the paired differences are against UniCL on the image-text rows alone (CLIP's loss with UniCL's logit-scale start e). UniCL, both changes more than the label rows: --balanced gives the image-text rows half the rows they fill in the baseline, the label rows are the same training images with a second text, and those texts are the same $TEMPLATES prompts that zero-shot scores with."
 # Table 5's question: image-text rows added to image-label rows, against the image-label rows alone
-vltool report "$OUT" --overwrite --out "$RESULTS/unicl-labels" --recipe recipes/unicl.sh "${STYLES[@]}" --baseline unicl-label \
+vltool report "$OUT" --overwrite --out "$RESULTS/unicl-labels" --recipe recipes/unicl.sh "${STYLES[@]}" "${REPORT_OPTS[@]}" --baseline unicl-label \
     --title "UniCL, Table 5 on $DATA_NAME: image-label rows with and without image-text rows" "${LAUNCH_NOTE[@]}" \
     --variant unicl-label="UniCL, image-label rows (seen subgroups)" --variant unicl-both="UniCL, both (balanced)" \
     --metric "ZS top-1, held-out subgroups=zeroshot-unseen:top1" --metric "ZS top-1, seen subgroups=zeroshot-seen:top1" \

@@ -23,6 +23,9 @@ exit 0
 """
 
 
+RECIPES = ["caption-worth", "clip-lite", "debias", "fff", "fistful-of-words", "quickstart", "unicl"]
+
+
 def run_recipe(tmp_path: Path, recipe: str, **env) -> tuple[subprocess.CompletedProcess, list[list[str]]]:
     bin_ = tmp_path / "bin"
     bin_.mkdir(parents=True, exist_ok=True)
@@ -148,7 +151,7 @@ def test_unicl_takes_label_data_beside_train_data(tmp_path):
     assert proc.returncode == 2 and "TRAIN_WHERE=lang=en" in proc.stderr
 
 
-@pytest.mark.parametrize("recipe", ["caption-worth", "clip-lite", "debias", "fff", "fistful-of-words", "quickstart", "unicl"])
+@pytest.mark.parametrize("recipe", RECIPES)
 def test_every_training_command_runs_under_launch_with_its_batch_divided_and_every_evaluation_in_both_styles(tmp_path, recipe):
     """Under LAUNCH every recipe runs the command lines it runs on one process, each training command prefixed by
     LAUNCH and its --batch-size halved (a global batch over 2 processes), and nothing else changes. The smoke runs
@@ -185,6 +188,22 @@ def test_threads_reach_every_command(tmp_path):
         assert proc.returncode == 0, proc.stderr
         seen = (tmp_path / "fistful-of-words.log.threads").read_text().split()
         assert len(seen) == len(cmds) > 10 and set(seen) == {expected}
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_report_seed_redraws_every_report_and_changes_nothing_else(tmp_path, recipe):
+    """REPORT_SEED=1 adds `--seed 1` to every `vltool report` of a recipe and to nothing else (issue 42's check
+    that no verdict depends on the bootstrap's draw: scripts/compare_verdicts.py on the two reports)."""
+    _, plain = run_recipe(tmp_path / "plain", recipe, SEEDS="0")
+    proc, seeded = run_recipe(tmp_path / "seeded", recipe, SEEDS="0", REPORT_SEED="1")
+    assert proc.returncode == 0, proc.stderr
+    plain = [[a.replace(str(tmp_path / "plain"), "T") for a in c] for c in plain]
+    seeded = [[a.replace(str(tmp_path / "seeded"), "T") for a in c] for c in seeded]
+    reports = [i for i, c in enumerate(plain) if c[1] == "report"]
+    assert reports and len(seeded) == len(plain)
+    for i, (a, b) in enumerate(zip(plain, seeded)):
+        assert b == (a + ["--seed", "1"] if i in reports else a)
+    assert all("--seed" not in c for c in (plain[i] for i in reports))  # the default: report's own seed 0
 
 
 def test_clip_lite_on_shards_trains_on_nested_quarters_and_probes_on_the_benchmarks_own_splits(tmp_path):

@@ -142,7 +142,7 @@ def test_paired_interval_by_hand(tmp_path):
     assert "| same | +25.0 [+0.0, +50.0] *within noise*<br>MC ±0.00, p 0.234 ± 0.009 |" in md
     assert "| up | +75.0 [+50.0, +100.0] **differs**<br>MC ±0.00, p 0.000 ± 0.000 |" in md
     assert same["resamples"] == 2000 and same["verdict"] == "within noise" and up["verdict"] == "differs"
-    assert "Each interval is read from 2,000 resamples (a verdict near the edge draws more, up to 20,000)" in md
+    assert "Each interval is read from 2,000 resamples (a verdict near the edge draws more, up to 80,000)" in md
     assert "each resample draws whole base_id groups of test images, not stratified by class" in md
 
     # the same runs evaluated without --group-column: images are the unit, and the interval is [0.25, 1]

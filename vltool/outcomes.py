@@ -49,7 +49,7 @@ from vltool.metrics import (AveragePrecision, ClassificationItems, QueryRanks, R
 
 FORMAT = "vltool-examples/1"
 MIN_SEEDS_RESAMPLED = 3  # paired_difference draws the seeds too from 3 seeds on; fewer: the interval is the test set's only
-MAX_RESAMPLES = 20_000  # a borderline verdict draws more replicates, up to this many, before it is reported as borderline
+MAX_RESAMPLES = 80_000  # a borderline verdict draws more replicates, up to this many, before it is reported as borderline
 BORDERLINE_SE = 2.0  # borderline: the bootstrap p-value within this many Monte Carlo standard errors of (1 - level) / 2
 
 

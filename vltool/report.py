@@ -37,7 +37,7 @@ from vltool import __version__
 from vltool.errors import UsageError, VltoolError
 from vltool.io.atomic import atomic_file, write_json_atomic
 from vltool.io.outputs import check_output, require_output_name
-from vltool.outcomes import Outcomes, paired_difference
+from vltool.outcomes import MAX_RESAMPLES, Outcomes, paired_difference
 # The rendering of STEM.md and STEM.png; _fmt and _signed are re-exported for `from vltool.report import ...`.
 from vltool.report_render import _fmt as _fmt, _signed as _signed, render_chart, render_markdown
 
@@ -70,7 +70,7 @@ class ReportConfig:
     styles: list[tuple[str, str]] = field(default_factory=list)  # (name, file suffix); "" names the metrics as given
     pairs: list[tuple[str, str]] = field(default_factory=list)  # (variant, reference): paired contrasts besides --baseline
     bootstrap: int = 1000  # resamples of the paired bootstrap
-    bootstrap_max: int = 20_000  # a borderline verdict draws more, up to this many (vltool.outcomes.MAX_RESAMPLES)
+    bootstrap_max: int = MAX_RESAMPLES  # a borderline verdict draws more, up to this many (vltool.outcomes.MAX_RESAMPLES)
     allow_mixed_threads: bool = False  # pair runs whose records name different torch thread counts
     seed: int = 0  # its seed
 

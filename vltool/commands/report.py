@@ -53,7 +53,7 @@ def report_command(
     recipe: Annotated[Optional[str], typer.Option("--recipe", help="The recipe that made the runs (recorded).")] = None,
     chart: Annotated[bool, typer.Option("--chart/--no-chart", help="Draw STEM.png.")] = True,
     bootstrap: BootstrapOpt = 1000,
-    bootstrap_max: Annotated[int, typer.Option("--bootstrap-max", min=0, help="A paired verdict whose bootstrap p-value is within 2 Monte Carlo standard errors of 0.025 draws more resamples (x4 at a time) up to this many before it is reported as borderline.")] = 20_000,
+    bootstrap_max: Annotated[int, typer.Option("--bootstrap-max", min=0, help="A paired verdict whose bootstrap p-value is within 2 Monte Carlo standard errors of 0.025 draws more resamples (x4 at a time) up to this many before it is reported as borderline.")] = 80_000,  # vltool.outcomes.MAX_RESAMPLES
     allow_mixed_threads: Annotated[bool, typer.Option("--allow-mixed-threads", help="Pair runs whose records name different torch thread counts (their bits may differ; see docs/pretrain.md).")] = False,
     seed: SeedOpt = 0,
     overwrite: OverwriteOpt = False,

@@ -31,6 +31,13 @@ def verdict_cells(report: dict) -> dict[tuple[str, str], dict]:
     return cells
 
 
+def show(p: dict) -> str:
+    """One paired entry as "verdict [low, high], p P at B resamples" (points)."""
+    lo, hi = p.get("ci_low"), p.get("ci_high")
+    iv = f"[{100 * lo:+.1f}, {100 * hi:+.1f}]" if lo is not None and hi is not None else "[no interval]"
+    return f"{p['verdict']} {iv}, p {p.get('p_value')} at {p.get('resamples')} resamples"
+
+
 def compare(a: dict, b: dict) -> tuple[list[str], int, int]:
     """(lines naming each cell whose verdict differs, contradictions, cells compared)."""
     ca, cb = verdict_cells(a), verdict_cells(b)
@@ -43,12 +50,6 @@ def compare(a: dict, b: dict) -> tuple[list[str], int, int]:
             continue
         contra = {pa["verdict"], pb["verdict"]} == SETTLED
         contradictions += contra
-
-        def show(p):
-            lo, hi = p.get("ci_low"), p.get("ci_high")
-            iv = f"[{100 * lo:+.1f}, {100 * hi:+.1f}]" if lo is not None and hi is not None else "[no interval]"
-            return f"{p['verdict']} {iv}, p {p.get('p_value')} at {p.get('resamples')} resamples"
-
         lines.append(f"{'CONTRADICTS' if contra else 'edge'}: {key[0]}, {key[1]}: {show(pa)} | {show(pb)}")
     return lines, contradictions, len(ca)
 

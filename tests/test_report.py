@@ -463,3 +463,15 @@ def test_committed_reports_render_as_committed():
         report = json.loads(path.read_text())
         if "variants" in report:
             assert render_markdown(report) == path.with_suffix(".md").read_text(), path.name
+
+
+def test_the_command_line_default_of_bootstrap_max_is_the_library_s():
+    """`vltool report --bootstrap-max` spells its default as a literal (the command module does not import the
+    numerical code at start-up); it must stay vltool.outcomes.MAX_RESAMPLES."""
+    import inspect
+
+    from vltool.commands.report import report_command
+    from vltool.outcomes import MAX_RESAMPLES
+    from vltool.report import ReportConfig
+
+    assert inspect.signature(report_command).parameters["bootstrap_max"].default == MAX_RESAMPLES == ReportConfig.bootstrap_max

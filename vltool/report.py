@@ -70,7 +70,7 @@ class ReportConfig:
     styles: list[tuple[str, str]] = field(default_factory=list)  # (name, file suffix); "" names the metrics as given
     pairs: list[tuple[str, str]] = field(default_factory=list)  # (variant, reference): paired contrasts besides --baseline
     bootstrap: int = 1000  # resamples of the paired bootstrap
-    bootstrap_max: int = MAX_RESAMPLES  # a borderline verdict draws more, up to this many (vltool.outcomes.MAX_RESAMPLES)
+    bootstrap_max: int = MAX_RESAMPLES  # a borderline verdict draws more, up to this many
     allow_mixed_threads: bool = False  # pair runs whose records name different torch thread counts
     seed: int = 0  # its seed
 

@@ -41,6 +41,9 @@ def show(p: dict) -> str:
 def compare(a: dict, b: dict) -> tuple[list[str], int, int]:
     """(lines naming each cell whose verdict differs, contradictions, cells compared)."""
     ca, cb = verdict_cells(a), verdict_cells(b)
+    if not ca:
+        raise ValueError("no paired verdicts to compare (a report without --baseline or --pair, or one made "
+                         "before reports recorded verdicts)")
     if set(ca) != set(cb):
         raise ValueError(f"the two reports hold different cells: {sorted(set(ca) ^ set(cb))[:3]}")
     lines, contradictions = [], 0

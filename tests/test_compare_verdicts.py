@@ -49,3 +49,10 @@ def test_a_contradiction_fails_and_a_borderline_edge_is_listed(tmp_path):
 def test_reports_of_different_cells_are_refused_in_one_line(tmp_path):
     proc = run(tmp_path, report({"zs:top1": "differs"}), report({"probe:top1": "differs"}))
     assert proc.returncode == 2 and proc.stderr.startswith("error: the two reports hold different cells") and proc.stderr.count("\n") == 1
+
+
+def test_reports_with_no_paired_verdict_are_refused_not_passed(tmp_path):
+    """Nothing to compare is an error (exit 2), not "0 cells, 0 contradict" with exit 0."""
+    empty = {"variants": [{"name": "base", "summary": {"zs:top1": {"mean": 0.5}}}], "contrasts": []}
+    proc = run(tmp_path, empty, empty)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: no paired verdicts to compare") and not proc.stdout

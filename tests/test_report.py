@@ -465,6 +465,37 @@ def test_committed_reports_render_as_committed():
             assert render_markdown(report) == path.with_suffix(".md").read_text(), path.name
 
 
+def test_every_committed_report_is_current():
+    """Every committed recipe report was made under issue 42's rules: its machine block is the runs' own record
+    (one torch thread a command), and every paired difference carries its verdict, its bootstrap p-value and
+    the Monte Carlo error of the p-value and of both bounds, with the resamples it was read from; a settled
+    verdict agrees with its interval."""
+    from pathlib import Path
+
+    results = Path(__file__).resolve().parents[1] / "results"
+    seen = 0
+    for path in sorted(results.glob("*.json")):
+        report = json.loads(path.read_text())
+        if "variants" not in report:
+            continue
+        machine = report["machine"]
+        assert machine["source"].startswith("the runs' records") and machine["torch_threads"] == 1, path.name
+        for group in ("variants", "contrasts"):
+            for row in report.get(group) or []:
+                for metric, s in row["summary"].items():
+                    p = s.get("paired")
+                    if not p or p.get("ci_low") is None:
+                        continue
+                    seen += 1
+                    where = (path.name, row["name"], metric)
+                    for key in ("p_value", "p_value_mc_se", "ci_low_mc_se", "ci_high_mc_se"):
+                        assert p[key] is not None and p[key] >= 0, where
+                    assert 1000 <= p["resamples"] <= report["paired"]["max_resamples"], where
+                    excludes = p["ci_low"] > 0 or p["ci_high"] < 0
+                    assert p["verdict"] == "borderline" or p["verdict"] == ("differs" if excludes else "within noise"), where
+    assert seen >= 354  # the seven recipes' paired cells, fistful-of-words' included
+
+
 def test_the_command_line_default_of_bootstrap_max_is_the_library_s():
     """`vltool report --bootstrap-max` spells its default as a literal (the command module does not import the
     numerical code at start-up); it must stay vltool.outcomes.MAX_RESAMPLES."""

@@ -453,16 +453,29 @@ def test_runs_on_different_thread_counts_are_not_paired_unless_allowed_and_the_m
     assert m["source"].startswith("not recorded by the runs") and "torch_threads" not in m
 
 
-def test_committed_reports_render_as_committed():
-    """issue 42 adds fields (Monte Carlo errors, verdicts, the runs' runtime); a report JSON made before them
-    still renders to its own Markdown, so the committed results stay valid until they are rerun."""
+def _committed_reports():
+    """(path, report) of each committed recipe report: results/*.json with variants."""
     from pathlib import Path
 
-    results = Path(__file__).resolve().parents[1] / "results"
-    for path in sorted(results.glob("*.json")):
+    for path in sorted((Path(__file__).resolve().parents[1] / "results").glob("*.json")):
         report = json.loads(path.read_text())
         if "variants" in report:
-            assert render_markdown(report) == path.with_suffix(".md").read_text(), path.name
+            yield path, report
+
+
+def test_committed_reports_render_as_committed():
+    """Each committed report's JSON renders to its own committed Markdown; so does a report made before issue 42
+    added Monte Carlo errors, verdicts and the runs' runtime (tests/golden/report-before-issue-42.*:
+    results/fistful-of-words.{json,md} as committed at de76e4c), so a user's older reports stay readable."""
+    import gzip
+    from pathlib import Path
+
+    for path, report in _committed_reports():
+        assert render_markdown(report) == path.with_suffix(".md").read_text(), path.name
+    golden = Path(__file__).resolve().parent / "golden" / "report-before-issue-42"
+    old = json.loads(gzip.decompress(golden.with_suffix(".json.gz").read_bytes()))
+    assert "p_value" not in json.dumps(old) and "source" not in old["machine"]  # it is a pre-issue-42 report
+    assert render_markdown(old) == golden.with_suffix(".md").read_text()
 
 
 def test_every_committed_report_is_current():
@@ -470,14 +483,8 @@ def test_every_committed_report_is_current():
     (one torch thread a command), and every paired difference carries its verdict, its bootstrap p-value and
     the Monte Carlo error of the p-value and of both bounds, with the resamples it was read from; a settled
     verdict agrees with its interval."""
-    from pathlib import Path
-
-    results = Path(__file__).resolve().parents[1] / "results"
     seen = 0
-    for path in sorted(results.glob("*.json")):
-        report = json.loads(path.read_text())
-        if "variants" not in report:
-            continue
+    for path, report in _committed_reports():
         machine = report["machine"]
         assert machine["source"].startswith("the runs' records") and machine["torch_threads"] == 1, path.name
         for group in ("variants", "contrasts"):

@@ -1,6 +1,14 @@
 """Image transforms: the deterministic eval transform, and for training none, CLIP's random resized crop,
 SimCLR's augmentations.
 
+Training transforms come in two forms. `train_transform` is the reference: PIL image -> normalised float
+tensor, as torchvision and open_clip compose it. `train_pixels` is what the trainer runs (docs/pretrain.md,
+"The data path"): a data-loader worker makes uint8 (3,H,W) crops, and the float conversion and normalisation
+run on the training device (`Pixels.normalise`, the same float operations as ToTensor + Normalize, so the
+result is bit for bit the reference's wherever the crop is made by the same code: `none` and `simclr`).
+`clip` crops and resizes the decoded uint8 tensor (torchvision.transforms.v2: the reference's crop box from
+the same draws, bicubic with antialias), which differs from PIL's resampling by a few levels at a few pixels.
+
 A leaf module (torchvision and open_clip, imported inside the functions; no other vltool module):
 vltool.model.load builds a loaded model's `preprocess` with `eval_transform`.
 Training transforms draw from torch's global RNG; the trainer seeds it per row (seed, epoch, row), so an
@@ -11,6 +19,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+import torch
 import transformers
 from open_clip.transform import PreprocessCfg, image_transform_v2
 from PIL import Image
@@ -88,3 +97,85 @@ def train_transform(preprocess: dict, augment: str) -> Callable:
             ]
         )
     raise ValueError(f"unknown augmentation {augment!r}")
+
+
+# ---- the trainer's form: uint8 crops in the workers, normalised on the device
+
+
+class _ToUint8:
+    """PIL RGB image -> (3,H,W) uint8 tensor: the integer half of ToTensor (which then divides by 255)."""
+
+    def __call__(self, im):
+        if isinstance(im, torch.Tensor):
+            return im
+        return T.functional.pil_to_tensor(im)
+
+    def __repr__(self) -> str:
+        return "ToUint8()"
+
+
+class _TensorRandomResizedCrop:
+    """RandomResizedCrop on a (3,H,W) uint8 tensor: the crop box drawn exactly as torchvision's
+    RandomResizedCrop draws it (the same generator calls, so the same box as the PIL reference for a seed),
+    resized with torchvision.transforms.v2 (bicubic or bilinear, antialias), uint8 out."""
+
+    def __init__(self, size: int, scale: tuple, interpolation):
+        self.size, self.scale, self.ratio, self.interpolation = size, scale, (3 / 4, 4 / 3), interpolation
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        from torchvision.transforms.v2 import functional as F2
+
+        i, j, h, w = T.RandomResizedCrop.get_params(x, list(self.scale), list(self.ratio))
+        return F2.resized_crop(x, i, j, h, w, [self.size, self.size], interpolation=self.interpolation, antialias=True)
+
+    def __repr__(self) -> str:
+        return f"TensorRandomResizedCrop(size={self.size}, scale={self.scale}, interpolation={self.interpolation.value})"
+
+
+class Pixels:
+    """A training transform in the trainer's form. `__call__(image)` runs in a data-loader worker and gives a
+    (3,H,W) tensor: uint8 when `mean` is set (normalised later, on the device, by `normalise`), else the
+    normalised float tensor itself (a Hugging Face image processor, whose arithmetic is its own).
+    `takes` is what it is called with: "pil" (an image in its own mode, vltool.io.decode_image(rgb=False)) or
+    "tensor" (a (3,H,W) uint8 RGB tensor, vltool.io.decode_pixels)."""
+
+    def __init__(self, transform: Callable, takes: str, mean=None, std=None, composite: bool = False):
+        self.transform, self.takes, self.mean, self.std = transform, takes, mean, std
+        self.composite = composite  # "tensor": transparency composited on white (a Hugging Face model's rule)
+        self._on: dict = {}
+
+    def __call__(self, image) -> torch.Tensor:
+        return self.transform(image)
+
+    def normalise(self, x: torch.Tensor) -> torch.Tensor:
+        """(B,3,H,W) uint8 on the device -> float32, exactly ToTensor's x/255 then Normalize's (x-mean)/std;
+        a float tensor (already normalised) is returned as it is."""
+        if x.dtype != torch.uint8:
+            return x
+        key = str(x.device)
+        if key not in self._on:
+            self._on[key] = tuple(torch.as_tensor(v, dtype=torch.float32, device=x.device).view(-1, 1, 1) for v in (self.mean, self.std))
+        mean, std = self._on[key]
+        return x.to(torch.float32).div_(255).sub_(mean).div_(std)
+
+
+def _uint8_of(compose) -> tuple[Callable, list, list] | None:
+    """A Compose ending in ToTensor + Normalize -> (the same Compose ending in a uint8 tensor, mean, std)."""
+    steps = list(getattr(compose, "transforms", []))
+    if len(steps) < 2 or not isinstance(steps[-1], T.Normalize) or not isinstance(steps[-2], T.ToTensor):
+        return None
+    return T.Compose(steps[:-2] + [_ToUint8()]), list(steps[-1].mean), list(steps[-1].std)
+
+
+def train_pixels(preprocess: dict, augment: str) -> Pixels:
+    """The trainer's form of train_transform(preprocess, augment) (module docstring)."""
+    hf = bool(preprocess.get("hf_image_processor"))
+    if augment == "clip":
+        crop = _TensorRandomResizedCrop(int(preprocess["size"]), (0.9, 1.0), _interp(preprocess.get("interpolation", "bicubic")))
+        return Pixels(crop, "tensor", list(preprocess["mean"]), list(preprocess["std"]), composite=hf)
+    reference = train_transform(preprocess, augment)
+    split = _uint8_of(reference)
+    if split is None:  # a Hugging Face processor (augment none): its own float pixels, normalised in the worker
+        return Pixels(reference, "pil")
+    transform, mean, std = split
+    return Pixels(transform, "pil", mean, std)

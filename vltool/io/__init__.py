@@ -15,7 +15,7 @@ One module per concern; the names below are re-exported here, so `from vltool.io
   (`clean_stale`), a full disk as one line.
 - `atomic`: atomic writes (`atomic_output`, `replace_path`, `work_dir`, `atomic_file`, `write_json_atomic`,
   `save_dataset`).
-- `images`: image decoding (`decode_image`, `image_bytes`, `image_size_policy`).
+- `images`: image decoding (`decode_image`, `decode_pixels`, `image_bytes`, `image_size_policy`).
 - `index`: the shard index of WebDataset shards given directly (`shard_index`, `is_shard_input`,
   `duplicate_rows`) and vltool's cache directory (`default_cache_dir`).
 
@@ -27,7 +27,7 @@ datasets, pyarrow and PIL are imported inside the functions that use them: `vlto
 (through commands/common.py), and importing them costs about a second.
 """
 
-from vltool.io.images import image_size_policy, image_bytes, decode_image, require_a_decodable_image
+from vltool.io.images import image_size_policy, image_bytes, decode_image, decode_pixels, require_a_decodable_image
 from vltool.io.records import read_provenance
 from vltool.io.builtin import ASSETS, BUILTIN_DATASETS, TEST_ONLY_DATASETS
 from vltool.io.locks import (is_main_process, STALE_MARKS, OutputBusy, lock_file, output_scope, hold_output_lock,
@@ -52,7 +52,7 @@ __all__ = [
     "STALE_MARKS", "OutputBusy", "lock_file", "output_scope", "hold_output_lock", "LOCK_HELD_ERRNOS", "refuse_if_busy",
     "clean_stale", "work_dir", "final_of_work_dir", "atomic_output", "replace_path", "atomic_file", "write_json_atomic",
     "save_dataset", "read_provenance", "test_only_origin", "test_only_inputs", "default_cache_dir", "image_size_policy",
-    "image_bytes", "decode_image", "require_a_decodable_image", "SHARD_INDEX_DIR", "SHARD_INDEX_VERSION",
+    "image_bytes", "decode_image", "decode_pixels", "require_a_decodable_image", "SHARD_INDEX_DIR", "SHARD_INDEX_VERSION",
     "SHARD_INDEX_COMMAND", "RESERVED_COLUMNS", "ShardIndex", "is_shard_input", "shard_index", "INDEX_DATA_FILE",
     "INDEX_BATCH", "duplicate_rows",
 ]

@@ -73,6 +73,41 @@ def decode_image(value, rgb: bool = True):
         return None
 
 
+def decode_pixels(value, composite: bool = False):
+    """datasets' undecoded image ({bytes, path}) -> (3,H,W) uint8 RGB tensor, or None when it cannot be
+    decoded (the same bad images as decode_image: size limit included, read from the header first).
+
+    A baseline or progressive JPEG in RGB or grayscale is decoded by torchvision.io.decode_jpeg
+    (libjpeg-turbo, as PIL; no PIL image is made); any other image through PIL, converted to RGB as the
+    model's library converts it: PIL's convert (alpha dropped), or with `composite` transparency composited
+    on white (a Hugging Face model's processor)."""
+    import torch
+    from PIL import Image
+
+    image_size_policy()
+    try:
+        data = image_bytes(value)
+        if data is None:
+            return None
+        im = Image.open(io.BytesIO(data))  # the header only: format, mode, size (and the size limit)
+        if im.format == "JPEG" and im.mode in ("RGB", "L"):
+            from torchvision.io import ImageReadMode, decode_jpeg
+
+            try:
+                return decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
+            except RuntimeError:
+                pass  # what libjpeg-turbo refuses (a truncated file PIL reads to its end, ...): PIL below
+        im.load()
+        if composite and im.mode != "RGB":
+            rgba = im.convert("RGBA")
+            im = Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255)), rgba)
+        from torchvision.transforms.functional import pil_to_tensor
+
+        return pil_to_tensor(im.convert("RGB"))
+    except Exception:
+        return None
+
+
 def require_a_decodable_image(ds, column: str, what: str) -> None:
     """An error before any work when not one image of `column` decodes (every image corrupt, missing or
     too large). Cheap when the data are fine: the scan stops at the first image that decodes."""

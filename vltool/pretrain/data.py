@@ -33,7 +33,7 @@ from vltool.distinct import duplicate
 from vltool.errors import UsageError, VltoolError
 from vltool.io.atomic import atomic_file
 from vltool.io.digests import arrow_column, column_values
-from vltool.io.images import decode_image
+from vltool.io.images import decode_image, decode_pixels
 from vltool.io.index import default_cache_dir, shard_index
 from vltool.io.loading import load_dataset, read_from_disk
 from vltool.io.records import read_provenance
@@ -412,7 +412,9 @@ def row_seed(seed: int, epoch: int, row: int) -> int:
 
 
 class PairDataset:
-    """Item (epoch, row) -> {"row", "id", "image" tensor, "text"}; {"row", "id", "bad": True} for a bad image."""
+    """Item (epoch, row) -> {"row", "id", "image" tensor, "text"}; {"row", "id", "bad": True} for a bad image.
+    `transform` is a vltool.transforms.Pixels (uint8 crops, normalised on the device) or any callable of a
+    PIL image."""
 
     def __init__(self, ds, text_column: str, sampling: str | None, transform, seed: int, load_images: bool = True,
                  captions_per_image: int = 1, templated=None, templates=None, two_views: bool = False):
@@ -428,6 +430,13 @@ class PairDataset:
 
     def __len__(self) -> int:
         return len(self.ds)
+
+    def decode(self, image: dict | None):
+        """A stored image as the transform takes it: a uint8 tensor (vltool.transforms.Pixels that take one),
+        else a PIL image in its own mode (the transform converts it as the model's library does)."""
+        if getattr(self.transform, "takes", "pil") == "tensor":
+            return decode_pixels(image, composite=self.transform.composite)
+        return decode_image(image, rgb=False)
 
     def __getitem__(self, key):
         epoch, row = key
@@ -451,7 +460,7 @@ class PairDataset:
         else:
             out["text"] = random.Random(s).choice(texts) if self.sampling == "random" else texts[0]
         if self.load_images:
-            im = decode_image(image, rgb=False)  # the transform converts it as the model's library does
+            im = self.decode(image)
             if im is None:
                 return {**out, "bad": True}
             g = torch.random.default_generator  # torchvision draws from it; CPU only, unlike torch.manual_seed
@@ -624,6 +633,8 @@ class ShardStream(torch.utils.data.IterableDataset):
     """The sample stream of each data-loader worker, read from the shards: an IterableDataset yielding
     {"stream", "items", "position"} with `items` the next b items of the worker's stream.
 
+    With `collate`, the b items are collated in the worker ("batch" in place of "items").
+
     There are S = processes x max(1, workers) streams; stream s = rank * W + worker. Epoch e of stream s
     reads the shards perm_e[s::S] (perm_e a permutation of all shards seeded by (seed, e)) through a
     shuffle buffer of `buffer` samples seeded by (seed, e, s); a stream goes on into the next epoch when
@@ -633,8 +644,9 @@ class ShardStream(torch.utils.data.IterableDataset):
     """
 
     def __init__(self, shards: Sequence, make_item, text_column: str, world: int, rank: int, sizes: Sequence[int], seed: int,
-                 buffer: int, starts: dict | None = None):
+                 buffer: int, starts: dict | None = None, collate=None):
         super().__init__()
+        self.collate = collate  # set: each sub-batch is collated where it is read (the worker), not by the trainer
         self.shards = [str(p) for p in shards]
         self.make_item, self.text_column = make_item, text_column
         self.world, self.rank, self.sizes, self.seed, self.buffer = world, rank, list(sizes), seed, buffer
@@ -709,17 +721,67 @@ class ShardStream(torch.utils.data.IterableDataset):
                 epoch, n, raw = next(it)
                 items.append(self.item(epoch, raw))
                 position = (epoch, n)
-            yield {"stream": worker, "items": items, "position": position}
+            if self.collate is None:
+                yield {"stream": worker, "items": items, "position": position}
+            else:  # one image tensor and one token tensor cross to the trainer, not a tensor per sample
+                yield {"stream": worker, "batch": self.collate(items), "position": position}
 
 
-def shard_batches(loader, collate: Collate, streams: int, positions: dict):
+def shard_batches(loader, collate: Collate, streams: int, positions: dict, join_tokens=None, pin: bool = False):
     """Micro-batches of a process from its ShardStream loader: the next sub-batch of each of its `streams`
-    streams (the loader takes its workers in turn), collated in stream order. `positions` (stream ->
-    (epoch, samples consumed)) is updated as each micro-batch is taken, which is what a checkpoint saves."""
+    streams (the loader takes its workers in turn), in stream order. Sub-batches collated by their workers
+    are joined (join_batches: one copy of each tensor, into pinned memory with `pin`); items are collated
+    here. `positions` (stream -> (epoch, samples consumed)) is updated as each micro-batch is taken, which is
+    what a checkpoint saves."""
     it = iter(loader)
     while True:
         subs = [next(it) for _ in range(streams)]
         assert [s["stream"] for s in subs] == list(range(streams)), "data-loader workers out of turn"
-        batch = collate([x for s in subs for x in s["items"]])
+        if "batch" in subs[0]:
+            batch = join_batches([s["batch"] for s in subs], join_tokens, pin)
+        else:
+            batch = collate([x for s in subs for x in s["items"]])
         positions.update({s["stream"]: tuple(s["position"]) for s in subs})
         yield batch
+
+
+def loader_options(workers: int, pin: bool) -> dict:
+    """The DataLoader options of the trainer (both kinds of data): `workers` processes, 4 batches each ahead."""
+    return dict(num_workers=workers, pin_memory=pin, persistent_workers=workers > 0, prefetch_factor=4 if workers > 0 else None)
+
+
+def stream_micro_batches(stream: ShardStream, workers: int, tokenizer=None, pin: bool = False, positions: dict | None = None):
+    """The trainer's micro-batches of a ShardStream (built with `collate`): its `workers` DataLoader
+    processes each collate their stream's sub-batches, which shard_batches joins (into pinned memory with
+    `pin`); `positions` receives each stream's position as its micro-batches are taken."""
+    loader = torch.utils.data.DataLoader(stream, batch_size=None, **loader_options(workers, False))  # pinned by the join
+    return shard_batches(loader, stream.collate, len(stream.sizes), {} if positions is None else positions,
+                         join_tokens=getattr(tokenizer, "join", None), pin=pin)
+
+
+def _cat(parts: list, pin: bool):
+    if len(parts) == 1 and not pin:
+        return parts[0]
+    if not pin:
+        return torch.cat(parts)
+    shape = (sum(p.shape[0] for p in parts), *parts[0].shape[1:])
+    return torch.cat(parts, out=torch.empty(shape, dtype=parts[0].dtype, pin_memory=True))
+
+
+def join_batches(parts: list[dict], join_tokens=None, pin: bool = False) -> dict:
+    """Collate's batches of consecutive item lists -> Collate's batch of all the items (the same tensors,
+    concatenated; tokens by `join_tokens`, the tokenizer's join). With `pin` every tensor lands in pinned
+    memory (the copy to the GPU then overlaps the step)."""
+    if len(parts) == 1 and not pin:
+        return parts[0]
+    out = {"rows": _cat([p["rows"] for p in parts], pin), "bad_ids": [i for p in parts for i in p["bad_ids"]],
+           "no_text": sum(p["no_text"] for p in parts), "n": sum(p["n"] for p in parts)}
+    for key in ("images", "images2", "text_rows", "text_index"):
+        have = [p[key] for p in parts if key in p]
+        if have:
+            out[key] = _cat(have, pin)
+    tokens = [p["tokens"] for p in parts if "tokens" in p]
+    if tokens:
+        joined = tokens[0] if len(tokens) == 1 else (join_tokens or torch.cat)(tokens)
+        out["tokens"] = ({k: v.pin_memory() for k, v in joined.items()} if isinstance(joined, dict) else joined.pin_memory()) if pin else joined
+    return out

@@ -54,14 +54,15 @@ from vltool.model.pinning import fingerprint, pinned_spec
 from vltool.pretrain import checkpoint as ckpt
 from vltool.pretrain.config import METRICS_FILE, PLOT_FILE, RUN_FILE, PretrainConfig, RunSpec
 from vltool.pretrain.data import (Collate, PairDataset, ShardData, ShardStream, TrainData, load_shard_data, load_train_data,
-                                  load_unicl_data, make_sampler, shard_batches, shard_samples_index, substreams)
+                                  load_unicl_data, loader_options, make_sampler, shard_samples_index, stream_micro_batches,
+                                  substreams)
 from vltool.pretrain.evaluate import evaluate
 from vltool.pretrain.features import FrozenFeatures, frozen_features, model_inputs
 from vltool.pretrain.logs import MetricsLog, plot_curves
 from vltool.pretrain.objectives import Objective, build_objective, cached_backward
 from vltool.pretrain.optim import GradientSync, apply_freezing, build_optimizer, local_parameters, lr_at, set_train_mode
 from vltool.topology import is_main, launch_token, shutdown_at_exit, warn
-from vltool.transforms import eval_transform, train_transform
+from vltool.transforms import Pixels, eval_transform, train_pixels
 
 
 @dataclass
@@ -90,6 +91,7 @@ class RunState:
     features: FrozenFeatures = field(default_factory=FrozenFeatures)
     dataset: PairDataset | None = None
     collate: Collate | None = None
+    pixels: Pixels | None = None  # the training transform: uint8 crops in the workers, normalised on the device
     log: MetricsLog | None = None
     step: int = 0
     start_step: int = 0
@@ -280,16 +282,15 @@ def setup(spec: RunSpec, run_dir: Path, config: PretrainConfig, *, overwrite: bo
 def train(run: RunState, stop_after_steps: int | None = None) -> bool:
     """Optimizer steps until the end (or `stop_after_steps` of this invocation); True when stopped early."""
     workers = run.config.workers  # a dataset's rows do not depend on it (rows are seeded by (seed, epoch, row))
-    loading = dict(num_workers=workers, pin_memory=run.device.type == "cuda", persistent_workers=workers > 0,
-                   prefetch_factor=4 if workers > 0 else None)
-    if run.streaming:
-        loader = torch.utils.data.DataLoader(run.dataset, batch_size=None, **loading)
-        micro_batches = shard_batches(loader, run.collate, len(run.dataset.sizes), run.data_positions)
+    pin = run.device.type == "cuda"
+    if run.streaming:  # sub-batches collated in the workers, joined straight into pinned memory (not pinned twice)
+        micro_batches = stream_micro_batches(run.dataset, workers, run.tokenizer, pin, run.data_positions)
     else:
         sampler = make_sampler(run.train, run.config, run.accelerator.num_processes, run.accelerator.process_index,
                                run.step * run.config.accum_steps, run.total_steps * run.config.accum_steps)
         loader = torch.utils.data.DataLoader(run.dataset, batch_sampler=sampler, collate_fn=run.collate,
-                                             generator=torch.Generator().manual_seed(run.config.seed), **loading)
+                                             generator=torch.Generator().manual_seed(run.config.seed),
+                                             **loader_options(workers, pin))
         micro_batches = iter(loader)
     stopped = False
     # Adam's second moments of rarely-used rows (token embeddings) decay into denormal floats, which
@@ -361,7 +362,7 @@ def step(run: RunState, batches) -> tuple[dict, float]:
     lr = lr_at(run.step, run.total_steps, config)
     for g in run.optimizer.param_groups:
         g["lr"] = lr
-    micro = [next(batches) for _ in range(config.accum_steps)]
+    micro = [to_device(run, next(batches)) for _ in range(config.accum_steps)]
     for batch in micro:
         run.bad_ids.update(batch["bad_ids"])
     if run.accelerator.num_processes == 1 and sum(b["n"] for b in micro) == 0:  # nothing to compute a loss on
@@ -386,6 +387,15 @@ def step(run: RunState, batches) -> tuple[dict, float]:
     objective.after_step(model)
     run.step += 1
     return {k: v.detach() for k, v in out.items()}, lr
+
+
+def to_device(run: RunState, batch: dict) -> dict:
+    """A batch's images on the training device as the model takes them: uint8 crops copied (non-blocking from
+    pinned memory) and normalised there (vltool.transforms.Pixels.normalise); everything else as it came."""
+    for key in ("images", "images2"):
+        if key in batch and run.pixels is not None:
+            batch[key] = run.pixels.normalise(batch[key].to(run.device, non_blocking=True))
+    return batch
 
 
 def _nothing_to_train_on(run: RunState, micro: list[dict]) -> str:
@@ -652,17 +662,19 @@ def _build_model(run: RunState) -> None:
     if not run.streaming:  # (streamed samples are not known before training: a frozen tower runs every step)
         run.features = frozen_features(run.model, run.tokenizer, run.train, config, run.frozen, run.objective.uses_text,
                                        eval_transform(pp), acc)
+    run.pixels = train_pixels(pp, config.augment)  # uint8 crops in the workers, normalised on the device (to_device)
     pairs = PairDataset(getattr(run.train, "dataset", None), run.train.text_column, config.caption_sampling,
-                        train_transform(pp, config.augment), config.seed, load_images=run.features.image is None,
+                        run.pixels, config.seed, load_images=run.features.image is None,
                         captions_per_image=config.captions_per_image, templated=run.train.templated,
                         templates=run.train.templates, two_views=run.objective.two_views)
-    run.dataset = pairs
-    if run.streaming:
-        run.dataset = ShardStream(run.train.shards, pairs.item, run.train.text_column, acc.num_processes, acc.process_index,
-                                  substreams(config.batch_size, config.workers), config.seed, config.shuffle_buffer)
     text = run.features.text
     run.collate = Collate(run.tokenizer, tokenize=text is None, text_index=text.index if text is not None else None,
                           bad_rows=run.features.bad_rows)
+    run.dataset = pairs
+    if run.streaming:  # each worker collates its stream's share of a micro-batch (shard_batches joins them)
+        run.dataset = ShardStream(run.train.shards, pairs.item, run.train.text_column, acc.num_processes, acc.process_index,
+                                  substreams(config.batch_size, config.workers), config.seed, config.shuffle_buffer,
+                                  collate=run.collate)
     if config.compile:  # after the EMA copy and the frozen features: only the towers' training calls are compiled
         run.model.visual.compile()
         run.model.text.compile()
@@ -720,7 +732,7 @@ def _init_bias(run: RunState) -> None:
     inner = getattr(sampler, "inner", sampler)
     a = config.accum_steps  # a search batch is a global batch: accum_steps micro-batches of every process
     inner.stop = min(config.bias_search_batches * a, sampler.per_epoch)
-    micro = [run.collate([run.dataset[k] for k in keys]) for keys in sampler]
+    micro = [to_device(run, run.collate([run.dataset[k] for k in keys])) for keys in sampler]
     batches = [micro[i : i + a] for i in range(0, len(micro), a)]
     found = run.objective.init_bias(run.model, batches, run.inputs, lambda: _autocast(run))
     run.searched_bias = found.bias

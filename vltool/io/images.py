@@ -73,6 +73,17 @@ def decode_image(value, rgb: bool = True):
         return None
 
 
+def _quiet_torchvision_io() -> None:
+    """torchvision 0.29 warns on every decode_jpeg call that its decoders are deprecated in favour of
+    TorchCodec's; vltool pins torchvision, so the warning says nothing to a user (one filter, appended: the
+    size-limit rule stays first)."""
+    if not any(f[1] is not None and f[1].pattern.startswith(_TV_DEPRECATED) for f in warnings.filters):
+        warnings.filterwarnings("ignore", message=_TV_DEPRECATED, category=DeprecationWarning, append=True)
+
+
+_TV_DEPRECATED = "The image decoding and encoding capabilities of TorchVision"
+
+
 def decode_pixels(value, composite: bool = False):
     """datasets' undecoded image ({bytes, path}) -> (3,H,W) uint8 RGB tensor, or None when it cannot be
     decoded (the same bad images as decode_image: size limit included, read from the header first).
@@ -92,6 +103,8 @@ def decode_pixels(value, composite: bool = False):
         im = Image.open(io.BytesIO(data))  # the header only: format, mode, size (and the size limit)
         if im.format == "JPEG" and im.mode in ("RGB", "L"):
             from torchvision.io import ImageReadMode, decode_jpeg
+
+            _quiet_torchvision_io()
 
             try:
                 return decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)

@@ -1,0 +1,131 @@
+"""The trainer's batches (vltool.pretrain.data; docs/pretrain.md, "The data path"): streamed shards are
+collated in the data-loader workers, each worker's share crossing as one image tensor and one token tensor
+(never a tensor per sample), joined by the trainer into one batch equal to collating every item at once;
+the open files of the trainer do not grow with the batch (batch 1,024 trains under a 256-file limit)."""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from wds_fixtures import make_shards  # noqa: E402
+
+PP = {"size": 16, "mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25], "interpolation": "bicubic", "resize_mode": "shortest"}
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> str:
+    return make_shards(tmp_path_factory.mktemp("wds") / "shards", shards=4, per_shard=12)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from vltool.model.create import ModelSpec, create_model
+
+    return create_model(ModelSpec(arch="vltool-micro"))[1]
+
+
+class MainProcessCollate:
+    """A Collate that fails when called in the process that made it (the trainer's)."""
+
+    def __init__(self, inner):
+        self.inner, self.pid = inner, os.getpid()
+
+    def __call__(self, items):
+        assert os.getpid() != self.pid, "a batch was collated in the training process"
+        return self.inner(items)
+
+
+def _stream(shards, tokenizer, collate, workers, sizes):
+    from vltool.pretrain.data import PairDataset, ShardStream
+    from vltool.shards import expand_shards
+    from vltool.transforms import train_pixels
+
+    pairs = PairDataset(None, "caption", None, train_pixels(PP, "clip"), 0)
+    return ShardStream(expand_shards(shards), pairs.item, "caption", 1, 0, sizes, 0, 5, collate=collate)
+
+
+def _tensors(x) -> list:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, dict):
+        return [t for v in x.values() for t in _tensors(v)]
+    if isinstance(x, (list, tuple)):
+        return [t for v in x for t in _tensors(v)]
+    return []
+
+
+def test_shard_batches_are_collated_in_the_workers(shards, tokenizer):
+    """2 workers: every item list is collated in its worker (the trainer's Collate would fail), and what
+    crosses per worker and micro-batch holds 3 tensors (rows, images, tokens) whatever the batch size."""
+    from vltool.pretrain.data import Collate, shard_batches
+
+    for batch in (4, 8):
+        stream = _stream(shards, tokenizer, MainProcessCollate(Collate(tokenizer)), 2, (batch // 2, batch // 2))
+        loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=2)
+        crossed = []
+        it = iter(loader)
+        for _ in range(4):
+            sub = next(it)
+            assert "items" not in sub and sub["batch"]["images"].dtype == torch.uint8
+            crossed.append(len(_tensors(sub)))
+        assert crossed == [3] * 4
+        got = next(shard_batches(iter(loader), None, 2, {}, join_tokens=tokenizer.join))
+        assert got["images"].shape == (batch, 3, 16, 16) and got["tokens"].shape[0] == batch
+
+
+def test_joined_sub_batches_equal_one_collate_of_all_items(shards, tokenizer):
+    """The trainer's micro-batch (stream_micro_batches, 2 workers) equals Collate over the same items in one
+    call, tensor for tensor; so does the pinned join where CUDA pins (here: unpinned)."""
+    from vltool.pretrain.data import Collate, stream_micro_batches
+
+    collate = Collate(tokenizer)
+    joined = stream_micro_batches(_stream(shards, tokenizer, collate, 2, (3, 2)), 2, tokenizer)
+    plain = _stream(shards, tokenizer, None, 2, (3, 2))  # items, collated here in one call
+    subs = [iter(plain.samples(w, 0)) for w in (0, 1)]
+    for _ in range(5):
+        got = next(joined)
+        items = [plain.item(e, raw) for w, b in ((0, 3), (1, 2)) for e, _, raw in (next(subs[w]) for _ in range(b))]
+        want = collate(items)
+        assert got.keys() == want.keys()
+        for k in want:
+            if isinstance(want[k], torch.Tensor):
+                assert torch.equal(got[k], want[k]), k
+            else:
+                assert got[k] == want[k], k
+
+
+def test_a_hugging_face_tokenizers_join_pads_as_one_call(tmp_path):
+    """Sub-batches padded to their own longest text, joined: what one call on all the texts gives."""
+    from _hf_models import make_hf_clip
+
+    from vltool.model.tokenizer import Tokenizer
+
+    d = make_hf_clip(tmp_path / "clip", context=16)
+    tok = Tokenizer({"type": "hf", "dir": ".", "max_length": 16, "padding": True}, d)
+    a, b = ["a cat", "dog"], ["a much longer caption", "x"]
+    joined, one = tok.join([tok(a), tok(b)]), tok(a + b)
+    assert tok(a)["input_ids"].shape[1] != tok(b)["input_ids"].shape[1]  # the case that needs padding
+    assert joined.keys() == one.keys() and all(torch.equal(joined[k], one[k]) for k in one)
+
+
+def test_a_large_batch_trains_under_a_low_open_file_limit(tmp_path):
+    """Batch 1,024 with 2 workers under `ulimit -n 256`: a tensor per sample crossing from the workers would
+    need over 512 descriptors per micro-batch (the workers then fail with "Too many open files")."""
+    pattern = make_shards(tmp_path / "shards", shards=2, per_shard=520, stats=False)
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+    cmd = [sys.executable, "-m", "vltool", "pretrain", pattern, "--out", str(tmp_path / "run"), "--arch", "vltool-micro",
+           "--steps", "1", "--batch-size", "1024", "--workers", "2", "--no-progress", "--device", "cpu"]
+    r = subprocess.run(cmd, preexec_fn=limit, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (tmp_path / "run" / "model").is_dir()

@@ -360,7 +360,10 @@ def test_workers_default_is_chosen_from_the_machine_and_recorded(tmp_path, monke
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
     assert default_workers("cuda", 16) == 8 - 1  # 64 cores / 8 local processes, less one
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    assert default_workers("cuda", 2) == 8  # at most 8
+    assert default_workers("cuda", 2) == 31  # every core this process may use: 16 (H200, 16 cores) -> 15
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    assert default_workers("cuda", 1) == 15
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
     assert default_workers("cuda", 2) == 0
     data = make_pairs(tmp_path / "d", n=16)

@@ -66,6 +66,7 @@ def runtime(device: Any = None, dtype: str | None = None) -> dict:
         info["cudnn_deterministic"] = bool(torch.backends.cudnn.deterministic)
         info["cudnn_benchmark"] = bool(torch.backends.cudnn.benchmark)
         info["tf32_matmul"] = bool(torch.backends.cuda.matmul.allow_tf32)
+        info["tf32_cudnn"] = bool(torch.backends.cudnn.allow_tf32)
         info["default_dtype"] = str(torch.get_default_dtype()).removeprefix("torch.")
         info["cuda_build"] = torch.version.cuda
         info["cuda_available"] = bool(torch.cuda.is_available())

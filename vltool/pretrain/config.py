@@ -24,7 +24,7 @@ CHECKPOINTS = "checkpoints"
 PLOT_FILE = "loss.png"
 OPTIMIZERS = ("adamw", "sgd")
 DEVICES = ("auto", "cpu", "cuda")
-PRECISIONS = ("no", "bf16", "fp16")
+PRECISIONS = ("auto", "no", "bf16", "fp16")  # auto: bf16 where the device computes it natively, else no (loop.native_precision)
 SCHEDULES = ("cosine", "constant")
 CAPTION_SAMPLING = ("random", "first")
 DATA_FORMATS = ("auto", "hf", "wds")
@@ -96,7 +96,7 @@ class PretrainConfig:
     accum_steps: int = 1
     grad_checkpointing: bool = False
     compile: bool = False
-    precision: str = "no"
+    precision: str = "auto"  # resolved when the run starts (loop.native_precision), then recorded
     seed: int = 0
     # Logging and checkpoints.
     log_every: int = 10
@@ -249,7 +249,7 @@ def _optimisation_problems(c: PretrainConfig) -> list[str]:
     if c.grad_clip_norm is not None and c.grad_clip_norm <= 0:
         problems.append(f"--grad-clip-norm must be > 0, got {c.grad_clip_norm}")
     if c.precision not in PRECISIONS:
-        problems.append(f"--precision {c.precision!r}: use no, bf16 or fp16")
+        problems.append(f"--precision {c.precision!r}: use auto, no, bf16 or fp16")
     if c.eval_every < 0:
         problems.append("--eval-every must be >= 0")
     if c.device not in DEVICES:

@@ -102,7 +102,9 @@ class RunState:
     last_loss: float | None = None
     searched_bias: float | None = None
     had_checkpoint: bool = False
-    window: list = field(default_factory=lambda: [time.perf_counter(), 0])  # (start, samples) of the speed window
+    window: list = field(default_factory=lambda: [time.perf_counter(), 0, 0.0, 0])  # the log window: start, samples, seconds waiting for data, steps
+    precision_note: str | None = None  # --precision auto: what it chose, and why
+    data_bound_warned: bool = False
     train_seconds: float = 0.0
     data_positions: dict = field(default_factory=dict)  # shards: this process's stream -> (epoch, samples consumed)
 
@@ -233,7 +235,10 @@ def setup(spec: RunSpec, run_dir: Path, config: PretrainConfig, *, overwrite: bo
           made: list[Path] | None = None) -> RunState:
     """Processes, data (checked before anything is written), the run directory, the model and objective,
     frozen features, the resume state and the data loader. A new run directory is appended to `made`."""
-    accelerator = _accelerator(config)
+    asked = config.precision
+    accelerator = _accelerator(config)  # (resolves --precision auto)
+    spec.config["precision"] = config.precision
+    _tune_device(accelerator)  # before the run's record, which says what the run does (TF32 included)
     world = accelerator.num_processes
     if config.workers is None:  # chosen once, from this machine, and recorded in run.json (resume uses it)
         config.workers = default_workers(accelerator.device.type, world)
@@ -267,6 +272,7 @@ def setup(spec: RunSpec, run_dir: Path, config: PretrainConfig, *, overwrite: bo
             )
     total = config.steps if config.steps is not None else max(1, int(round((config.epochs or 1) * (per_epoch_micro // config.accum_steps))))
     run = RunState(config, spec, run_dir, accelerator, resumed, train, evald, total, per_epoch_micro)
+    run.precision_note = f"auto: {config.precision} ({_native_reason(accelerator.device)})" if asked == "auto" else None
     if not resumed:
         _start_run_dir(run)
         if made is not None:
@@ -324,7 +330,8 @@ def train(run: RunState, stop_after_steps: int | None = None) -> bool:
 def default_workers(device_type: str, world: int) -> int:
     """--workers when not given: 0 when training on CPU (the model's threads use the cores; decoding in
     the main process costs little next to a CPU step); on GPUs the CPU cores each process of this machine
-    gets, less one for the process itself, at most 8."""
+    may use, less one for the process itself (a GPU at 40% MFU on ViT-B-32 wants ~7,000 images a second:
+    every core it can have)."""
     if device_type == "cpu":
         return 0
     try:
@@ -332,7 +339,7 @@ def default_workers(device_type: str, world: int) -> int:
     except AttributeError:
         cores = os.cpu_count() or 1
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))  # (set by accelerate launch and torchrun)
-    return max(0, min(8, cores // max(local, 1) - 1))
+    return max(0, cores // max(local, 1) - 1)
 
 
 def _keep_freed_memory(keep: bool) -> bool:
@@ -362,7 +369,12 @@ def step(run: RunState, batches) -> tuple[dict, float]:
     lr = lr_at(run.step, run.total_steps, config)
     for g in run.optimizer.param_groups:
         g["lr"] = lr
-    micro = [to_device(run, next(batches)) for _ in range(config.accum_steps)]
+    micro = []
+    for _ in range(config.accum_steps):
+        t = time.perf_counter()
+        batch = next(batches)
+        run.window[2] += time.perf_counter() - t  # the time this step waited for its batches (the data loader)
+        micro.append(to_device(run, batch))
     for batch in micro:
         run.bad_ids.update(batch["bad_ids"])
     if run.accelerator.num_processes == 1 and sum(b["n"] for b in micro) == 0:  # nothing to compute a loss on
@@ -379,6 +391,7 @@ def step(run: RunState, batches) -> tuple[dict, float]:
     run.sync.finish()
     run.samples_seen += n
     run.window[1] += n
+    run.window[3] += 1
     if config.grad_clip_norm is not None:
         run.accelerator.clip_grad_norm_(run.trainable, config.grad_clip_norm)
     run.optimizer.step()
@@ -468,12 +481,15 @@ def _after_step(run: RunState, stats: dict, lr: float) -> None:
         stats = _read_metrics(run)
     if log:
         now = time.perf_counter()
-        sps = run.window[1] / max(now - run.window[0], 1e-9)
-        run.window = [now, 0]
+        wall = max(now - run.window[0], 1e-9)
+        sps, wait, steps = run.window[1] / wall, run.window[2], max(run.window[3], 1)
+        run.window = [now, 0, 0.0, 0]
         scale = round(float(run.model.logit_scale.detach().exp()), 4)
         run.log.write({"kind": "train", "step": step_, "epoch": _epochs(run),
                        "samples": run.samples_seen, **{k: round(v, 6) for k, v in stats.items()}, "lr": lr,
-                       "logit_scale": scale, "samples_per_s": round(sps, 2), "bad_images": len(run.bad_ids)})
+                       "logit_scale": scale, "samples_per_s": round(sps, 2), "bad_images": len(run.bad_ids),
+                       "data_wait_s": round(wait / steps, 6), "data_wait_share": round(min(wait / wall, 1.0), 4)})
+        _warn_if_data_bound(run, step_, wait / wall, steps)
         run.log.progress(step_, f"loss {run.last_loss:.4f}  lr {lr:.2e}  scale {scale:.1f}  {sps:.0f} samples/s")
     run.log.progress(step_)
     if evaluate_:
@@ -481,6 +497,23 @@ def _after_step(run: RunState, stats: dict, lr: float) -> None:
         set_train_mode(run.model)
     if save:
         _save(run)
+
+
+DATA_BOUND_SHARE = 0.2  # a log window that waited this share of its wall time for batches was held back by the loader
+
+
+def _warn_if_data_bound(run: RunState, step_: int, share: float, steps: int) -> None:
+    """One line, once a run, when the data loader held an accelerator back: over DATA_BOUND_SHARE of a log
+    window's time spent waiting for batches (data_wait_share in metrics.jsonl; open_clip logs it as
+    "Data (t)"). Not on CPU, where decoding and the step share the same cores, and not in the first window,
+    which holds the workers' start."""
+    if run.data_bound_warned or run.device.type == "cpu" or step_ <= 1 or share <= DATA_BOUND_SHARE:
+        return
+    run.data_bound_warned = True
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    warn(f"the data loader held the {run.device.type} back: {share:.0%} of the last {steps} step(s)' time was spent waiting "
+         f"for batches (data_wait_share in {METRICS_FILE}); raise --workers (now {run.config.workers}; this process may use "
+         f"{cores} cores), or store the images smaller (JPEGs near the model's input size decode fastest)")
 
 
 def finish(run: RunState, bad_all: set, timer) -> dict:
@@ -537,12 +570,38 @@ def _write_final(run: RunState, final_eval, bad_all: set, timer) -> dict:
 # ---- set-up pieces
 
 
+def native_precision(device_type: str) -> str:
+    """--precision auto: bf16 where the device computes it natively (a CUDA GPU that supports bf16; a CPU with
+    AVX-512 BF16 or AMX), else no (float32). On a CPU without them bf16 is emulated, about 50x slower."""
+    if device_type == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "no"
+    if device_type == "cpu":
+        native = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)() or getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
+        return "bf16" if native else "no"
+    return "no"
+
+
+def _native_reason(device) -> str:
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)} {'computes' if torch.cuda.is_bf16_supported() else 'does not compute'} bf16 natively"
+    return f"CPU capability {torch.backends.cpu.get_cpu_capability()}: bf16 {'native' if native_precision('cpu') == 'bf16' else 'emulated'}"
+
+
+def _tune_device(acc) -> None:
+    """The GPU path: TF32 for float32 matmuls and convolutions (set before the run's record is written)."""
+    if acc.device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+
 def _accelerator(config: PretrainConfig):
     if AcceleratorState._shared_state:  # an earlier run in this process (notebook, tests): new precision allowed
         AcceleratorState._reset_state()
     try:
         if config.device == "cuda" and not torch.cuda.is_available():
             raise UsageError("--device cuda: no GPU is visible to torch")
+        if config.precision == "auto":
+            config.precision = native_precision("cpu" if config.device == "cpu" or not torch.cuda.is_available() else "cuda")
         acc = Accelerator(cpu=config.device == "cpu" or not torch.cuda.is_available(), mixed_precision=config.precision)
     except (ValueError, RuntimeError) as e:
         raise UsageError(f"--precision {config.precision}: {e}") from None
@@ -629,6 +688,8 @@ def _start_run_dir(run: RunState) -> None:
         run.spec.num_processes = acc.num_processes
         run.spec.command_line = provenance.command_line()
         run.spec.runtime = provenance.runtime(acc.device, run_dtype(run.config))
+        if run.precision_note:
+            run.spec.runtime["precision_chosen"] = run.precision_note
         write_json_atomic(run.run_dir / RUN_FILE, asdict(run.spec))
     acc.wait_for_everyone()
 
@@ -647,11 +708,8 @@ def _build_model(run: RunState) -> None:
     if config.sync_bn and acc.num_processes > 1:
         run.model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(run.model)  # keeps BatchNorm's state dict keys
     run.model.to(acc.device)
-    if acc.device.type == "cuda":  # the GPU path: TF32 for float32 matmuls/convolutions, channels_last convolutions
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-        if run.model.convolutional_image_tower():
-            run.model.set_channels_last(True)
+    if acc.device.type == "cuda" and run.model.convolutional_image_tower():  # the GPU path: channels_last convolutions
+        run.model.set_channels_last(True)
     run.math_attention = acc.device.type == "cpu" and config.precision == "bf16" and run.model.attention_length() <= 160
     run.objective.attach(run.model, acc.device)
     run.local_params = local_parameters(run.model)

@@ -512,3 +512,27 @@ def test_truncated_weights_are_one_line_and_leave_nothing_that_blocks_the_rerun(
     WorkDir(tmp_path / "out.partial").open({"command": "recaption", "model": "another"}, restart=False)
     r = cli("recaption", images, "--out", out, "--model", "hf:testorg/tiny-blip", "--num-captions", "1", "--no-progress")
     assert r.exit_code == 0, r.stderr
+
+
+def test_dtype_auto_on_cuda_is_the_models_own_never_float16_by_default(tmp_path, monkeypatch):
+    """--dtype auto (issue 51): float32 on CPU; on CUDA a bf16-saved model in bf16 (float16 overflows it), a
+    float16-saved one in float16, a float32-saved one in bf16 where the GPU computes it, else float32."""
+    import json
+
+    import torch
+
+    from vltool.recaption import resolve_dtype
+
+    def model(name, dtype, key="torch_dtype", nested=False):
+        d = tmp_path / name
+        d.mkdir()
+        cfg = {"text_config": {key: dtype}} if nested else {key: dtype}
+        (d / "config.json").write_text(json.dumps(cfg))
+        return d
+
+    bf, fp16, fp32 = model("bf", "bfloat16"), model("h", "float16", key="dtype"), model("f", "float32", nested=True)
+    assert resolve_dtype("auto", "cpu", bf) == torch.float32
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert [resolve_dtype("auto", "cuda", m) for m in (bf, fp16, fp32, tmp_path / "none")] == [torch.bfloat16, torch.float16, torch.bfloat16, torch.bfloat16]
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    assert resolve_dtype("auto", "cuda:0", fp32) == torch.float32 and resolve_dtype("float16", "cuda", bf) == torch.float16

@@ -304,10 +304,32 @@ def resolve_device(device: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def resolve_dtype(dtype: str, device: str):
-    if dtype == "auto":
-        return torch.float16 if device.startswith("cuda") else torch.float32
-    return getattr(torch, dtype)
+def saved_dtype(path) -> str | None:
+    """The dtype a model directory's config.json says its weights were saved in ("dtype", or transformers'
+    older "torch_dtype", at the top or in its text config), or None."""
+    try:
+        config = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError, TypeError):
+        return None
+    for part in (config, config.get("text_config") or {}):
+        for key in ("dtype", "torch_dtype"):
+            if isinstance(part.get(key), str):
+                return part[key]
+    return None
+
+
+def resolve_dtype(dtype: str, device: str, model_path=None):
+    """--dtype auto: float32 on CPU. On CUDA the model's own half precision when it was saved in one
+    (bfloat16 stays bfloat16: a bf16-trained model overflows in float16), else bfloat16 where the GPU
+    computes it, else float32; never float16 unless the model was saved in it."""
+    if dtype != "auto":
+        return getattr(torch, dtype)
+    if not device.startswith("cuda"):
+        return torch.float32
+    own = saved_dtype(model_path) if model_path is not None else None
+    if own in ("bfloat16", "float16"):
+        return getattr(torch, own)
+    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
 
 
 class _Quiet:
@@ -423,7 +445,7 @@ def load_generator(info: dict, config: RecaptionConfig, device: str) -> Generato
     """Load the model directory described by `inspect_model` with its processor or tokenizer."""
     path, kind = info["path"], info["kind"]
     shown = info.get("shown", path)
-    dtype = resolve_dtype(config.dtype, device)
+    dtype = resolve_dtype(config.dtype, device, path)
     opt = "--lm" if config.paraphrase else "--model"
     settings = config.settings()
     with _Quiet():
@@ -949,7 +971,7 @@ def write_output(job: Job, generated: list[list[str]], config: RecaptionConfig, 
         "generation": job.settings,
         "model": job.info,
         "device": dist.device,
-        "dtype": str(resolve_dtype(config.dtype, dist.device)).replace("torch.", ""),
+        "dtype": str(resolve_dtype(config.dtype, dist.device, job.info.get("path"))).replace("torch.", ""),
         "num_processes": dist.world,
         "shards": job.num_shards,
         "shards_done_before_this_run": done_before,

@@ -85,7 +85,7 @@ def recaption_command(
     max_shards: Annotated[Optional[int], typer.Option("--max-shards", min=1, help="Stop after this many new shards; rerun to continue.")] = None,
     restart: Annotated[bool, typer.Option("--restart", help="Discard unfinished work in OUT.partial instead of resuming.")] = False,
     device: Annotated[str, typer.Option("--device", help="auto (cuda if available; under accelerate, the process's device), cpu, cuda, cuda:N or mps.")] = "auto",
-    dtype: Annotated[str, typer.Option("--dtype", help="The model's weights: auto (float16 on cuda, float32 on cpu), float32, float16, bfloat16.")] = "auto",
+    dtype: Annotated[str, typer.Option("--dtype", help="The model's weights: auto (float32 on cpu; on cuda the model's own bfloat16/float16 when saved so, else bfloat16 where the GPU computes it, else float32), float32, float16, bfloat16.")] = "auto",
     where: WhereOpt = None,
     split: SplitOpt = None,
     seed: SeedOpt = 0,

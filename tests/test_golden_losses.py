@@ -25,6 +25,10 @@ _spec.loader.exec_module(gl)
 
 GOLDEN = json.loads((REPO / "tests" / "golden" / "losses.json").read_text())
 REL = 1e-5
+# sigmoid-bias-search's loss more than doubles in its first two steps (lr 1e-3 from the searched bias), which
+# amplifies float32 rounding: on an AMD EPYC with AVX2 its losses are up to 1.3e-5 (relative) from the goldens,
+# made on another CPU, while every other variant agrees to 1e-6. A change of arithmetic moves it by far more.
+REL_OF = {"sigmoid-bias-search": 5e-5}
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +53,7 @@ def test_goldens_cover_every_variant():
 @pytest.mark.parametrize("name", list(gl.VARIANTS))
 def test_losses_match_golden(name, fresh):
     got = fresh(name)
-    assert got["losses"] == pytest.approx(GOLDEN["losses"][name], rel=REL), name
+    assert got["losses"] == pytest.approx(GOLDEN["losses"][name], rel=REL_OF.get(name, REL)), name
     assert len(set(got["losses"])) > 1, f"{name}: the loss does not move between steps"
     if name in GOLDEN["searched_logit_bias"]:
         assert got["logit_bias"] == pytest.approx(GOLDEN["searched_logit_bias"][name], abs=1e-6)

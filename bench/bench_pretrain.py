@@ -3,10 +3,15 @@ and the memory that gradient checkpointing saves (`--memory`).
 
 Both trainers train the same architecture (`vltool-small` by default: a 6-layer, 256-wide ViT at 64 px
 with a 6-layer, 256-wide text transformer, written once as an open_clip `local-dir:` config so open_clip's
-trainer builds exactly the same model), with the same batch size, precision (bf16 autocast), data (the
-emoji train rows: PNG files and a CSV for open_clip, the saved dataset for vltool), augmentation (random
-resized crop 0.9-1), AdamW and data-loader workers, on the same device: a CUDA GPU when torch sees one
-(both trainers pick it), else the CPU. Runs alternate (vltool, open_clip, vltool, ...). Each run's
+trainer builds exactly the same model), with the same batch size, precision (`--precision`, default auto:
+bf16 autocast where the device computes bf16 natively, else float32, as `vltool pretrain --precision auto`
+chooses; bf16 emulated on a CPU without AVX-512 BF16/AMX is ~50x slower and is never measured by default),
+data (the emoji train rows: PNG files and a CSV for open_clip, the saved dataset for vltool; or, with
+`--data DIR`, JPEG shards in img2dataset's layout, which both trainers stream: bench/photo_shards.py builds
+them from photographs), augmentation (random resized crop 0.9-1), AdamW and data-loader workers, on the same
+device: a CUDA GPU when torch sees one (both trainers pick it), else the CPU. `--profile` adds one more vltool
+run under torch.profiler and prints its top device kernels; every vltool run reports the share of its wall time
+its steps waited for batches (metrics.jsonl's data_wait_share). Runs alternate (vltool, open_clip, vltool, ...). Each run's
 throughput is the median over its steps after the first `--skip` of per-step samples/s (open_clip's
 `--log-every-n-steps 1` lines, vltool's metrics.jsonl with `--log-every 1`); the script prints the median
 over runs of each, their ratio, and the model FLOP utilisation (MFU) of each: model FLOP/s achieved as a
@@ -25,6 +30,7 @@ Needs (benchmark only): pip install webdataset braceexpand  (open_clip_train imp
     python bench/bench_pretrain.py                 # defaults: vltool-small, batch 64, 30 steps, 3 runs each
     python bench/bench_pretrain.py --arch vltool-tiny --batch-size 32 --steps 20 --runs 2
     python bench/bench_pretrain.py --memory --memory-budget-gb 4
+    python bench/bench_pretrain.py --arch ViT-B-32 --data /path/to/shards --batch-size 256 --workers 14 --steps 200 --profile
 """
 
 from __future__ import annotations
@@ -56,14 +62,15 @@ def device_name(device) -> str:
     return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads)"
 
 
-def matmul_peak_bf16(device, seconds: float = 3.0) -> float:
-    """Best measured FLOP/s of an (n x n) @ (n x n) bf16 matrix multiply on `device` (n = 8192 on a GPU,
-    1024 on a CPU)."""
+def matmul_peak_bf16(device, seconds: float = 3.0, dtype=None) -> float:
+    """Best measured FLOP/s of an (n x n) @ (n x n) matrix multiply in `dtype` (bf16 unless given) on `device`
+    (n = 8192 on a GPU, 1024 on a CPU)."""
     import torch
 
+    dtype = dtype or torch.bfloat16
     n = 8192 if device.type == "cuda" else 1024
-    a = torch.randn(n, n, dtype=torch.bfloat16, device=device)
-    b = torch.randn(n, n, dtype=torch.bfloat16, device=device)
+    a = torch.randn(n, n, dtype=dtype, device=device)
+    b = torch.randn(n, n, dtype=dtype, device=device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     for _ in range(3):
         a @ b
@@ -80,8 +87,8 @@ def matmul_peak_bf16(device, seconds: float = 3.0) -> float:
     return best
 
 
-def flops_per_sample(arch: str, batch: int, device) -> float:
-    """Model FLOPs of one training sample (forward + backward, loss included) under bf16 autocast."""
+def flops_per_sample(arch: str, batch: int, device, bf16: bool = True) -> float:
+    """Model FLOPs of one training sample (forward + backward, loss included), under bf16 autocast or not."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -93,7 +100,7 @@ def flops_per_sample(arch: str, batch: int, device) -> float:
     size = model.config["preprocess"]["size"]
     x = torch.randn(batch, 3, size, size, device=device)
     t = to_device(tok(["a grinning face with big eyes"] * batch), device)
-    with FlopCounterMode(display=False) as fc, torch.autocast(device.type, dtype=torch.bfloat16):
+    with FlopCounterMode(display=False) as fc, torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
         img, txt = model(x, t)
         loss = ClipLoss()(LossInput(img, txt, model.logit_scale.exp()))["loss"]
         loss.backward()
@@ -135,25 +142,77 @@ def median_after(values: list[float], skip: int) -> float:
     return statistics.median(v)
 
 
-def run_vltool(data: str, out: Path, args) -> float:
-    cmd = [
-        sys.executable, "-m", "vltool", "pretrain", data, "--out", str(out), "--overwrite", "--arch", args.arch,
-        "--batch-size", str(args.batch_size), "--steps", str(args.steps), "--precision", "bf16", "--augment", "clip",
+def vltool_command(data: str, out: Path, args) -> list[str]:
+    return [
+        "pretrain", data, "--out", str(out), "--overwrite", "--arch", args.arch,
+        "--batch-size", str(args.batch_size), "--steps", str(args.steps), "--precision", args.precision, "--augment", "clip",
         "--lr", "5e-4", "--weight-decay", "0.1", "--workers", str(args.workers), "--log-every", "1",
         "--checkpoint-every", str(10**9), "--no-progress", "--seed", "0", *args.vltool_args.split(),
     ]
+
+
+def run_vltool(data: str, out: Path, args, waits: list | None = None) -> float:
+    cmd = [sys.executable, "-m", "vltool", *vltool_command(data, out, args)]
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     if r.returncode != 0:
         raise SystemExit(f"vltool failed:\n{r.stderr[-3000:]}")
-    sps = [m["samples_per_s"] for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if m["kind"] == "train"]
-    return median_after(sps, args.skip)
+    train = [m for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if m["kind"] == "train"]
+    if waits is not None:
+        waits.append(median_after([m.get("data_wait_share", 0.0) for m in train], args.skip))
+    return median_after([m["samples_per_s"] for m in train], args.skip)
 
 
-def run_open_clip(csv_path: Path, oc_dir: Path, logs: Path, args) -> float:
+def profile_vltool(data: str, out: Path, args, rows: int = 15) -> None:
+    """One more vltool run in this process under torch.profiler: its top kernels by self device time (CPU
+    time on a CPU), printed."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from vltool.cli import app
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=acts) as prof:
+        try:
+            app(vltool_command(data, out, args), standalone_mode=False)
+        except SystemExit:
+            pass
+    key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+    print(f"top {rows} kernels of one vltool run by {key}:")
+    print(prof.key_averages().table(sort_by=key, row_limit=rows))
+
+
+def shard_pattern(folder: Path) -> tuple[str, int]:
+    """A folder of img2dataset shards -> (brace pattern of its .tar files, their samples: *_stats.json's successes
+    when every shard has one, else counted)."""
+    import tarfile
+
+    tars = sorted(folder.glob("*.tar"))
+    if not tars:
+        raise SystemExit(f"--data {folder}: no .tar shards in it (build some with bench/photo_shards.py)")
+    stems = [t.stem for t in tars]
+    width = len(stems[0])
+    if not all(s.isdigit() and len(s) == width for s in stems) or [int(s) for s in stems] != list(range(int(stems[0]), int(stems[0]) + len(stems))):
+        raise SystemExit(f"--data {folder}: shards must be numbered consecutively (00000.tar, 00001.tar, ...)")
+    stats = [folder / f"{s}_stats.json" for s in stems]
+    if all(p.is_file() for p in stats):
+        n = sum(json.loads(p.read_text()).get("successes", 0) for p in stats)
+    else:
+        n = 0
+        for t in tars:
+            with tarfile.open(t) as tar:
+                n += sum(1 for m in tar.getmembers() if m.name.endswith((".jpg", ".jpeg", ".png", ".webp")))
+    return str(folder / f"{{{stems[0]}..{stems[-1]}}}.tar"), n
+
+
+def run_open_clip(csv_path, oc_dir: Path, logs: Path, args) -> float:
+    data = ["--dataset-type", "csv", "--train-data", str(csv_path), "--csv-img-key", "filepath", "--csv-caption-key", "title",
+            "--csv-separator", ","]
+    if args.data:  # the same shards, streamed by open_clip's webdataset pipeline
+        pattern, n = shard_pattern(Path(args.data))
+        data = ["--dataset-type", "webdataset", "--train-data", pattern, "--train-num-samples", str(min(n, args.batch_size * args.steps))]
     cmd = [
-        sys.executable, "-m", "open_clip_train.main", "--model", f"local-dir:{oc_dir}", "--dataset-type", "csv",
-        "--train-data", str(csv_path), "--csv-img-key", "filepath", "--csv-caption-key", "title",
-        "--csv-separator", ",", "--batch-size", str(args.batch_size), "--precision", "amp_bf16", "--epochs", "1",
+        sys.executable, "-m", "open_clip_train.main", "--model", f"local-dir:{oc_dir}", *data,
+        "--batch-size", str(args.batch_size), "--precision", "amp_bf16" if args.precision == "bf16" else "fp32", "--epochs", "1",
         "--workers", str(args.workers), "--lr", "5e-4", "--wd", "0.1", "--warmup", "0", "--log-every-n-steps", "1",
         "--save-frequency", "0", "--logs", str(logs), "--name", f"run{time.time_ns()}", "--seed", "0",
         "--report-to", "",
@@ -241,10 +300,18 @@ def main() -> None:
     ap.add_argument("--vltool-args", default="", help="extra options of vltool's runs only, e.g. '--compile'")
     ap.add_argument("--memory", action="store_true", help="measure activation memory with and without --grad-checkpointing instead")
     ap.add_argument("--memory-budget-gb", type=float, default=4.0, help="--memory: the budget the largest batch must fit")
+    ap.add_argument("--precision", default="auto", choices=["auto", "no", "bf16"],
+                    help="both trainers' precision; auto: bf16 where the device computes it natively, else no (float32)")
+    ap.add_argument("--data", help="a folder of JPEG shards in img2dataset's layout (bench/photo_shards.py) to stream, for both trainers")
+    ap.add_argument("--profile", action="store_true", help="one more vltool run under torch.profiler: its top kernels")
     args = ap.parse_args()
     import torch
 
+    from vltool.pretrain.loop import native_precision
+
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if args.precision == "auto":
+        args.precision = native_precision(device.type)
     if args.memory:
         memory(args, device)
         return
@@ -257,25 +324,32 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench_pretrain_"))
     try:
         data, csv_path, oc_dir = prepare(work, args.arch, args.batch_size * args.steps)
-        print(f"arch {args.arch}, batch {args.batch_size}, {args.steps} steps, bf16, {args.workers} workers, "
+        if args.data:
+            data = shard_pattern(Path(args.data))[0]
+        print(f"arch {args.arch}, batch {args.batch_size}, {args.steps} steps, precision {args.precision}, {args.workers} workers, "
+              f"data {args.data or 'emoji train rows (PNG)'}, "
               f"device {device_name(device)}, {args.runs} alternating runs each after {args.warmup_runs} warm-up"
               + (f"; vltool with {args.vltool_args}" if args.vltool_args else ""), flush=True)
         for _ in range(args.warmup_runs):  # the first run of a trainer pays for cold caches: not measured
             run_vltool(data, work / "vl_run", args)
             run_open_clip(csv_path, oc_dir, work / "oc_logs", args)
-        vl, oc = [], []
+        vl, oc, waits = [], [], []
         for k in range(args.runs):
-            vl.append(run_vltool(data, work / "vl_run", args))
-            print(f"  run {k + 1}: vltool    {vl[-1]:8.1f} samples/s", flush=True)
+            vl.append(run_vltool(data, work / "vl_run", args, waits))
+            print(f"  run {k + 1}: vltool    {vl[-1]:8.1f} samples/s  (waiting for data {100 * waits[-1]:4.1f}% of the time)", flush=True)
             oc.append(run_open_clip(csv_path, oc_dir, work / "oc_logs", args))
             print(f"  run {k + 1}: open_clip {oc[-1]:8.1f} samples/s", flush=True)
-        fps = flops_per_sample(args.arch, args.batch_size, device)
-        peak = matmul_peak_bf16(device)
+        bf16 = args.precision == "bf16"
+        fps = flops_per_sample(args.arch, args.batch_size, device, bf16)
+        peak = matmul_peak_bf16(device, dtype=torch.bfloat16 if bf16 else torch.float32)
         mv, mo = statistics.median(vl), statistics.median(oc)
         print(f"vltool pretrain     median {mv:8.1f} samples/s  {mv * fps / 1e9:9.1f} GFLOP/s  MFU {100 * mv * fps / peak:5.1f}%")
         print(f"open_clip_train     median {mo:8.1f} samples/s  {mo * fps / 1e9:9.1f} GFLOP/s  MFU {100 * mo * fps / peak:5.1f}%")
         print(f"ratio vltool / open_clip: {mv / mo:.3f}")
-        print(f"model: {fps / 1e9:.3f} GFLOP per training sample; measured bf16 matmul peak {peak / 1e9:.1f} GFLOP/s")
+        print(f"model: {fps / 1e9:.3f} GFLOP per training sample; measured {'bf16' if bf16 else 'float32'} matmul peak {peak / 1e9:.1f} GFLOP/s")
+        print(f"vltool's steps waited for data {100 * statistics.median(waits):.1f}% of their wall time (median over runs)")
+        if args.profile:
+            profile_vltool(data, work / "vl_profile", args)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -26,11 +26,9 @@ median over the rounds):
    warm-up batch; at each --sizes short side. Ratio vltool / open_clip (target >= 2.5x).
 2. main-process CPU per image (ms): 2 data-loader workers; the main process's own CPU time
    (time.process_time counts only its threads, not the workers') per image taken from the loader, at
-   the first size. Target: vltool's <= open_clip's (about 0.2 ms). vltool's row includes its join of the
-   workers' sub-batches into one batch (a copy; into pinned memory on a GPU, where it stands for the
-   pinning), shown apart by timing vltool.pretrain.data.join_batches from here; the other pipelines' batches
-   are not touched by the main process here (on a GPU their copy to the device, of float32 pixels, would
-   add to their row).
+   the first size. Target: vltool's <= open_clip's (about 0.2 ms). Each vltool worker builds whole
+   micro-batches in turn, so the main process only receives them (on a GPU the DataLoader's pin thread
+   then copies each into pinned memory, for every pipeline alike: uint8 for vltool, float32 for the others).
 3. open file descriptors of the main process (len(os.listdir('/proc/self/fd'))) and of its workers while
    vltool's loader runs with 2 workers at batch 64 and at batch 512: they should not grow with the batch.
 
@@ -108,15 +106,14 @@ class VltoolPipe:
         self.pp, self.tokenizer = clip_preprocess()
         assert self.pp["size"] == SIZE, self.pp
         self.pixels = train_pixels(self.pp, "clip")
-        self.joined = [0.0]
-        _time_joins(self.joined)
+        self.joined = []  # the trainer joins nothing now (each worker builds whole micro-batches); _time_joins is kept for older trees
 
     def run(self, shards, batch: int, workers: int) -> Run:
-        from vltool.pretrain.data import Collate, PairDataset, ShardStream, stream_micro_batches, substreams
+        from vltool.pretrain.data import Collate, PairDataset, ShardStream, stream_micro_batches
 
         text_column = "caption"  # vltool.shards.sample_text: an img2dataset shard's txt member
         pairs = PairDataset(None, text_column, None, self.pixels, SEED)
-        stream = ShardStream(shards, pairs.item, text_column, 1, 0, substreams(batch, workers), SEED, 2000,
+        stream = ShardStream(shards, pairs.item, text_column, 1, 0, [batch] * max(1, workers), SEED, 2000,
                              collate=Collate(self.tokenizer))
         gen = stream_micro_batches(stream, workers, self.tokenizer, pin=False)
         return Run(gen, lambda b: b["n"], gen.close, normalise=lambda b: self.pixels.normalise(b["images"]),

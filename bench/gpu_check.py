@@ -291,7 +291,7 @@ def stage_pinned(check: Check, shards: Path) -> dict:
     import torch
 
     from vltool.model.create import ModelSpec, create_model
-    from vltool.pretrain.data import Collate, PairDataset, ShardStream, stream_micro_batches, substreams
+    from vltool.pretrain.data import Collate, PairDataset, ShardStream, stream_micro_batches
     from vltool.transforms import train_pixels
 
     cuda = torch.cuda.is_available() and not check.dry
@@ -300,7 +300,7 @@ def stage_pinned(check: Check, shards: Path) -> dict:
     pixels = train_pixels(pp, "clip")
     pairs = PairDataset(None, "caption", None, pixels, 0)
     paths = sorted(str(p) for p in Path(shards).glob("*.tar"))
-    stream = ShardStream(paths, pairs.item, "caption", 1, 0, substreams(64, 2), 0, 100, collate=Collate(tok))
+    stream = ShardStream(paths, pairs.item, "caption", 1, 0, [64, 64], 0, 100, collate=Collate(tok))
     batch = next(stream_micro_batches(stream, 2, tok, pin=cuda))
     x = batch["images"]
     out = {"dtype": str(x.dtype), "shape": list(x.shape), "pinned": bool(x.is_pinned()) if cuda else None}

@@ -1,7 +1,7 @@
-"""The trainer's batches (vltool.pretrain.data; docs/pretrain.md, "The data path"): streamed shards are
-collated in the data-loader workers, each worker's share crossing as one image tensor and one token tensor
-(never a tensor per sample), joined by the trainer into one batch equal to collating every item at once;
-the open files of the trainer do not grow with the batch (batch 1,024 trains under a 256-file limit)."""
+"""The trainer's batches (vltool.pretrain.data; docs/pretrain.md, "The data path"): with streamed shards each
+data-loader worker builds whole micro-batches in turn, collated where they are read, and each crosses as one
+image tensor and one token tensor (never a tensor per sample); the trainer neither collates nor copies; the
+open files of the trainer do not grow with the batch (batch 1,024 trains under a 256-file limit)."""
 
 from __future__ import annotations
 
@@ -63,43 +63,45 @@ def _tensors(x) -> list:
 
 
 def test_shard_batches_are_collated_in_the_workers(shards, tokenizer):
-    """2 workers: every item list is collated in its worker (the trainer's Collate would fail), and what
-    crosses per worker and micro-batch holds 3 tensors (rows, images, tokens) whatever the batch size."""
-    from vltool.pretrain.data import Collate, shard_batches
+    """2 workers: every micro-batch is collated in its worker (the trainer's Collate would fail), and what
+    crosses per micro-batch holds 3 tensors (rows, images, tokens) whatever the batch size."""
+    from vltool.pretrain.data import Collate, stream_micro_batches
 
     for batch in (4, 8):
-        stream = _stream(shards, tokenizer, MainProcessCollate(Collate(tokenizer)), 2, (batch // 2, batch // 2))
+        stream = _stream(shards, tokenizer, MainProcessCollate(Collate(tokenizer)), 2, (batch, batch))
         loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=2)
-        crossed = []
         it = iter(loader)
         for _ in range(4):
             sub = next(it)
             assert "items" not in sub and sub["batch"]["images"].dtype == torch.uint8
-            crossed.append(len(_tensors(sub)))
-        assert crossed == [3] * 4
-        got = next(shard_batches(iter(loader), None, 2, {}, join_tokens=tokenizer.join))
+            assert len(_tensors(sub)) == 3
+        got = next(stream_micro_batches(stream, 2, tokenizer))
         assert got["images"].shape == (batch, 3, 16, 16) and got["tokens"].shape[0] == batch
 
 
-def test_joined_sub_batches_equal_one_collate_of_all_items(shards, tokenizer):
-    """The trainer's micro-batch (stream_micro_batches, 2 workers) equals Collate over the same items in one
-    call, tensor for tensor; so does the pinned join where CUDA pins (here: unpinned)."""
+def test_micro_batches_are_whole_batches_of_each_worker_in_turn(shards, tokenizer):
+    """The trainer's micro-batch j (stream_micro_batches, 2 workers) is worker j mod 2's next 4 samples,
+    collated as Collate collates them in one call, tensor for tensor; with `rotate` 1 (a resume whose next
+    turn is worker 1's) the first one is worker 1's."""
     from vltool.pretrain.data import Collate, stream_micro_batches
 
     collate = Collate(tokenizer)
-    joined = stream_micro_batches(_stream(shards, tokenizer, collate, 2, (3, 2)), 2, tokenizer)
-    plain = _stream(shards, tokenizer, None, 2, (3, 2))  # items, collated here in one call
-    subs = [iter(plain.samples(w, 0)) for w in (0, 1)]
-    for _ in range(5):
-        got = next(joined)
-        items = [plain.item(e, raw) for w, b in ((0, 3), (1, 2)) for e, _, raw in (next(subs[w]) for _ in range(b))]
-        want = collate(items)
-        assert got.keys() == want.keys()
-        for k in want:
-            if isinstance(want[k], torch.Tensor):
-                assert torch.equal(got[k], want[k]), k
-            else:
-                assert got[k] == want[k], k
+    for rotate in (0, 1):
+        made = _stream(shards, tokenizer, collate, 2, (4, 4))
+        made.rotate = rotate
+        positions = {}
+        got_all = stream_micro_batches(made, 2, tokenizer, positions=positions)
+        plain = _stream(shards, tokenizer, None, 2, (4, 4))  # items, collated here
+        subs = [iter(plain.samples(plain.stream_of(w), 0)) for w in (0, 1)]
+        for j in range(5):
+            got = next(got_all)
+            w = (rotate + j) % 2
+            items = [plain.item(e, raw) for e, _, raw in (next(subs[w]) for _ in range(4))]
+            want = collate(items)
+            assert got.keys() == want.keys()
+            for k in want:
+                assert torch.equal(got[k], want[k]) if isinstance(want[k], torch.Tensor) else got[k] == want[k], (rotate, j, k)
+            assert positions[w] == (0, 4 * (j // 2 + (1 if w == rotate or j % 2 else 0)))
 
 
 def test_a_hugging_face_tokenizers_join_pads_as_one_call(tmp_path):

@@ -46,7 +46,7 @@ def stream(pattern, world=1, rank=0, sizes=(4,), seed=0, buffer=5, starts=None):
 
 def take(s, worker, n):
     """The first n (epoch, id) of a stream's samples."""
-    return [(e, raw[2]) for (e, _, raw), _ in zip(s.samples(s.rank * len(s.sizes) + worker, *s.starts.get(worker, (0, 0))), range(n))]
+    return [(e, raw[2]) for (e, _, raw), _ in zip(s.samples(s.stream_of(worker), *s.starts.get(worker, (0, 0))), range(n))]
 
 
 def test_shard_patterns_and_counts(shards, tmp_path):
@@ -129,14 +129,15 @@ def test_resume_equals_uninterrupted_bitwise(tmp_path, shards):
 
 
 def test_resume_with_workers_equals_uninterrupted(tmp_path, shards):
-    """2 data-loader workers (2 streams of 4 samples per micro-batch): resume equals the uninterrupted run."""
+    """2 data-loader workers (2 streams, each giving whole micro-batches of 8 in turn): stopped after 3 steps
+    (the next turn is worker 1's), resume equals the uninterrupted run."""
     from vltool.pretrain import pretrain
 
     cfg = micro(steps=7, workers=2, shuffle_buffer=3)
     pretrain([shards], tmp_path / "full", cfg, progress=False)
-    pretrain([shards], tmp_path / "part", cfg, stop_after_steps=4, progress=False)
-    saved = json.loads((tmp_path / "part" / "checkpoints" / "step_00000004" / "data_0.json").read_text())
-    assert saved == {"streams": {"0": [0, 16], "1": [0, 16]}}
+    pretrain([shards], tmp_path / "part", cfg, stop_after_steps=3, progress=False)
+    saved = json.loads((tmp_path / "part" / "checkpoints" / "step_00000003" / "data_0.json").read_text())
+    assert saved == {"streams": {"0": [0, 16], "1": [0, 8]}}
     pretrain(resume=tmp_path / "part", progress=False)
     a, b = weights(tmp_path / "full"), weights(tmp_path / "part")
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -248,9 +249,9 @@ LAUNCH_SCRIPT = textwrap.dedent(
     torch.set_num_threads(1)
     from vltool.pretrain import PretrainConfig, pretrain
 
-    data, out, batch, workers, stop = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+    data, out, batch, workers, stop, accum = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
     cfg = PretrainConfig(arch="vltool-micro", batch_size=batch, workers=workers, steps=8, optimizer="sgd", lr=0.05,
-                         log_every=1, augment="clip", shuffle_buffer=5)
+                         log_every=1, augment="clip", shuffle_buffer=5, accum_steps=accum)
     pretrain([data], out + "/full", cfg, progress=False)
     if stop:
         pretrain([data], out + "/part", cfg, stop_after_steps=stop, progress=False)
@@ -259,30 +260,31 @@ LAUNCH_SCRIPT = textwrap.dedent(
 )
 
 
-def _launch(tmp_path, shards, nproc, batch, workers, stop) -> Path:
+def _launch(tmp_path, shards, nproc, batch, workers, stop, accum=1) -> Path:
     script = tmp_path / "wds_run.py"
     script.write_text(LAUNCH_SCRIPT)
     out = tmp_path / f"p{nproc}"
     out.mkdir()
-    launch([script, shards, out, batch, workers, stop], nproc, timeout=600, in_process=False)
+    launch([script, shards, out, batch, workers, stop, accum], nproc, timeout=600, in_process=False)
     return out
 
 
 @pytest.mark.slow
 def test_two_processes_equal_one_with_two_streams_and_resume_exactly(tmp_path, shards):
-    """2 processes x batch 4 (streams 0 and 1, one per process) train as 1 process x batch 8 with 2 workers
-    (streams 0 and 1, one per worker): the same global batches in the same order. In 2 processes, a run
-    stopped after 3 steps and resumed equals the uninterrupted one."""
-    one = _launch(tmp_path, shards, 1, batch=8, workers=2, stop=0)
-    two = _launch(tmp_path, shards, 2, batch=4, workers=0, stop=3)
+    """2 processes x 2 workers x batch 4 (streams worker x 2 + rank: each turn's two micro-batches are streams
+    0 and 1, then 2 and 3) train as 1 process x 4 workers x batch 4 x --accum-steps 2 (streams 0, 1, 2, 3 in
+    turn, two a step): the same global batches in the same order. In 2 processes, a run stopped after 3 steps
+    (the next turn is worker 1's) and resumed equals the uninterrupted one."""
+    one = _launch(tmp_path, shards, 1, batch=4, workers=4, stop=0, accum=2)
+    two = _launch(tmp_path, shards, 2, batch=4, workers=2, stop=3)
     np.testing.assert_allclose([m["loss"] for m in metrics(two / "full")], [m["loss"] for m in metrics(one / "full")], rtol=1e-5)
     a, b = weights(one / "full"), weights(two / "full")
     for k in a:
         torch.testing.assert_close(b[k], a[k], atol=1e-5, rtol=1e-5, msg=k)
     c = weights(two / "part")
     assert all(torch.equal(b[k], c[k]) for k in b)
-    for rank in range(2):
+    for rank in range(2):  # 3 micro-batches of 4: worker 0 gave two, worker 1 one
         saved = json.loads((two / "part" / "checkpoints" / "step_00000003" / f"data_{rank}.json").read_text())
-        assert saved == {"streams": {"0": [0, 12]}}
+        assert saved == {"streams": {"0": [0, 8], "1": [0, 4]}}
     stats = json.loads((two / "full" / "vltool.json").read_text())["stats"]
     assert stats["num_processes"] == 2 and stats["global_batch"] == 8

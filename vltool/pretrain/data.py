@@ -633,9 +633,10 @@ class ShardStream(torch.utils.data.IterableDataset):
     """The sample stream of each data-loader worker, read from the shards: an IterableDataset yielding
     {"stream", "items", "position"} with `items` the next b items of the worker's stream.
 
-    With `collate`, the b items are collated in the worker ("batch" in place of "items").
+    With `collate`, the b items are collated in the worker ("batch" in place of "items"): the trainer gives each
+    worker b = the whole micro-batch, so a micro-batch is built where it is read (stream_micro_batches).
 
-    There are S = processes x max(1, workers) streams; stream s = rank * W + worker. Epoch e of stream s
+    There are S = processes x max(1, workers) streams; stream s = worker * processes + rank (stream_of). Epoch e of stream s
     reads the shards perm_e[s::S] (perm_e a permutation of all shards seeded by (seed, e)) through a
     shuffle buffer of `buffer` samples seeded by (seed, e, s); a stream goes on into the next epoch when
     its shards are read (streams end their epochs independently). An item's augmentation is seeded by
@@ -644,9 +645,10 @@ class ShardStream(torch.utils.data.IterableDataset):
     """
 
     def __init__(self, shards: Sequence, make_item, text_column: str, world: int, rank: int, sizes: Sequence[int], seed: int,
-                 buffer: int, starts: dict | None = None, collate=None):
+                 buffer: int, starts: dict | None = None, collate=None, rotate: int = 0):
         super().__init__()
         self.collate = collate  # set: each sub-batch is collated where it is read (the worker), not by the trainer
+        self.rotate = rotate  # DataLoader worker w reads the stream of worker (w + rotate) mod W (a resume's turn)
         self.shards = [str(p) for p in shards]
         self.make_item, self.text_column = make_item, text_column
         self.world, self.rank, self.sizes, self.seed, self.buffer = world, rank, list(sizes), seed, buffer
@@ -657,6 +659,12 @@ class ShardStream(torch.utils.data.IterableDataset):
             raise UsageError(
                 f"{len(self.shards)} shard(s) for {world} process(es) x {len(self.sizes)} data stream(s) each: every stream "
                 "reads whole shards, so give at least as many shards as processes x max(1, --workers)")
+
+    def stream_of(self, worker: int) -> int:
+        """The data stream a worker of this process reads: worker-major, s = worker x processes + rank, so that
+        the processes' micro-batches of one turn together are the streams one process with processes x W
+        workers reads in that many turns."""
+        return worker * self.world + self.rank
 
     def shard_order(self, epoch: int) -> np.ndarray:
         return np.random.default_rng([self.seed, 7919, epoch]).permutation(len(self.shards))
@@ -710,8 +718,8 @@ class ShardStream(torch.utils.data.IterableDataset):
 
     def __iter__(self):
         info = torch.utils.data.get_worker_info()
-        worker = info.id if info is not None else 0
-        stream = self.rank * len(self.sizes) + worker
+        worker = ((info.id if info is not None else 0) + self.rotate) % len(self.sizes)
+        stream = self.stream_of(worker)
         epoch, skip = self.starts.get(worker, (0, 0))
         it = self.samples(stream, epoch, skip)
         b = self.sizes[worker]
@@ -751,12 +759,21 @@ def loader_options(workers: int, pin: bool) -> dict:
 
 
 def stream_micro_batches(stream: ShardStream, workers: int, tokenizer=None, pin: bool = False, positions: dict | None = None):
-    """The trainer's micro-batches of a ShardStream (built with `collate`): its `workers` DataLoader
-    processes each collate their stream's sub-batches, which shard_batches joins (into pinned memory with
-    `pin`); `positions` receives each stream's position as its micro-batches are taken."""
-    loader = torch.utils.data.DataLoader(stream, batch_size=None, **loader_options(workers, False))  # pinned by the join
-    return shard_batches(loader, stream.collate, len(stream.sizes), {} if positions is None else positions,
-                         join_tokens=getattr(tokenizer, "join", None), pin=pin)
+    """The trainer's micro-batches of a ShardStream built with `collate` and sizes [B] x W: micro-batch j of
+    this process is the next B samples of worker (rotate + j) mod W, built and collated in that worker and
+    received whole (one image tensor and one token tensor; pinned by the DataLoader with `pin`). `positions`
+    receives each worker's stream position as its micro-batches are taken. The trainer does no per-sample
+    work and no copy of its own."""
+    loader = torch.utils.data.DataLoader(stream, batch_size=None, **loader_options(workers, pin))
+    w = len(stream.sizes)
+    positions = {} if positions is None else positions
+    j = 0
+    for sub in loader:
+        expected = (stream.rotate + j) % w
+        assert sub["stream"] == expected, f"data-loader worker {sub['stream']} out of turn (expected {expected})"
+        positions[sub["stream"]] = tuple(sub["position"])
+        j += 1
+        yield sub["batch"]
 
 
 def _cat(parts: list, pin: bool):

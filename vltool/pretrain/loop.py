@@ -54,8 +54,7 @@ from vltool.model.pinning import fingerprint, pinned_spec
 from vltool.pretrain import checkpoint as ckpt
 from vltool.pretrain.config import METRICS_FILE, PLOT_FILE, RUN_FILE, PretrainConfig, RunSpec
 from vltool.pretrain.data import (Collate, PairDataset, ShardData, ShardStream, TrainData, load_shard_data, load_train_data,
-                                  load_unicl_data, loader_options, make_sampler, shard_samples_index, stream_micro_batches,
-                                  substreams)
+                                  load_unicl_data, loader_options, make_sampler, shard_samples_index, stream_micro_batches)
 from vltool.pretrain.evaluate import evaluate
 from vltool.pretrain.features import FrozenFeatures, frozen_features, model_inputs
 from vltool.pretrain.logs import MetricsLog, plot_curves
@@ -289,7 +288,7 @@ def train(run: RunState, stop_after_steps: int | None = None) -> bool:
     """Optimizer steps until the end (or `stop_after_steps` of this invocation); True when stopped early."""
     workers = run.config.workers  # a dataset's rows do not depend on it (rows are seeded by (seed, epoch, row))
     pin = run.device.type == "cuda"
-    if run.streaming:  # sub-batches collated in the workers, joined straight into pinned memory (not pinned twice)
+    if run.streaming:  # whole micro-batches built in the workers, in turn
         micro_batches = stream_micro_batches(run.dataset, workers, run.tokenizer, pin, run.data_positions)
     else:
         sampler = make_sampler(run.train, run.config, run.accelerator.num_processes, run.accelerator.process_index,
@@ -613,9 +612,6 @@ def _accelerator(config: PretrainConfig):
 def _load_data(spec: RunSpec, config: PretrainConfig, run_dir: Path, overwrite: bool, resumed: bool):
     if _is_shards(spec.data, config):
         train = load_shard_data(spec.data, config, spec.where, spec.split)
-        if max(1, config.workers) > config.batch_size:
-            raise UsageError(f"--workers {config.workers} with --batch-size {config.batch_size}: with shards each worker is "
-                             "a data stream giving its share of every micro-batch; use at most --batch-size workers")
     elif config.loss == "unicl":
         if spec.data:
             config.text_data = list(config.text_data) + [d for d in spec.data if d not in config.text_data]
@@ -729,9 +725,9 @@ def _build_model(run: RunState) -> None:
     run.collate = Collate(run.tokenizer, tokenize=text is None, text_index=text.index if text is not None else None,
                           bad_rows=run.features.bad_rows)
     run.dataset = pairs
-    if run.streaming:  # each worker collates its stream's share of a micro-batch (shard_batches joins them)
+    if run.streaming:  # each worker builds whole micro-batches in turn (stream_micro_batches)
         run.dataset = ShardStream(run.train.shards, pairs.item, run.train.text_column, acc.num_processes, acc.process_index,
-                                  substreams(config.batch_size, config.workers), config.seed, config.shuffle_buffer,
+                                  [config.batch_size] * max(1, config.workers), config.seed, config.shuffle_buffer,
                                   collate=run.collate)
     if config.compile:  # after the EMA copy and the frozen features: only the towers' training calls are compiled
         run.model.visual.compile()
@@ -770,6 +766,7 @@ def _resume_state(run: RunState) -> None:
             positions = ckpt.load_data_positions(found[-1], run.accelerator.process_index)
             run.dataset.starts = {int(k): tuple(v) for k, v in positions.items()}
             run.data_positions.update(run.dataset.starts)
+            run.dataset.rotate = (run.step * run.config.accum_steps) % len(run.dataset.sizes)  # whose turn the next micro-batch is
     run.start_step, run.samples_at_start = run.step, run.samples_seen
     if run.accelerator.is_main_process:
         ckpt.truncate_metrics(run.run_dir / METRICS_FILE, run.step)

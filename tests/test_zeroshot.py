@@ -212,3 +212,39 @@ def test_ranks_in_blocks_equal_the_whole_score_matrix(monkeypatch, model_dir, co
     monkeypatch.setattr(zs, "ROW_BLOCK", 16_384)
     whole = zeroshot(colors, ZeroshotConfig(model=model_dir, progress=False, bootstrap=50), out=tmp_path / "b.json")
     assert small["metrics"] == whole["metrics"] and small["rows_out"] > 16
+
+
+def test_encoding_defaults_and_precision(model_dir, colors, tmp_path, monkeypatch):
+    """Evaluation on a GPU (issue 51): --batch-size and --workers default from the device (64 and 1 on CPU,
+    the exact path; 256 and the cores less one, at most 8, on a GPU); --precision bf16 encodes under autocast,
+    cached apart from float32 (whose cache key is what it was), with nearly the same embeddings."""
+    import os
+
+    import torch
+
+    from vltool.encode import image_preprocessing, with_precision
+    from vltool.evaluation import encode_defaults
+
+    assert encode_defaults() == (64, 1) and (cfg(model_dir).batch_size, cfg(model_dir).workers) == (64, 1)
+    assert cfg(model_dir, batch_size=8, workers=3).batch_size == 8
+    with monkeypatch.context() as mp:
+        mp.setattr(torch.cuda, "is_available", lambda: True)
+        mp.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+        mp.setenv("LOCAL_WORLD_SIZE", "1")
+        assert encode_defaults() == (256, 8)
+        mp.setenv("LOCAL_WORLD_SIZE", "8")
+        mp.setattr(os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
+        assert encode_defaults() == (256, 7)
+    prep = {"kind": "image", "transform": {"size": 32}, "features": "post"}
+    assert with_precision(prep, "no") is prep and with_precision(prep, "bf16") == {**prep, "precision": "bf16"}
+    assert image_preprocessing  # (the key's other half, unchanged)
+    cache = tmp_path / "cache"
+    fp32 = zeroshot(colors, cfg(model_dir, cache_dir=str(cache)), where=["split=test"])
+    bf16 = zeroshot(colors, cfg(model_dir, cache_dir=str(cache), precision="bf16"), where=["split=test"])
+    assert not bf16["stats"]["cache"]["images"]["hit"]  # not served float32's embeddings
+    assert bf16["options"]["precision"] == "bf16" and fp32["options"]["precision"] == "no"
+    again = zeroshot(colors, cfg(model_dir, cache_dir=str(cache)), where=["split=test"])
+    assert again["stats"]["cache"]["images"]["hit"] and again["metrics"] == fp32["metrics"]
+    assert abs(bf16["metrics"]["top1"]["value"] - fp32["metrics"]["top1"]["value"]) <= 0.25
+    with pytest.raises(UsageError, match="--precision 'fp8'"):
+        zeroshot(colors, cfg(model_dir, precision="fp8"), where=["split=test"])

@@ -78,6 +78,25 @@ def encode_device():
     return process_state().device
 
 
+ENCODE_PRECISIONS = ("no", "bf16", "fp16")  # --precision of the evaluation commands; "no": float32, the exact path
+
+
+def precision_context(precision: str):
+    """Autocast for --precision bf16/fp16 on the encoding device; nothing for "no" (float32)."""
+    import contextlib
+
+    if precision == "no":
+        return contextlib.nullcontext()
+    import torch
+
+    return torch.autocast(encode_device().type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
+
+
+def with_precision(preprocessing: dict, precision: str) -> dict:
+    """A cache key's preprocessing with the encoding precision, when not float32 (float32 keys stay as they were)."""
+    return preprocessing if precision == "no" else {**preprocessing, "precision": precision}
+
+
 # ----------------------------------------------------------------------------------------------------
 # Loading the model to encode with (every command that encodes: evaluation, debias, mine-positives, ...)
 # ----------------------------------------------------------------------------------------------------
@@ -407,15 +426,17 @@ def encode_images(
     batch_size: int = 64,
     workers: int = 1,
     progress: bool = True,
+    precision: str = "no",
 ) -> Encoded:
-    """Embeddings of every image of `data` (a vltool.io.LoadedDataset), in row order."""
+    """Embeddings of every image of `data` (a vltool.io.LoadedDataset), in row order; `precision` bf16/fp16
+    encodes under autocast (float32 embeddings out, cached under their own key)."""
     import datasets
     import torch
 
     ds = data.dataset
     image_column(ds, column, data.spec)  # path strings are refused here, not decoded as bad images
     n = len(ds)
-    key = dataset_key(m, data, column, image_preprocessing(m, features))
+    key = dataset_key(m, data, column, with_precision(image_preprocessing(m, features), precision))
     ids = column_digest(ds, C.ID) if C.ID in ds.column_names else None  # (Arrow: no row formatted)
     raw = ds.select_columns([column])
     if isinstance(raw.features[column], datasets.Image):
@@ -440,7 +461,7 @@ def encode_images(
                     xs.append(preprocess(im))
             return torch.stack(xs)
 
-        with torch.inference_mode():
+        with torch.inference_mode(), precision_context(precision):
             emb = run_batches(n, batch_size, prepare, forward, label=f"encoding {n:,} images", progress=progress, workers=workers)
         bad = _gather_rows(bad_rows)
         mask = np.zeros(n, bool)
@@ -505,7 +526,7 @@ def arrow_texts(column) -> tuple[Any, np.ndarray]:
     return pa.chunked_array(texts, type=kind), owner
 
 
-def _encode_text_list(m, texts, batch_size: int, label: str, progress: bool) -> np.ndarray:
+def _encode_text_list(m, texts, batch_size: int, label: str, progress: bool, precision: str = "no") -> np.ndarray:
     """Embeddings of `texts` (a list of strings, or an Arrow string array: each batch becomes strings alone)."""
     import torch
 
@@ -515,7 +536,7 @@ def _encode_text_list(m, texts, batch_size: int, label: str, progress: bool) -> 
     def forward(tokens):
         return m.encode_text(tokens).float().cpu()
 
-    with torch.inference_mode():
+    with torch.inference_mode(), precision_context(precision):
         emb = run_batches(len(texts), batch_size, prepare, forward, label=label, progress=progress, workers=1)
     return require_finite(emb, m, "text", what="texts")
 
@@ -528,17 +549,18 @@ def encode_texts(
     cache: EmbeddingCache | None = None,
     batch_size: int = 256,
     progress: bool = True,
+    precision: str = "no",
 ) -> Encoded:
     """Embeddings of a text column (strings, or lists of strings such as `captions`); `owner` maps texts to rows."""
     ds = data.dataset
     text_column(ds, column, data.spec, allow_list=True)
     texts, owner = arrow_texts(arrow_column(ds, column))
     require_texts(len(texts), len(ds), column, data.spec)
-    key = dataset_key(m, data, column, text_preprocessing(m))
+    key = dataset_key(m, data, column, with_precision(text_preprocessing(m), precision))
     ids = strings_digest(texts)  # texts_digest, on the Arrow array
     emb, hit, secs = _through_cache(
         cache, key, ids, len(texts),
-        lambda: _encode_text_list(m, texts, batch_size, f"encoding {len(texts):,} texts", progress),
+        lambda: _encode_text_list(m, texts, batch_size, f"encoding {len(texts):,} texts", progress, precision),
         {"spec": data.spec, "model_source": getattr(m, "source", "")},
     )
     return Encoded(emb, key.digest, hit, secs, owner=owner)
@@ -551,14 +573,16 @@ def encode_prompts(
     cache: EmbeddingCache | None = None,
     batch_size: int = 256,
     progress: bool = True,
+    precision: str = "no",
 ) -> Encoded:
     """Embeddings of a list of texts that is not a dataset column (class prompts), keyed by their digest."""
     texts = [str(t) for t in texts]
     digest = texts_digest(texts)
-    key = CacheKey(model=m.fingerprint, dataset=digest, rows=row_filter(None, ()), column=PROMPTS_COLUMN, preprocessing=text_preprocessing(m))
+    key = CacheKey(model=m.fingerprint, dataset=digest, rows=row_filter(None, ()), column=PROMPTS_COLUMN,
+                   preprocessing=with_precision(text_preprocessing(m), precision))
     emb, hit, secs = _through_cache(
         cache, key, digest, len(texts),
-        lambda: _encode_text_list(m, texts, batch_size, f"encoding {len(texts):,} prompts", progress),
+        lambda: _encode_text_list(m, texts, batch_size, f"encoding {len(texts):,} prompts", progress, precision),
         {"model_source": getattr(m, "source", "")},
     )
     return Encoded(emb, key.digest, hit, secs)

@@ -11,6 +11,7 @@ A results record (written by `--out`, printed by `--json`) holds the provenance 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -19,7 +20,7 @@ from rich.table import Table
 
 from vltool import console, provenance
 from vltool.cache import EmbeddingCache
-from vltool.encode import encode_device, encode_images, load_eval_model, model_record
+from vltool.encode import ENCODE_PRECISIONS, encode_device, encode_images, load_eval_model, model_record
 from vltool.errors import UsageError
 from vltool.importer import clip_benchmark_input
 from vltool.io.atomic import write_json_atomic
@@ -42,16 +43,24 @@ class EvalCommon:
     pretrained: str | None = None
     bootstrap: int = 1000
     seed: int = 0  # the bootstrap's (and any sampling's)
-    batch_size: int = 64
-    workers: int = 1
+    batch_size: int | None = None  # None: encode_defaults() when the config is made (64 on CPU, 256 on a GPU)
+    workers: int | None = None  # None: encode_defaults() (1 on CPU; on a GPU the cores this process may use - 1, at most 8)
+    precision: str = "no"  # float32, the exact path the library oracles check; bf16/fp16: autocast
     cache_dir: str | None = None
     progress: bool = True
     debias: str | None = None
     debias_text: bool = False
     group_column: str | None = None  # the bootstrap resamples whole groups of rows sharing its value
 
+    def __post_init__(self):
+        batch, workers = encode_defaults()
+        self.batch_size = batch if self.batch_size is None else self.batch_size
+        self.workers = workers if self.workers is None else self.workers
+
     def common_problems(self) -> list[str]:
         problems = []
+        if self.precision not in ENCODE_PRECISIONS:
+            problems.append(f"--precision {self.precision!r}: use {', '.join(ENCODE_PRECISIONS)}")
         if not str(self.model or "").strip():
             problems.append("--model is required (a vltool RUN_DIR, hf:ORG/NAME or hf:DIR, open_clip:ARCH/TAG, open_clip:hf-hub:ORG/NAME, or local-dir:PATH)")
         if self.bootstrap < 0:
@@ -67,6 +76,19 @@ class EvalCommon:
         if self.pretrained is not None and not str(self.model).startswith("open_clip:"):
             problems.append("--pretrained applies to --model open_clip:ARCH only")
         return problems
+
+
+def encode_defaults() -> tuple[int, int]:
+    """(--batch-size, --workers) of the evaluation commands when not given: 64 images and 1 decoding thread
+    on CPU (the model's threads use the cores); on a GPU 256 images and a decoding thread per core this
+    process may use less one, at most 8, so that the GPU does not wait for the decoding."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return 64, 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return 256, max(1, min(8, cores // max(local, 1) - 1))
 
 
 def entry(value: float, interval: Interval | None, chance: float | None) -> dict:
@@ -207,7 +229,8 @@ def open_model(config: EvalCommon) -> tuple:
 
 def encode_eval_images(m, loaded: LoadedDataset, cache: EmbeddingCache, config: EvalCommon, **kw):
     """The images of `loaded` encoded with the command's batch size, workers and progress (vltool.encode.encode_images)."""
-    return encode_images(m, loaded, cache=cache, batch_size=config.batch_size, workers=config.workers, progress=config.progress, **kw)
+    return encode_images(m, loaded, cache=cache, batch_size=config.batch_size, workers=config.workers, progress=config.progress,
+                         precision=config.precision, **kw)
 
 
 def classification_chance(target, n_cls: int) -> dict:

@@ -134,7 +134,8 @@ def retrieve(
 
     m, cache = open_model(config)
     img = encode_eval_images(m, loaded, cache, config)
-    txt = encode.encode_texts(m, loaded, column=config.text_column, cache=cache, batch_size=config.text_batch_size, progress=config.progress)
+    txt = encode.encode_texts(m, loaded, column=config.text_column, cache=cache, batch_size=config.text_batch_size, progress=config.progress,
+                              precision=config.precision)
     ranked = rank_pairs(m, img, txt, loaded.rows, data, config)
     cache_record = {"images": img.summary(), "texts": txt.summary()}
     del img, txt  # the embeddings are done with: freed before the per-example arrays are made

@@ -210,7 +210,8 @@ def zeroshot(
 
     m, cache = open_model(config)
     img = encode_eval_images(m, loaded, cache, config)
-    txt = encode_prompts(m, prompts.flat, cache=cache, batch_size=max(config.batch_size, 256), progress=config.progress)
+    txt = encode_prompts(m, prompts.flat, cache=cache, batch_size=max(config.batch_size, 256), progress=config.progress,
+                         precision=config.precision)
     cls = class_embeddings(txt.embeddings, [len(p) for p in prompts.per_class])  # (C, D)
     edit = debias_edit(m, config)
     if edit is not None:

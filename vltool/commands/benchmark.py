@@ -13,7 +13,7 @@ from vltool.console import print_json
 from vltool.topology import is_main
 from vltool.commands.common import CacheDirOpt, JsonOpt, OverwriteOpt, SeedOpt, handle_errors
 from vltool.commands.evaluation import (
-    BootstrapOpt, DebiasOpt, DebiasTextOpt, EncodeBatchOpt, EvalModelOpt, GroupColumnOpt, NoProgressOpt, PretrainedOpt, ResultsOutOpt, WorkersOpt,
+    BootstrapOpt, DebiasOpt, DebiasTextOpt, EncodeBatchOpt, EncodePrecisionOpt, EvalModelOpt, GroupColumnOpt, NoProgressOpt, PretrainedOpt, ResultsOutOpt, WorkersOpt,
 )
 
 HELP = """One model over many datasets: zero-shot classification, retrieval and a linear probe of each, in one
@@ -48,8 +48,9 @@ def benchmark_command(
     protocol: Annotated[str, typer.Option("--protocol", help="probe: the protocol (see vltool probe --help).")] = "clip-benchmark",
     bootstrap: BootstrapOpt = 1000,
     seed: SeedOpt = 0,
-    batch_size: EncodeBatchOpt = 64,
-    workers: WorkersOpt = 1,
+    batch_size: EncodeBatchOpt = None,
+    precision: EncodePrecisionOpt = "no",
+    workers: WorkersOpt = None,
     cache_dir: CacheDirOpt = None,
     out: ResultsOutOpt = None,
     overwrite: OverwriteOpt = False,
@@ -64,7 +65,7 @@ def benchmark_command(
 
     config = BenchmarkConfig(
         model=model, pretrained=pretrained, datasets=datasets, tasks=tasks, templates=templates, eval_split=eval_split,
-        train_split=train_split, protocol=protocol, bootstrap=bootstrap, seed=seed, batch_size=batch_size, workers=workers,
+        train_split=train_split, protocol=protocol, bootstrap=bootstrap, seed=seed, batch_size=batch_size, precision=precision, workers=workers,
         cache_dir=str(cache_dir) if cache_dir else None, progress=not no_progress, debias=str(debias) if debias else None,
         debias_text=debias_text, group_column=group_column,
     )

@@ -11,7 +11,7 @@ from vltool.commands.common import (
     CacheDirOpt, JsonOpt, OldEvalOpt, OldNumProcOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors, renamed,
 )
 from vltool.commands.evaluation import (
-    BootstrapOpt, EncodeBatchOpt, EvalModelOpt, DebiasOpt, DebiasTextOpt, GroupColumnOpt, NoProgressOpt, PretrainedOpt, ResultsOutOpt, emit,
+    BootstrapOpt, EncodeBatchOpt, EncodePrecisionOpt, EvalModelOpt, DebiasOpt, DebiasTextOpt, GroupColumnOpt, NoProgressOpt, PretrainedOpt, ResultsOutOpt, emit,
 )
 
 HELP = """Linear probe: a linear classifier on frozen image features, with the papers' protocols.
@@ -63,8 +63,9 @@ def probe_command(
     split: SplitOpt = None,
     eval_where: Annotated[Optional[list[str]], typer.Option("--eval-where", help="--where clauses for --eval-data.")] = None,
     eval_split: Annotated[Optional[str], typer.Option("--eval-split", help="Split of --eval-data when it is a DatasetDict.")] = None,
-    batch_size: EncodeBatchOpt = 64,
-    workers: Annotated[int, typer.Option("--workers", min=1, help="Threads decoding images ahead of the model, and fitting SVMs.")] = 1,
+    batch_size: EncodeBatchOpt = None,
+    precision: EncodePrecisionOpt = "no",
+    workers: Annotated[Optional[int], typer.Option("--workers", min=1, show_default=False, help="Threads decoding images ahead of the model, and fitting SVMs [default: 1 on CPU; on a GPU the cores this process may use - 1, at most 8].")] = None,
     cache_dir: CacheDirOpt = None,
     out: ResultsOutOpt = None,
     overwrite: OverwriteOpt = False,
@@ -86,7 +87,7 @@ def probe_command(
     config = ProbeConfig(
         model=model, pretrained=pretrained, protocol=protocol, features=features, normalize=normalize,
         val_frac=val_frac, fewshot_k=fewshot_k, label_column=label_column, epochs=epochs, lr=lr,
-        bootstrap=bootstrap, seed=seed, batch_size=batch_size, workers=workers,
+        bootstrap=bootstrap, seed=seed, batch_size=batch_size, precision=precision, workers=workers,
         cache_dir=str(cache_dir) if cache_dir else None, progress=not no_progress, debias=str(debias) if debias else None, debias_text=debias_text,
         group_column=group_column,
     )

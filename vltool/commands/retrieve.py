@@ -10,7 +10,7 @@ from vltool.commands.common import (
     CacheDirOpt, DataArg, JsonOpt, OldNumProcOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors, renamed,
 )
 from vltool.commands.evaluation import (
-    BootstrapOpt, EncodeBatchOpt, EvalModelOpt, DebiasOpt, DebiasTextOpt, GroupColumnOpt, NoProgressOpt, PretrainedOpt, ResultsOutOpt, WorkersOpt, emit,
+    BootstrapOpt, EncodeBatchOpt, EncodePrecisionOpt, EvalModelOpt, DebiasOpt, DebiasTextOpt, GroupColumnOpt, NoProgressOpt, PretrainedOpt, ResultsOutOpt, WorkersOpt, emit,
 )
 
 HELP = """Image-to-text and text-to-image retrieval: Recall@K, mean and median rank.
@@ -44,9 +44,10 @@ def retrieve_command(
     seed: SeedOpt = 0,
     where: WhereOpt = None,
     split: SplitOpt = None,
-    batch_size: EncodeBatchOpt = 64,
+    batch_size: EncodeBatchOpt = None,
+    precision: EncodePrecisionOpt = "no",
     text_batch_size: Annotated[int, typer.Option("--text-batch-size", min=1, help="Texts per encoding batch.")] = 256,
-    workers: WorkersOpt = 1,
+    workers: WorkersOpt = None,
     block_mb: Annotated[int, typer.Option("--block-mb", min=1, help="Memory of one block of scores in the ranking pass (MiB).")] = 64,
     cache_dir: CacheDirOpt = None,
     out: ResultsOutOpt = None,
@@ -64,7 +65,7 @@ def retrieve_command(
     workers = renamed(ctx, "--num-proc", "--workers", num_proc, workers)
     config = RetrieveConfig(
         model=model, pretrained=pretrained, text_column=text_column, recall_k=recall_k, bootstrap=bootstrap, seed=seed,
-        batch_size=batch_size, text_batch_size=text_batch_size, workers=workers, block_mb=block_mb, cache_dir=str(cache_dir) if cache_dir else None,
+        batch_size=batch_size, precision=precision, text_batch_size=text_batch_size, workers=workers, block_mb=block_mb, cache_dir=str(cache_dir) if cache_dir else None,
         progress=not no_progress, debias=str(debias) if debias else None, debias_text=debias_text,
         group_column=group_column,
     )

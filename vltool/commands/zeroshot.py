@@ -14,7 +14,7 @@ from vltool.commands.common import (
     CacheDirOpt, DataArg, JsonOpt, OldNumProcOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors, renamed,
 )
 from vltool.commands.evaluation import (
-    BootstrapOpt, EncodeBatchOpt, EvalModelOpt, DebiasOpt, DebiasTextOpt, GroupColumnOpt, NoProgressOpt, PretrainedOpt, ResultsOutOpt, WorkersOpt, emit,
+    BootstrapOpt, EncodeBatchOpt, EncodePrecisionOpt, EvalModelOpt, DebiasOpt, DebiasTextOpt, GroupColumnOpt, NoProgressOpt, PretrainedOpt, ResultsOutOpt, WorkersOpt, emit,
 )
 
 HELP = """Zero-shot classification: each image goes to the class whose prompt embedding is closest.
@@ -57,8 +57,9 @@ def zeroshot_command(
     seed: SeedOpt = 0,
     where: WhereOpt = None,
     split: SplitOpt = None,
-    batch_size: EncodeBatchOpt = 64,
-    workers: WorkersOpt = 1,
+    batch_size: EncodeBatchOpt = None,
+    precision: EncodePrecisionOpt = "no",
+    workers: WorkersOpt = None,
     cache_dir: CacheDirOpt = None,
     out: ResultsOutOpt = None,
     overwrite: OverwriteOpt = False,
@@ -76,7 +77,7 @@ def zeroshot_command(
     config = ZeroshotConfig(
         model=model, pretrained=pretrained, templates=templates,
         classnames=str(classnames) if classnames else None, class_prompts=str(class_prompts) if class_prompts else None,
-        label_column=label_column, per_class=per_class, present_classes_only=present_only, bootstrap=bootstrap, seed=seed, batch_size=batch_size,
+        label_column=label_column, per_class=per_class, present_classes_only=present_only, bootstrap=bootstrap, seed=seed, batch_size=batch_size, precision=precision,
         workers=workers, cache_dir=str(cache_dir) if cache_dir else None, progress=not no_progress, debias=str(debias) if debias else None, debias_text=debias_text,
         group_column=group_column,
     )

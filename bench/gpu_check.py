@@ -322,11 +322,30 @@ def stage_workers(check: Check, work: Path, shards: str, arch: str, steps: int, 
             "data_wait_share": [m.get("data_wait_share") for m in tail]}
 
 
-def stage_bench_pretrain(check: Check, shards: Path, arch: str, batch: int, workers: int, steps: int) -> dict:
+def stage_decode_gpu(check: Check, work: Path, shards: str, arch: str, steps: int, workers: int, batch: int) -> dict:
+    """--decode gpu (nvjpeg) against --decode cpu from the same shards: the first losses within LOSS_REL (nvjpeg's
+    IDCT differs from libjpeg-turbo's by a level here and there); on a CPU (the dry run) it must be refused."""
+    args = ["pretrain", shards, "--arch", arch, "--steps", steps, "--batch-size", batch, "--workers", workers, "--augment", "clip",
+            "--log-every", 1, "--no-progress", "--overwrite", "--checkpoint-every", 10**9, "--precision", "no"]
+    if check.dry:
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+        r = subprocess.run([sys.executable, "-m", "vltool", *map(str, args), "--out", str(work / "gpu"), "--decode", "gpu"], cwd=REPO,
+                           env=env, capture_output=True, text=True, timeout=300)
+        return {"ok": r.returncode == 2 and "--decode gpu" in r.stderr, "refused_on_cpu": r.stderr.strip().splitlines()[-1:]}
+    runs = {}
+    for decode in ("cpu", "gpu"):
+        check.vltool([*args, "--out", work / decode, "--decode", decode], False, REPO)
+        runs[decode] = losses(work / decode)
+    rel = max(abs(a - b) / max(abs(b), 1e-9) for a, b in zip(runs["gpu"], runs["cpu"]))
+    train = [m for m in map(json.loads, (work / "gpu" / "metrics.jsonl").read_text().splitlines()) if m.get("kind") == "train"]
+    return {"ok": rel <= LOSS_REL, "losses": runs, "max_rel": round(rel, 6), "samples_per_s": [m["samples_per_s"] for m in train[-3:]]}
+
+
+def stage_bench_pretrain(check: Check, shards: Path, arch: str, batch: int, workers: int, steps: int, extra: str = "") -> dict:
     precision = "no" if check.dry else "bf16"
     cmd = [sys.executable, str(REPO / "bench" / "bench_pretrain.py"), "--arch", arch, "--data", str(shards), "--batch-size", str(batch),
            "--workers", str(workers), "--steps", str(steps), "--runs", "1", "--warmup-runs", "0", "--skip", str(min(5, steps // 2)),
-           "--precision", precision]
+           "--precision", precision, *(["--vltool-args", extra] if extra else [])]
     env = {**os.environ, **({"CUDA_VISIBLE_DEVICES": ""} if check.dry else {})}
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900, env=env)
     check.say(r.stdout[-2500:])
@@ -373,8 +392,12 @@ def main() -> None:
     check.stage("pinned, non-blocking shard batches", stage_pinned, check, shards)
     check.stage("data path, many workers", stage_workers, check, work / "workers", str(shards), micro if dry else "ViT-B-32",
                 4 if dry else 60, 2 if dry else 14, 16 if dry else 256)
+    check.stage("pretrain --decode gpu against --decode cpu", stage_decode_gpu, check, work / "decode", str(shards), micro,
+                steps, 2, 16)
     check.stage("bench_pretrain ViT-B-32 from JPEG shards against open_clip_train", stage_bench_pretrain, check, shards,
                 micro if dry else "ViT-B-32", 16 if dry else 256, 2 if dry else 14, 4 if dry else 100)
+    if not dry:
+        check.stage("bench_pretrain ViT-B-32, --decode gpu", stage_bench_pretrain, check, shards, "ViT-B-32", 256, 14, 100, "--decode gpu")
     shutil.rmtree(work, ignore_errors=True)
     failed = [r["stage"] for r in check.results if not r["ok"]]
     check.say(f"gpu check: {len(check.results) - len(failed)} stage(s) ok, {len(failed)} failed" + (f": {', '.join(failed)}" if failed else ""))

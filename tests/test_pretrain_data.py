@@ -131,3 +131,46 @@ def test_a_large_batch_trains_under_a_low_open_file_limit(tmp_path):
     r = subprocess.run(cmd, preexec_fn=limit, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     assert (tmp_path / "run" / "model").is_dir()
+
+
+def test_decode_on_the_device_makes_the_workers_crops(tmp_path, tokenizer):
+    """--decode gpu's path, run here with the CPU as the device: JPEGs cross as their bytes and crop boxes
+    (one buffer a batch), a PNG is decoded in its worker (one line says so), and Pixels.device_images gives
+    exactly the crops of --decode cpu, in the batch's order."""
+    import io as _io
+
+    import numpy as np
+    from PIL import Image
+
+    from vltool.pretrain.data import Collate, PairDataset
+    from vltool.transforms import train_pixels
+
+    rng = np.random.default_rng(0)
+
+    def encoded(fmt, h, w):
+        buf = _io.BytesIO()
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(buf, fmt)
+        return {"bytes": buf.getvalue(), "path": None}
+
+    images = [encoded("JPEG", 40, 52), encoded("PNG", 30, 30), encoded("JPEG", 64, 48), {"bytes": b"junk", "path": None}]
+    cpu = PairDataset(None, "caption", None, train_pixels(PP, "clip"), 3)
+    gpu = PairDataset(None, "caption", None, train_pixels(PP, "clip", "gpu"), 3)
+    items = [(cpu.item(0, r, f"id{r}", "a text", im), gpu.item(0, r, f"id{r}", "a text", im)) for r, im in enumerate(images)]
+    assert ["jpeg" in g for _, g in items] == [True, False, True, False] and items[3][1]["bad"]
+    collate = Collate(tokenizer)
+    want, got = collate([c for c, _ in items]), collate([g for _, g in items])
+    assert got["jpeg"].dtype == torch.uint8 and got["jpeg"].ndim == 1 and got["jpeg_at"].tolist() == [0, 2]
+    assert got["images_at"].tolist() == [1] and got["n"] == want["n"] == 3
+    crops = gpu.transform.device_images(got, torch.device("cpu"))
+    assert crops.shape == want["images"].shape and torch.equal(crops, want["images"])
+    with pytest.raises(Exception, match="--decode gpu"):
+        from vltool.pretrain import PretrainConfig
+
+        PretrainConfig(arch="vltool-micro", augment="none", decode="gpu").validate()
+
+
+def test_decode_gpu_without_a_gpu_is_refused_before_anything_is_written(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "vltool", "pretrain", "emoji", "--where", "split=train", "--out", str(tmp_path / "run"),
+                        "--arch", "vltool-micro", "--steps", "1", "--decode", "gpu", "--device", "cpu"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "--decode gpu decodes JPEGs with nvjpeg on a CUDA device" in r.stderr.strip().splitlines()[-1], r.stderr[-800:]
+    assert "Traceback" not in r.stderr and not (tmp_path / "run").exists()

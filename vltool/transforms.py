@@ -123,9 +123,18 @@ class _TensorRandomResizedCrop:
         self.size, self.scale, self.ratio, self.interpolation = size, scale, (3 / 4, 4 / 3), interpolation
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.crop(x, self.box(x.shape[-2:]))
+
+    def box(self, hw) -> tuple[int, int, int, int]:
+        """(top, left, height, width) of the crop of an image of size hw = (H, W): the draws __call__ makes."""
+        shape = torch.empty((1, 1, 1), dtype=torch.uint8).expand(3, int(hw[0]), int(hw[1]))  # (3, H, W), no memory
+        return tuple(int(v) for v in T.RandomResizedCrop.get_params(shape, list(self.scale), list(self.ratio)))
+
+    def crop(self, x: torch.Tensor, box) -> torch.Tensor:
+        """(3, H, W) uint8 (on any device) -> (3, size, size) uint8: the box, resized."""
         from torchvision.transforms.v2 import functional as F2
 
-        i, j, h, w = T.RandomResizedCrop.get_params(x, list(self.scale), list(self.ratio))
+        i, j, h, w = box
         return F2.resized_crop(x, i, j, h, w, [self.size, self.size], interpolation=self.interpolation, antialias=True)
 
     def __repr__(self) -> str:
@@ -139,9 +148,10 @@ class Pixels:
     `takes` is what it is called with: "pil" (an image in its own mode, vltool.io.decode_image(rgb=False)) or
     "tensor" (a (3,H,W) uint8 RGB tensor, vltool.io.decode_pixels)."""
 
-    def __init__(self, transform: Callable, takes: str, mean=None, std=None, composite: bool = False):
+    def __init__(self, transform: Callable, takes: str, mean=None, std=None, composite: bool = False, on_device: bool = False):
         self.transform, self.takes, self.mean, self.std = transform, takes, mean, std
         self.composite = composite  # "tensor": transparency composited on white (a Hugging Face model's rule)
+        self.on_device = on_device  # --decode gpu: JPEGs cross as bytes and a crop box; device_images decodes and crops them
         self._on: dict = {}
 
     def __call__(self, image) -> torch.Tensor:
@@ -159,6 +169,24 @@ class Pixels:
         return x.to(torch.float32).div_(255).sub_(mean).div_(std)
 
 
+    def device_images(self, batch: dict, device) -> torch.Tensor:
+        """--decode gpu: a batch's images as (n, 3, size, size) uint8 on `device`. Its JPEGs ("jpeg": their
+        bytes end to end, "jpeg_sizes", "jpeg_boxes", "jpeg_at": their places in the batch) are decoded
+        together by torchvision.io.decode_jpeg on the device (nvjpeg on a GPU) and cropped there; the
+        samples their workers decoded ("images" at "images_at") are copied in."""
+        from torchvision.io import ImageReadMode, decode_jpeg
+
+        size = self.transform.size
+        out = torch.empty((batch["n"], 3, size, size), dtype=torch.uint8, device=device)  # (n, 3, S, S)
+        if "images" in batch:
+            out[batch["images_at"].to(device)] = batch["images"].to(device, non_blocking=True)
+        datas = list(torch.split(batch["jpeg"], batch["jpeg_sizes"].tolist()))
+        decoded = decode_jpeg(datas, mode=ImageReadMode.RGB, device=device)  # [(3, H_k, W_k)] on the device
+        for k, (x, box) in enumerate(zip(decoded, batch["jpeg_boxes"].tolist())):
+            out[int(batch["jpeg_at"][k])] = self.transform.crop(x, box)
+        return out
+
+
 def _uint8_of(compose) -> tuple[Callable, list, list] | None:
     """A Compose ending in ToTensor + Normalize -> (the same Compose ending in a uint8 tensor, mean, std)."""
     steps = list(getattr(compose, "transforms", []))
@@ -167,12 +195,15 @@ def _uint8_of(compose) -> tuple[Callable, list, list] | None:
     return T.Compose(steps[:-2] + [_ToUint8()]), list(steps[-1].mean), list(steps[-1].std)
 
 
-def train_pixels(preprocess: dict, augment: str) -> Pixels:
-    """The trainer's form of train_transform(preprocess, augment) (module docstring)."""
+def train_pixels(preprocess: dict, augment: str, decode: str = "cpu") -> Pixels:
+    """The trainer's form of train_transform(preprocess, augment) (module docstring); decode "gpu" (augment
+    clip): JPEGs are decoded and cropped on the training device (Pixels.device_images), the same crops."""
     hf = bool(preprocess.get("hf_image_processor"))
     if augment == "clip":
         crop = _TensorRandomResizedCrop(int(preprocess["size"]), (0.9, 1.0), _interp(preprocess.get("interpolation", "bicubic")))
-        return Pixels(crop, "tensor", list(preprocess["mean"]), list(preprocess["std"]), composite=hf)
+        return Pixels(crop, "tensor", list(preprocess["mean"]), list(preprocess["std"]), composite=hf, on_device=decode == "gpu")
+    if decode == "gpu":
+        raise ValueError("decode on the device is for --augment clip only")
     reference = train_transform(preprocess, augment)
     split = _uint8_of(reference)
     if split is None:  # a Hugging Face processor (augment none): its own float pixels, normalised in the worker

@@ -121,6 +121,25 @@ def decode_pixels(value, composite: bool = False):
         return None
 
 
+def jpeg_for_device(value):
+    """datasets' undecoded image -> (its bytes, (height, width)) when it is a JPEG that nvjpeg decodes as
+    decode_pixels would (baseline or progressive, RGB or grayscale: the same test as decode_pixels'), read from
+    the header only; None for any other image, or one that cannot be read (the size limit included)."""
+    from PIL import Image
+
+    image_size_policy()
+    try:
+        data = image_bytes(value)
+        if data is None:
+            return None
+        im = Image.open(io.BytesIO(data))
+        if im.format == "JPEG" and im.mode in ("RGB", "L"):
+            return data, (im.height, im.width)
+    except Exception:
+        return None
+    return None
+
+
 def require_a_decodable_image(ds, column: str, what: str) -> None:
     """An error before any work when not one image of `column` decodes (every image corrupt, missing or
     too large). Cheap when the data are fine: the scan stops at the first image that decodes."""

@@ -75,6 +75,7 @@ class PretrainConfig:
     prefix_ids: bool = False
     allow_test_data: bool = False  # built-in test-only data as training input (io.test_only_inputs)
     augment: str = "clip"
+    decode: str = "cpu"  # gpu: JPEGs decoded by nvjpeg in batches on the training device, cropped there (--augment clip)
     workers: int | None = None  # None: chosen from the machine when the run starts (loop.default_workers), then recorded
     data_format: str = "auto"
     shuffle_buffer: int = 2000  # wds: samples held per stream (about 2000 x 30 KB = 60 MB with CC3M-sized JPEGs)
@@ -214,6 +215,10 @@ def _data_problems(c: PretrainConfig) -> list[str]:
         problems.append(f"--caption-sampling {c.caption_sampling!r}: use random or first")
     if c.augment not in AUGMENTATIONS:
         problems.append(f"--augment {c.augment!r}: use {', '.join(AUGMENTATIONS)}")
+    if c.decode not in ("cpu", "gpu"):
+        problems.append(f"--decode {c.decode!r}: use cpu or gpu")
+    elif c.decode == "gpu" and c.augment != "clip":
+        problems.append(f"--decode gpu crops on the GPU for --augment clip only (--augment {c.augment} crops with PIL in the workers)")
     if c.data_format not in DATA_FORMATS:
         problems.append(f"--data-format {c.data_format!r}: use {' | '.join(DATA_FORMATS)}")
     if c.shuffle_buffer < 1:

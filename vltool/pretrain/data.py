@@ -33,7 +33,7 @@ from vltool.distinct import duplicate
 from vltool.errors import UsageError, VltoolError
 from vltool.io.atomic import atomic_file
 from vltool.io.digests import arrow_column, column_values
-from vltool.io.images import decode_image, decode_pixels
+from vltool.io.images import decode_image, decode_pixels, jpeg_for_device
 from vltool.io.index import default_cache_dir, shard_index
 from vltool.io.loading import load_dataset, read_from_disk
 from vltool.io.records import read_provenance
@@ -431,6 +431,23 @@ class PairDataset:
     def __len__(self) -> int:
         return len(self.ds)
 
+    @staticmethod
+    def _seeded(seed: int, fn):
+        g = torch.random.default_generator  # torchvision draws from it; CPU only, unlike torch.manual_seed
+        saved = g.get_state()
+        g.manual_seed(seed)
+        try:
+            return fn()
+        finally:
+            g.set_state(saved)
+
+    def _warn_cpu_decoded(self, id_) -> None:
+        if not getattr(self, "_warned_cpu_decoded", False):
+            self._warned_cpu_decoded = True
+            print(f"warning: --decode gpu: sample {id_!r} is not a JPEG that nvjpeg decodes (baseline or progressive, RGB or "
+                  "grayscale); such samples are decoded in the data-loader workers (this worker says so once)",
+                  file=sys.stderr, flush=True)
+
     def decode(self, image: dict | None):
         """A stored image as the transform takes it: a uint8 tensor (vltool.transforms.Pixels that take one),
         else a PIL image in its own mode (the transform converts it as the model's library does)."""
@@ -460,6 +477,14 @@ class PairDataset:
         else:
             out["text"] = random.Random(s).choice(texts) if self.sampling == "random" else texts[0]
         if self.load_images:
+            if getattr(self.transform, "on_device", False):  # --decode gpu: a JPEG crosses as its bytes and crop box
+                found = jpeg_for_device(image)
+                if found is not None:
+                    data, hw = found
+                    out["jpeg"] = torch.frombuffer(bytearray(data), dtype=torch.uint8)  # (bytes,)
+                    out["box"] = self._seeded(s, lambda: self.transform.transform.box(hw))
+                    return out
+                self._warn_cpu_decoded(id_)
             im = self.decode(image)
             if im is None:
                 return {**out, "bad": True}
@@ -497,7 +522,17 @@ class Collate:
             "no_text": sum(1 for it in items if it.get("no_text")),
             "n": len(good),
         }
-        if good and "image" in good[0]:
+        if any("jpeg" in it for it in good):  # --decode gpu: the JPEGs' bytes end to end (one tensor), the rest decoded
+            at = [i for i, it in enumerate(good) if "jpeg" in it]
+            batch["jpeg"] = torch.cat([good[i]["jpeg"] for i in at])  # (total bytes,)
+            batch["jpeg_sizes"] = torch.tensor([good[i]["jpeg"].numel() for i in at], dtype=torch.long)  # (J,)
+            batch["jpeg_boxes"] = torch.tensor([good[i]["box"] for i in at], dtype=torch.long)  # (J, 4) top, left, h, w
+            batch["jpeg_at"] = torch.tensor(at, dtype=torch.long)  # (J,) places in the batch
+            rest = [i for i, it in enumerate(good) if "image" in it]
+            if rest:
+                batch["images"] = torch.stack([good[i]["image"] for i in rest])  # (n - J, 3, H, W)
+                batch["images_at"] = torch.tensor(rest, dtype=torch.long)
+        elif good and "image" in good[0]:
             batch["images"] = torch.stack([it["image"] for it in good])
         if good and "image2" in good[0]:
             batch["images2"] = torch.stack([it["image2"] for it in good])

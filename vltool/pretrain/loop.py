@@ -237,6 +237,9 @@ def setup(spec: RunSpec, run_dir: Path, config: PretrainConfig, *, overwrite: bo
     asked = config.precision
     accelerator = _accelerator(config)  # (resolves --precision auto)
     spec.config["precision"] = config.precision
+    if config.decode == "gpu" and accelerator.device.type != "cuda":  # (before anything is read or written)
+        raise UsageError(f"--decode gpu decodes JPEGs with nvjpeg on a CUDA device; this run trains on {accelerator.device.type} "
+                         "(use --decode cpu)")
     _tune_device(accelerator)  # before the run's record, which says what the run does (TF32 included)
     world = accelerator.num_processes
     if config.workers is None:  # chosen once, from this machine, and recorded in run.json (resume uses it)
@@ -404,6 +407,8 @@ def step(run: RunState, batches) -> tuple[dict, float]:
 def to_device(run: RunState, batch: dict) -> dict:
     """A batch's images on the training device as the model takes them: uint8 crops copied (non-blocking from
     pinned memory) and normalised there (vltool.transforms.Pixels.normalise); everything else as it came."""
+    if "jpeg" in batch:  # --decode gpu: decoded and cropped on the device
+        batch["images"] = run.pixels.device_images(batch, run.device)
     for key in ("images", "images2"):
         if key in batch and run.pixels is not None:
             batch[key] = run.pixels.normalise(batch[key].to(run.device, non_blocking=True))
@@ -716,7 +721,7 @@ def _build_model(run: RunState) -> None:
     if not run.streaming:  # (streamed samples are not known before training: a frozen tower runs every step)
         run.features = frozen_features(run.model, run.tokenizer, run.train, config, run.frozen, run.objective.uses_text,
                                        eval_transform(pp), acc)
-    run.pixels = train_pixels(pp, config.augment)  # uint8 crops in the workers, normalised on the device (to_device)
+    run.pixels = train_pixels(pp, config.augment, config.decode)  # uint8 crops in the workers, normalised on the device (to_device)
     pairs = PairDataset(getattr(run.train, "dataset", None), run.train.text_column, config.caption_sampling,
                         run.pixels, config.seed, load_images=run.features.image is None,
                         captions_per_image=config.captions_per_image, templated=run.train.templated,

@@ -59,18 +59,33 @@ def decode_image(value, rgb: bool = True):
     Training, encoding and pseudo-labelling all read images through this, so they agree on what a bad
     image is (skipped and counted; images over the size limit too, see image_size_policy). A path
     `tar://MEMBER::SHARD` (the shard index's) is read from the shard by offset."""
-    from PIL import Image
-
-    image_size_policy()
     try:
-        data = image_bytes(value)
-        if data is None:
+        opened = _opened(value)
+        if opened is None:
             return None
-        im = Image.open(io.BytesIO(data))
+        im = opened[1]
         im.load()
         return im.convert("RGB") if rgb else im
     except Exception:
         return None
+
+
+def _opened(value):
+    """(the encoded bytes, a PIL image opened from their header only) of datasets' undecoded image, or None
+    when the value holds no image; raises what reading the file or header raises (the size limit included)."""
+    from PIL import Image
+
+    image_size_policy()
+    data = image_bytes(value)
+    if data is None:
+        return None
+    return data, Image.open(io.BytesIO(data))
+
+
+def _jpeg_that_decode_jpeg_takes(im) -> bool:
+    """A baseline or progressive JPEG in RGB or grayscale: what torchvision.io.decode_jpeg (libjpeg-turbo, or
+    nvjpeg on a GPU) decodes to the pixels PIL gives (CMYK and YCCK JPEGs go through PIL's conversion)."""
+    return im.format == "JPEG" and im.mode in ("RGB", "L")
 
 
 def _quiet_torchvision_io() -> None:
@@ -95,13 +110,12 @@ def decode_pixels(value, composite: bool = False):
     import torch
     from PIL import Image
 
-    image_size_policy()
     try:
-        data = image_bytes(value)
-        if data is None:
+        opened = _opened(value)  # the header only: format, mode, size (and the size limit)
+        if opened is None:
             return None
-        im = Image.open(io.BytesIO(data))  # the header only: format, mode, size (and the size limit)
-        if im.format == "JPEG" and im.mode in ("RGB", "L"):
+        data, im = opened
+        if _jpeg_that_decode_jpeg_takes(im):
             from torchvision.io import ImageReadMode, decode_jpeg
 
             _quiet_torchvision_io()
@@ -125,16 +139,10 @@ def jpeg_for_device(value):
     """datasets' undecoded image -> (its bytes, (height, width)) when it is a JPEG that nvjpeg decodes as
     decode_pixels would (baseline or progressive, RGB or grayscale: the same test as decode_pixels'), read from
     the header only; None for any other image, or one that cannot be read (the size limit included)."""
-    from PIL import Image
-
-    image_size_policy()
     try:
-        data = image_bytes(value)
-        if data is None:
-            return None
-        im = Image.open(io.BytesIO(data))
-        if im.format == "JPEG" and im.mode in ("RGB", "L"):
-            return data, (im.height, im.width)
+        opened = _opened(value)
+        if opened is not None and _jpeg_that_decode_jpeg_takes(opened[1]):
+            return opened[0], (opened[1].height, opened[1].width)
     except Exception:
         return None
     return None

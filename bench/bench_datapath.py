@@ -106,7 +106,6 @@ class VltoolPipe:
         self.pp, self.tokenizer = clip_preprocess()
         assert self.pp["size"] == SIZE, self.pp
         self.pixels = train_pixels(self.pp, "clip")
-        self.joined = []  # the trainer joins nothing now (each worker builds whole micro-batches); _time_joins is kept for older trees
 
     def run(self, shards, batch: int, workers: int) -> Run:
         from vltool.pretrain.data import Collate, PairDataset, ShardStream, stream_micro_batches
@@ -115,31 +114,8 @@ class VltoolPipe:
         pairs = PairDataset(None, text_column, None, self.pixels, SEED)
         stream = ShardStream(shards, pairs.item, text_column, 1, 0, [batch] * max(1, workers), SEED, 2000,
                              collate=Collate(self.tokenizer))
-        gen = stream_micro_batches(stream, workers, self.tokenizer, pin=False)
-        return Run(gen, lambda b: b["n"], gen.close, normalise=lambda b: self.pixels.normalise(b["images"]),
-                   join_cpu=(lambda: self.joined[0]) if self.joined else None)
-
-
-def _time_joins(total: list) -> None:
-    """Wrap vltool.pretrain.data.join_batches (which shard_batches calls in the main process: one copy of
-    the workers' sub-batches into the micro-batch, into pinned memory on a GPU) to add its CPU time to
-    total[0]; `total` is emptied when there is no such function to wrap."""
-    import vltool.pretrain.data as D
-
-    inner = getattr(D, "join_batches", None)
-    if inner is None or getattr(inner, "_bench_timed", False):
-        total.clear()
-        return
-
-    def join_batches(*a, **k):
-        t = time.process_time()
-        try:
-            return inner(*a, **k)
-        finally:
-            total[0] += time.process_time() - t
-
-    join_batches._bench_timed = True
-    D.join_batches = join_batches
+        gen = stream_micro_batches(stream, workers, pin=False)
+        return Run(gen, lambda b: b["n"], gen.close, normalise=lambda b: self.pixels.normalise(b["images"]))
 
 
 def open_clip_parts():

@@ -301,7 +301,7 @@ def stage_pinned(check: Check, shards: Path) -> dict:
     pairs = PairDataset(None, "caption", None, pixels, 0)
     paths = sorted(str(p) for p in Path(shards).glob("*.tar"))
     stream = ShardStream(paths, pairs.item, "caption", 1, 0, [64, 64], 0, 100, collate=Collate(tok))
-    batch = next(stream_micro_batches(stream, 2, tok, pin=cuda))
+    batch = next(stream_micro_batches(stream, 2, pin=cuda))
     x = batch["images"]
     out = {"dtype": str(x.dtype), "shape": list(x.shape), "pinned": bool(x.is_pinned()) if cuda else None}
     device = torch.device("cuda" if cuda else "cpu")
@@ -366,8 +366,11 @@ def main() -> None:
     if args.out is None:
         raise SystemExit("give --out")
     out = args.out
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
+    if out.exists() and any(out.iterdir()):  # only an earlier check's own output is replaced
+        if not (out / "gpu-check.json").is_file():
+            raise SystemExit(f"--out {out} exists and is not an earlier gpu check's output; choose another folder")
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
     work = out / "work"
     check = Check(out, args.dry_run)
     dry = args.dry_run

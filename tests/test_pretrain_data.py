@@ -75,7 +75,7 @@ def test_shard_batches_are_collated_in_the_workers(shards, tokenizer):
             sub = next(it)
             assert "items" not in sub and sub["batch"]["images"].dtype == torch.uint8
             assert len(_tensors(sub)) == 3
-        got = next(stream_micro_batches(stream, 2, tokenizer))
+        got = next(stream_micro_batches(stream, 2))
         assert got["images"].shape == (batch, 3, 16, 16) and got["tokens"].shape[0] == batch
 
 
@@ -90,7 +90,7 @@ def test_micro_batches_are_whole_batches_of_each_worker_in_turn(shards, tokenize
         made = _stream(shards, tokenizer, collate, 2, (4, 4))
         made.rotate = rotate
         positions = {}
-        got_all = stream_micro_batches(made, 2, tokenizer, positions=positions)
+        got_all = stream_micro_batches(made, 2, positions=positions)
         plain = _stream(shards, tokenizer, None, 2, (4, 4))  # items, collated here
         subs = [iter(plain.samples(plain.stream_of(w), 0)) for w in (0, 1)]
         for j in range(5):
@@ -102,20 +102,6 @@ def test_micro_batches_are_whole_batches_of_each_worker_in_turn(shards, tokenize
             for k in want:
                 assert torch.equal(got[k], want[k]) if isinstance(want[k], torch.Tensor) else got[k] == want[k], (rotate, j, k)
             assert positions[w] == (0, 4 * (j // 2 + (1 if w == rotate or j % 2 else 0)))
-
-
-def test_a_hugging_face_tokenizers_join_pads_as_one_call(tmp_path):
-    """Sub-batches padded to their own longest text, joined: what one call on all the texts gives."""
-    from _hf_models import make_hf_clip
-
-    from vltool.model.tokenizer import Tokenizer
-
-    d = make_hf_clip(tmp_path / "clip", context=16)
-    tok = Tokenizer({"type": "hf", "dir": ".", "max_length": 16, "padding": True}, d)
-    a, b = ["a cat", "dog"], ["a much longer caption", "x"]
-    joined, one = tok.join([tok(a), tok(b)]), tok(a + b)
-    assert tok(a)["input_ids"].shape[1] != tok(b)["input_ids"].shape[1]  # the case that needs padding
-    assert joined.keys() == one.keys() and all(torch.equal(joined[k], one[k]) for k in one)
 
 
 def test_a_large_batch_trains_under_a_low_open_file_limit(tmp_path):
@@ -174,3 +160,28 @@ def test_decode_gpu_without_a_gpu_is_refused_before_anything_is_written(tmp_path
                         "--arch", "vltool-micro", "--steps", "1", "--decode", "gpu", "--device", "cpu"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "--decode gpu decodes JPEGs with nvjpeg on a CUDA device" in r.stderr.strip().splitlines()[-1], r.stderr[-800:]
     assert "Traceback" not in r.stderr and not (tmp_path / "run").exists()
+
+
+def test_every_logged_step_records_its_wait_for_data_and_auto_precision_is_float32_here(tmp_path, monkeypatch):
+    """metrics.jsonl's data_wait_s / data_wait_share on every logged step; --precision auto resolves to no
+    (float32) on a CPU without native bf16 and is recorded so, and to bf16 where the CPU computes it."""
+    import json
+
+    import torch
+
+    from vltool.pretrain import PretrainConfig, pretrain
+    from vltool.pretrain.loop import native_precision
+
+    pattern = make_shards(tmp_path / "s", shards=2, per_shard=8)
+    pretrain([pattern], tmp_path / "run", PretrainConfig(arch="vltool-micro", batch_size=4, steps=3, log_every=1), progress=False)
+    train = [m for m in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) if m["kind"] == "train"]
+    assert len(train) == 3 and all(m["data_wait_s"] >= 0 and 0 <= m["data_wait_share"] <= 1 for m in train)
+    assert any(m["data_wait_s"] > 0 for m in train)
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    native = native_precision("cpu")
+    assert run["config"]["precision"] == native and run["runtime"]["precision_chosen"].startswith(f"auto: {native}")
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+    assert native_precision("cpu") == "bf16"
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    assert native_precision("cpu") == "no"

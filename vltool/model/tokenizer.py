@@ -78,31 +78,6 @@ class Tokenizer:
         enc = self._tok(texts, padding=self.config.get("padding", True), truncation=True, max_length=self.config["max_length"], return_tensors="pt")
         return {k: enc[k] for k in self.config.get("inputs", ("input_ids", "attention_mask"))}
 
-    def join(self, parts: Sequence):
-        """The outputs of this tokenizer on several lists of texts -> its output on their concatenation:
-        tensors concatenated; a Hugging Face tokenizer's that pad to the longest text padded alike first
-        (its pad id and padding side; masks and type ids with 0)."""
-        import torch
-
-        parts = list(parts)
-        if isinstance(parts[0], torch.Tensor):
-            return torch.cat(parts)
-        width = max(p["input_ids"].shape[1] for p in parts)
-        left = getattr(self._tok, "padding_side", "right") == "left"
-        out = {}
-        for key in parts[0]:
-            value = self._tok.pad_token_id if key == "input_ids" else 0
-            padded = []
-            for p in parts:
-                x = p[key]
-                gap = width - x.shape[1]
-                if gap:
-                    fill = torch.full((x.shape[0], gap), value, dtype=x.dtype)
-                    x = torch.cat([fill, x] if left else [x, fill], dim=1)
-                padded.append(x)
-            out[key] = torch.cat(padded)
-        return out
-
     def save(self, model_dir: Path) -> None:
         """Copy the tokenizer files into `model_dir` at the place the config names."""
         if self.config["type"] == "open_clip":

@@ -770,20 +770,16 @@ class ShardStream(torch.utils.data.IterableDataset):
                 yield {"stream": worker, "batch": self.collate(items), "position": position}
 
 
-def shard_batches(loader, collate: Collate, streams: int, positions: dict, join_tokens=None, pin: bool = False):
-    """Micro-batches of a process from its ShardStream loader: the next sub-batch of each of its `streams`
-    streams (the loader takes its workers in turn), in stream order. Sub-batches collated by their workers
-    are joined (join_batches: one copy of each tensor, into pinned memory with `pin`); items are collated
-    here. `positions` (stream -> (epoch, samples consumed)) is updated as each micro-batch is taken, which is
-    what a checkpoint saves."""
+def shard_batches(loader, collate: Collate, streams: int, positions: dict):
+    """Micro-batches of a process from a ShardStream loader without `collate` (items): the next sub-batch of
+    each of its `streams` streams (the loader takes its workers in turn), collated here in stream order.
+    The trainer uses stream_micro_batches instead (whole micro-batches built in the workers). `positions`
+    (stream -> (epoch, samples consumed)) is updated as each micro-batch is taken."""
     it = iter(loader)
     while True:
         subs = [next(it) for _ in range(streams)]
         assert [s["stream"] for s in subs] == list(range(streams)), "data-loader workers out of turn"
-        if "batch" in subs[0]:
-            batch = join_batches([s["batch"] for s in subs], join_tokens, pin)
-        else:
-            batch = collate([x for s in subs for x in s["items"]])
+        batch = collate([x for s in subs for x in s["items"]])
         positions.update({s["stream"]: tuple(s["position"]) for s in subs})
         yield batch
 
@@ -793,7 +789,7 @@ def loader_options(workers: int, pin: bool) -> dict:
     return dict(num_workers=workers, pin_memory=pin, persistent_workers=workers > 0, prefetch_factor=4 if workers > 0 else None)
 
 
-def stream_micro_batches(stream: ShardStream, workers: int, tokenizer=None, pin: bool = False, positions: dict | None = None):
+def stream_micro_batches(stream: ShardStream, workers: int, pin: bool = False, positions: dict | None = None):
     """The trainer's micro-batches of a ShardStream built with `collate` and sizes [B] x W: micro-batch j of
     this process is the next B samples of worker (rotate + j) mod W, built and collated in that worker and
     received whole (one image tensor and one token tensor; pinned by the DataLoader with `pin`). `positions`
@@ -809,31 +805,3 @@ def stream_micro_batches(stream: ShardStream, workers: int, tokenizer=None, pin:
         positions[sub["stream"]] = tuple(sub["position"])
         j += 1
         yield sub["batch"]
-
-
-def _cat(parts: list, pin: bool):
-    if len(parts) == 1 and not pin:
-        return parts[0]
-    if not pin:
-        return torch.cat(parts)
-    shape = (sum(p.shape[0] for p in parts), *parts[0].shape[1:])
-    return torch.cat(parts, out=torch.empty(shape, dtype=parts[0].dtype, pin_memory=True))
-
-
-def join_batches(parts: list[dict], join_tokens=None, pin: bool = False) -> dict:
-    """Collate's batches of consecutive item lists -> Collate's batch of all the items (the same tensors,
-    concatenated; tokens by `join_tokens`, the tokenizer's join). With `pin` every tensor lands in pinned
-    memory (the copy to the GPU then overlaps the step)."""
-    if len(parts) == 1 and not pin:
-        return parts[0]
-    out = {"rows": _cat([p["rows"] for p in parts], pin), "bad_ids": [i for p in parts for i in p["bad_ids"]],
-           "no_text": sum(p["no_text"] for p in parts), "n": sum(p["n"] for p in parts)}
-    for key in ("images", "images2", "text_rows", "text_index"):
-        have = [p[key] for p in parts if key in p]
-        if have:
-            out[key] = _cat(have, pin)
-    tokens = [p["tokens"] for p in parts if "tokens" in p]
-    if tokens:
-        joined = tokens[0] if len(tokens) == 1 else (join_tokens or torch.cat)(tokens)
-        out["tokens"] = ({k: v.pin_memory() for k, v in joined.items()} if isinstance(joined, dict) else joined.pin_memory()) if pin else joined
-    return out

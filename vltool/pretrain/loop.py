@@ -292,7 +292,7 @@ def train(run: RunState, stop_after_steps: int | None = None) -> bool:
     workers = run.config.workers  # a dataset's rows do not depend on it (rows are seeded by (seed, epoch, row))
     pin = run.device.type == "cuda"
     if run.streaming:  # whole micro-batches built in the workers, in turn
-        micro_batches = stream_micro_batches(run.dataset, workers, run.tokenizer, pin, run.data_positions)
+        micro_batches = stream_micro_batches(run.dataset, workers, pin, run.data_positions)
     else:
         sampler = make_sampler(run.train, run.config, run.accelerator.num_processes, run.accelerator.process_index,
                                run.step * run.config.accum_steps, run.total_steps * run.config.accum_steps)

@@ -155,7 +155,7 @@ def prepare(inputs: Path, shards_n: int, short_side: int, wheels: bool, per_shar
     shutil.rmtree(inputs / ".photo-cache", ignore_errors=True)
     (inputs / "shards.json").write_text(json.dumps({"samples": shards_n, "short_side": short_side, "from": made}))
     if wheels:
-        need = ["datasets", "open_clip_torch", "open_clip_train", "webdataset", "braceexpand", "nltk", "faiss-cpu", "typer", "rich"]
+        need = ["datasets", "open_clip_torch", "open_clip_train", "webdataset", "braceexpand", "faiss-cpu", "typer", "rich"]
         subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-d", str(inputs / "wheels"), *need], check=True)
     print(f"prepared {inputs}: carry it to the device (run's carry) with the working tree")
 

@@ -33,7 +33,7 @@ from vltool.derived import ColumnSpill, replace_text_column, spill_beside
 from vltool.errors import UsageError
 from vltool.io.digests import arrow_column
 from vltool.io.loading import require_columns
-from vltool.text import english_stopwords, tokenize
+from vltool.text import StopWords, english_stopwords, tokenize
 
 DEFAULT_OPS = "shuffle,rmstop,basevocab,rmtopfreq1000,keep4"
 _MASK = (1 << 64) - 1
@@ -420,7 +420,8 @@ def deform_dataset(ds, config: DeformConfig, spill: Path | None = None) -> tuple
     feature = text_feature(ds, config.text_column)
     texts_col, ids_col = arrow_column(ds, config.text_column), arrow_column(ds, C.ID)  # Arrow: no Python objects
     n = len(texts_col)
-    stopwords, stop_source = english_stopwords()
+    stop = english_stopwords()
+    stopwords = stop.words
     is_base = choose_base(n, config.base_frac, config.seed)  # (n,) bool
     vocab = fit_base_vocabulary(texts_col, is_base, ops, stopwords, config.num_proc)
     col_type = ds.data.schema.field(config.text_column).type
@@ -432,7 +433,7 @@ def deform_dataset(ds, config: DeformConfig, spill: Path | None = None) -> tuple
         ds, config.text_column, original_col, done.columns, {config.text_column: feature, C.IS_BASE: datasets.Value("bool")}, done.keep,
         fingerprint=_fingerprint(ds._fingerprint, config), spill=spill, chunk=TEXT_CHUNK,
     )
-    return out, deform_stats(done, is_base, vocab, ops, stopwords, stop_source)
+    return out, deform_stats(done, is_base, vocab, ops, stop)
 
 
 def text_feature(ds, text_column: str):
@@ -486,7 +487,7 @@ def deform_column(texts_col, ids_col, is_base: np.ndarray, ops: Ops, vocab: Voca
     return done
 
 
-def deform_stats(done: Deformed, is_base: np.ndarray, vocab: Vocabulary, ops: Ops, stopwords: frozenset[str], stop_source: str) -> dict:
+def deform_stats(done: Deformed, is_base: np.ndarray, vocab: Vocabulary, ops: Ops, stop: StopWords) -> dict:
     """The statistics: rows kept and dropped, caption lengths before and after, the vocabulary's sizes,
     the words removed most, and a warning when rmtopfreq removes the whole base vocabulary."""
     n, keep = len(is_base), done.keep
@@ -499,7 +500,7 @@ def deform_stats(done: Deformed, is_base: np.ndarray, vocab: Vocabulary, ops: Op
             "(none, with basevocab); the paper's t=1000 is for millions of captions: choose a smaller t here"
         )
     top_removed = [
-        [w, c] for w, c in sorted(done.removed.items(), key=lambda kv: (-kv[1], kv[0])) if w.isalpha() and w not in stopwords
+        [w, c] for w, c in sorted(done.removed.items(), key=lambda kv: (-kv[1], kv[0])) if w.isalpha() and w not in stop.words
     ][:20]
     return {
         "ops": str(ops),
@@ -514,7 +515,8 @@ def deform_stats(done: Deformed, is_base: np.ndarray, vocab: Vocabulary, ops: Op
         "base_vocab_size": len(vocab.base_vocab) if vocab.base_vocab is not None else None,
         "rmtopfreq_words": [[w, c] for w, c in zip(vocab.top_words[:20], vocab.top_counts[:20])],
         "top_removed_words": top_removed,
-        "stopwords": stop_source,
+        "stopwords": stop.source,
+        "stopwords_sha256": stop.sha256,
         "warnings": warnings,
     }
 

@@ -63,7 +63,7 @@ class AlignedWords:
 
     @classmethod
     def fit(cls, captions: Sequence[str], top_t: int, stopwords: frozenset[str] | None = None) -> "AlignedWords":
-        stop = stopwords if stopwords is not None else english_stopwords()[0]
+        stop = stopwords if stopwords is not None else english_stopwords().words
         words, df, df_all = [], Counter(), Counter()
         for c in captions:
             toks = set(tokenize(c or ""))
@@ -339,7 +339,7 @@ def withheld_check(ds, made: PseudoCaptions, seed: int) -> dict | None:
     """How the pseudo-captions agree with the unaligned rows' own (withheld) captions, when they have them."""
     if C.CAPTION not in ds.column_names or not made.keep:
         return None
-    truth = [content_words(t if isinstance(t, str) else "", english_stopwords()[0]) for t in ds.select(made.keep)[C.CAPTION]]
+    truth = [content_words(t if isinstance(t, str) else "", english_stopwords().words) for t in ds.select(made.keep)[C.CAPTION]]
     return agreement_with_withheld(made.pseudo, truth, seed)
 
 
@@ -372,6 +372,7 @@ def pseudolabel_stats(made: PseudoCaptions, ids: list[str], n: int, bad: np.ndar
         "examples": [{"id": ids[i], "caption": p} for i, p in zip(keep[:8], pseudo[:8])],
         "removed_top_words": len(made.words_fit.top) if config.strategy.startswith("rmtop") else 0,
         "crop": {"scale": CROP_SCALE, "ratio": CROP_RATIO},
-        "stopwords": english_stopwords()[1],
+        "stopwords": english_stopwords().source,
+        "stopwords_sha256": english_stopwords().sha256,
         "withheld_caption_check": check,
     }

@@ -8,9 +8,11 @@ NLTK's `word_tokenize` would need the `punkt` download, which these machines can
 
 from __future__ import annotations
 
+import hashlib
 import re
 from functools import lru_cache
 from pathlib import Path
+from typing import NamedTuple
 
 TOKEN_RE = re.compile(r"\w+(?:['\u2019]\w+)*|[^\w\s]")
 STOPWORDS_FILE = Path(__file__).resolve().parent / "assets" / "stopwords_english.txt"
@@ -26,18 +28,19 @@ def is_word(token: str) -> bool:
     return token.isalpha()
 
 
+class StopWords(NamedTuple):
+    """The English stop-word list: its words, how outputs name it, and the SHA-256 of the shipped file."""
+
+    words: frozenset[str]
+    source: str
+    sha256: str
+
+
 @lru_cache(maxsize=1)
-def english_stopwords() -> tuple[frozenset[str], str]:
-    """NLTK's English stop words, and where they came from.
-
-    NLTK's corpus is used when it is installed (`nltk.download('stopwords')`); otherwise the copy of
-    NLTK's classic 179-word English list shipped in vltool/assets/stopwords_english.txt.
-    """
-    try:
-        from nltk.corpus import stopwords  # optional dependency: absent, the shipped copy is used
-
-        words = stopwords.words("english")
-        return frozenset(w.lower() for w in words), f"nltk corpus ({len(words)} words)"
-    except (LookupError, ImportError, OSError):
-        words = STOPWORDS_FILE.read_text().split()
-        return frozenset(words), f"vltool's copy of NLTK's English list ({len(words)} words)"
+def english_stopwords() -> StopWords:
+    """NLTK's English stop words, from the copy shipped in vltool/assets/stopwords_english.txt (its source and
+    licence: vltool/assets/STOPWORDS_SOURCE.md). NLTK's corpus is never read: the list, and so every output
+    that uses it, is the same on every machine; outputs record it by `sha256`."""
+    data = STOPWORDS_FILE.read_bytes()
+    words = data.decode("utf-8").split()
+    return StopWords(frozenset(words), f"vltool's copy of NLTK's English list ({len(words)} words)", hashlib.sha256(data).hexdigest())

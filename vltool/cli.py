@@ -1,11 +1,14 @@
-"""The `vltool` command: registers the subcommands that exist. Nothing heavy is imported here."""
+"""The `vltool` command: the subcommands of vltool.commands.TABLE. Nothing heavy is imported here, and a
+command's module is imported only when that command runs or prints its own help (`LazyCommands`)."""
 
 from __future__ import annotations
 
 import copy
 import functools
+import importlib
 import re
 import sys
+from collections.abc import MutableMapping
 
 from typing import Annotated, Optional
 
@@ -14,25 +17,7 @@ import typer.core
 from rich.markup import escape
 
 from vltool import __version__
-from vltool.commands import (
-    benchmark,
-    debias,
-    deform,
-    export,
-    import_,
-    info,
-    mine_positives,
-    pick_caption,
-    pretrain,
-    probe,
-    pseudolabel,
-    recaption,
-    report,
-    retrieve,
-    split,
-    zeroshot,
-)
-from vltool.commands import filter as filter_
+from vltool.commands import TABLE
 
 
 def as_markup(text: str) -> str:
@@ -102,6 +87,38 @@ def click_exceptions():
     return exceptions.exceptions if exceptions is not None else __import__("click").exceptions
 
 
+class LazyCommands(MutableMapping):
+    """click's `Group.commands` over vltool.commands.TABLE: a command's module is imported, and its click
+    command built, when the command is first looked up. `vltool --help` lists the table's one-line helps
+    without looking any command up (PlainHelpGroup.format_help), so it imports no command module."""
+
+    def __init__(self, rich_markup_mode):
+        self._built: dict = {}
+        self._rich_markup_mode = rich_markup_mode
+
+    def __getitem__(self, name):
+        if name not in self._built:
+            if name not in TABLE:
+                raise KeyError(name)
+            sub = typer.Typer()
+            importlib.import_module(f"vltool.commands.{TABLE[name][0]}").register(sub)
+            (info,) = sub.registered_commands
+            self._built[name] = typer.main.get_command_from_info(info, pretty_exceptions_short=True, rich_markup_mode=self._rich_markup_mode)
+        return self._built[name]
+
+    def __setitem__(self, name, command):
+        self._built[name] = command
+
+    def __delitem__(self, name):
+        raise TypeError("vltool's commands are those of vltool.commands.TABLE")
+
+    def __iter__(self):
+        return iter(dict.fromkeys([*TABLE, *self._built]))
+
+    def __len__(self):
+        return len(dict.fromkeys([*TABLE, *self._built]))
+
+
 class PlainHelpGroup(typer.core.TyperGroup):
     """vltool's help strings are plain text: `[default: ...]` and `{name: [prompts]}` print as written.
 
@@ -111,10 +128,28 @@ class PlainHelpGroup(typer.core.TyperGroup):
     .commands) keeps the strings as written. Plain (non-rich) help is left alone; the panels
     (rich_help_panel) and the layout stay typer's."""
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.commands = LazyCommands(self.rich_markup_mode)
+        self._listing = False
+
+    def format_help(self, ctx, formatter):
+        """The group's help lists the commands by their TABLE lines, importing none of their modules."""
+        self._listing = True
+        try:
+            return super().format_help(ctx, formatter)
+        finally:
+            self._listing = False
+
+    def list_commands(self, ctx) -> list[str]:
+        return list(self.commands)  # (the names: typer's own reads every command, which imports its module)
+
     def _rich(self) -> bool:
         return self.rich_markup_mode == "rich" and getattr(typer.core, "HAS_RICH", True)
 
     def get_command(self, ctx, cmd_name):
+        if self._listing:  # a line of the group's help: the name and the one-line help
+            return typer.core.TyperCommand(cmd_name, short_help=TABLE[cmd_name][1]) if cmd_name in TABLE else None
         command = super().get_command(ctx, cmd_name)
         if command is None:
             return None
@@ -165,26 +200,12 @@ def root(
     """vltool: run the methods of five papers on language supervision for CLIP-style models on your data."""
 
 
-deform.register(app)
-import_.register(app)
-export.register(app)
-info.register(app)
-pretrain.register(app)
-recaption.register(app)
-filter_.register(app)
-zeroshot.register(app)
-retrieve.register(app)
-probe.register(app)
-mine_positives.register(app)
-pseudolabel.register(app)
-debias.register(app)
-split.register(app)
-report.register(app)
-pick_caption.register(app)
-benchmark.register(app)
 
 
 def main() -> None:
+    if sys.argv[1:] == ["--version"]:  # (the answer without building the command line)
+        print(f"vltool {__version__}")
+        return
     app()
 
 

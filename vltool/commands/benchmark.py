@@ -11,6 +11,7 @@ from rich.table import Table
 from vltool import console
 from vltool.console import print_json
 from vltool.topology import is_main
+from vltool.commands import short_help
 from vltool.commands.common import CacheDirOpt, JsonOpt, OverwriteOpt, SeedOpt, handle_errors
 from vltool.commands.evaluation import (
     BootstrapOpt, DebiasOpt, DebiasTextOpt, EncodeBatchOpt, EncodePrecisionOpt, EvalModelOpt, GroupColumnOpt, NoProgressOpt, PretrainedOpt, ResultsOutOpt, WorkersOpt,
@@ -106,6 +107,6 @@ def print_table(record: dict) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("benchmark", help=HELP, short_help="Zero-shot, retrieval and linear probe over many datasets: one table.")(
+    app.command("benchmark", help=HELP, short_help=short_help("benchmark"))(
         handle_errors(benchmark_command)
     )

@@ -11,6 +11,7 @@ from rich.table import Table
 from vltool import console
 from vltool.console import print_json
 from vltool.errors import UsageError
+from vltool.commands import short_help
 from vltool.commands.common import (
     NoProgressOpt,
     CacheDirOpt, JsonOpt, OldEvalOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors, renamed,
@@ -127,6 +128,6 @@ def gap_line(s: dict) -> str:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("debias", help=HELP, short_help="Remove a concept subspace (CLIP-Lite) and measure the edit.")(
+    app.command("debias", help=HELP, short_help=short_help("debias"))(
         handle_errors(debias_command)
     )

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from vltool import console
 from vltool.console import print_json
+from vltool.commands import short_help
 from vltool.commands.common import (
     NoProgressOpt,
     DataArg,
@@ -99,6 +100,6 @@ def print_stats(s: dict, out) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("deform", help=HELP, short_help="Captions to bags of words (Fistful of Words, 2.2).")(
+    app.command("deform", help=HELP, short_help=short_help("deform"))(
         handle_errors(deform_command)
     )

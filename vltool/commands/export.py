@@ -10,6 +10,7 @@ from rich.table import Table
 from vltool import console
 from vltool.console import print_json
 from vltool.errors import UsageError
+from vltool.commands import short_help
 from vltool.commands.common import NoProgressOpt, DataArg, JsonOpt, NumProcOpt, OutOpt, OverwriteOpt, SplitOpt, WhereOpt, handle_errors
 
 HELP = """Write a dataset as WebDataset shards or open_clip's CSV layout, for open_clip's trainer as is; or a
@@ -94,4 +95,4 @@ def print_stats(s: dict, out) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("export", help=HELP, short_help="Write WebDataset shards or open_clip CSV; a model in transformers' layout.")(handle_errors(export_command))
+    app.command("export", help=HELP, short_help=short_help("export"))(handle_errors(export_command))

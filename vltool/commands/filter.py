@@ -9,6 +9,7 @@ from rich.table import Table
 
 from vltool import console
 from vltool.console import print_json
+from vltool.commands import short_help
 from vltool.commands.common import (
     NoProgressOpt,
     BatchSizeOpt,
@@ -137,6 +138,6 @@ def print_stats(s: dict, out) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("filter", help=HELP, short_help="Keep reference-like captions (bag-of-n-grams classifier).")(
+    app.command("filter", help=HELP, short_help=short_help("filter"))(
         handle_errors(filter_command)
     )

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from vltool import console
 from vltool.console import print_json
+from vltool.commands import short_help
 from vltool.commands.common import NoProgressOpt, JsonOpt, NumProcOpt, OutOpt, OverwriteOpt, handle_errors
 
 HELP = """Read image-text data into a vltool dataset (id, image, caption, optional captions and label).
@@ -131,6 +132,6 @@ def print_stats(s: dict, out) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("import", help=HELP, short_help="Read CSV/TSV/JSONL/Parquet, WebDataset, image folders, COCO, CLIP_benchmark's datasets.")(
+    app.command("import", help=HELP, short_help=short_help("import"))(
         handle_errors(import_command)
     )

@@ -9,6 +9,7 @@ from rich.table import Table
 
 from vltool import console
 from vltool.console import print_json
+from vltool.commands import short_help
 from vltool.commands.common import NoProgressOpt, JsonOpt, SplitOpt, handle_errors
 
 HELP = """Describe a dataset or a model directory, and how it was made.
@@ -173,4 +174,4 @@ def render(r: dict, max_labels: int = 20) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("info", help=HELP, short_help="Describe a dataset or model and its provenance.")(handle_errors(info_command))
+    app.command("info", help=HELP, short_help=short_help("info"))(handle_errors(info_command))

@@ -11,6 +11,7 @@ from rich.table import Table
 from vltool import console
 from vltool.console import print_json
 from vltool.topology import is_main
+from vltool.commands import short_help
 from vltool.commands.common import (
     NoProgressOpt,
     CacheDirOpt, DataArg, JsonOpt, OldNumProcOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors, renamed,
@@ -141,6 +142,6 @@ def print_report(s: dict, config, out) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("mine-positives", help=HELP, short_help="False-negative repair: FFF's positive mining.")(
+    app.command("mine-positives", help=HELP, short_help=short_help("mine-positives"))(
         handle_errors(mine_positives_command)
     )

@@ -8,6 +8,7 @@ import typer
 
 from vltool import console
 from vltool.console import print_json
+from vltool.commands import short_help
 from vltool.commands.common import NoProgressOpt, DataArg, JsonOpt, OutOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors
 
 HELP = """One caption per image, chosen from a list column: the single-caption data CLIP trains on.
@@ -53,6 +54,6 @@ def pick_caption_command(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("pick-caption", help=HELP, short_help="One caption per image from a list column (CLIP's single caption).")(
+    app.command("pick-caption", help=HELP, short_help=short_help("pick-caption"))(
         handle_errors(pick_caption_command)
     )

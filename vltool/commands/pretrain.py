@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
+from vltool.commands import short_help
 from vltool.commands.common import JsonOpt, NoProgressOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors, renamed
 from vltool.console import out as stdout, print_json
 
@@ -207,6 +208,6 @@ def print_stats(s: dict) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("pretrain", help=HELP, short_help="Train a two-tower model: CLIP, sigmoid, UniCL, JSD, memory bank or SimCLR.")(
+    app.command("pretrain", help=HELP, short_help=short_help("pretrain"))(
         handle_errors(pretrain_command)
     )

@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from vltool.errors import UsageError
+from vltool.commands import short_help
 from vltool.commands.common import (
     CacheDirOpt, JsonOpt, OldEvalOpt, OldNumProcOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors, renamed,
 )
@@ -100,6 +101,6 @@ def probe_command(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("probe", help=HELP, short_help="Linear probe on frozen image features.")(
+    app.command("probe", help=HELP, short_help=short_help("probe"))(
         handle_errors(probe_command)
     )

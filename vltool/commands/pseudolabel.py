@@ -10,6 +10,7 @@ from rich.table import Table
 from vltool import console
 from vltool.console import print_json
 from vltool.topology import is_main
+from vltool.commands import short_help
 from vltool.commands.common import AllowTestDataOpt, NoProgressOpt, CacheDirOpt, DataArg, JsonOpt, OutOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors
 from vltool.commands.evaluation import EvalModelOpt, PretrainedOpt
 
@@ -92,6 +93,6 @@ def pseudolabel_command(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("pseudolabel", help=HELP, short_help="Pseudo bag-of-words captions for unaligned images.")(
+    app.command("pseudolabel", help=HELP, short_help=short_help("pseudolabel"))(
         handle_errors(pseudolabel_command)
     )

@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
+from vltool.commands import short_help
 from vltool.commands.common import (
     NoProgressOpt,
     DataArg,
@@ -147,6 +148,6 @@ def print_stats(s: dict, out) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("recaption", help=HELP, short_help="New captions from a captioner, or paraphrases from an LM.")(
+    app.command("recaption", help=HELP, short_help=short_help("recaption"))(
         handle_errors(recaption_command)
     )

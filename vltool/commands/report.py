@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from vltool import console
+from vltool.commands import short_help
 from vltool.commands.common import NoProgressOpt, OverwriteOpt, SeedOpt, handle_errors
 from vltool.commands.evaluation import BootstrapOpt
 
@@ -87,4 +88,4 @@ def report_command(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("report", help=HELP, short_help="Tabulate a recipe's runs over seeds (JSON, Markdown, PNG).")(handle_errors(report_command))
+    app.command("report", help=HELP, short_help=short_help("report"))(handle_errors(report_command))

@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from vltool.commands import short_help
 from vltool.commands.common import (
     CacheDirOpt, DataArg, JsonOpt, OldNumProcOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors, renamed,
 )
@@ -75,6 +76,6 @@ def retrieve_command(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("retrieve", help=HELP, short_help="Image-text retrieval: Recall@K and ranks.")(
+    app.command("retrieve", help=HELP, short_help=short_help("retrieve"))(
         handle_errors(retrieve_command)
     )

@@ -8,6 +8,7 @@ import typer
 
 from vltool import console
 from vltool.console import print_json
+from vltool.commands import short_help
 from vltool.commands.common import (
     NoProgressOpt,
     DataArg, JsonOpt, OldColumnOpt, OutOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors, renamed,
@@ -62,6 +63,6 @@ def split_command(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("split", help=HELP, short_help="Assign rows to named parts, by group (e.g. aligned/unaligned).")(
+    app.command("split", help=HELP, short_help=short_help("split"))(
         handle_errors(split_command)
     )

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from vltool import console
 from vltool.topology import is_main
+from vltool.commands import short_help
 from vltool.commands.common import (
     CacheDirOpt, DataArg, JsonOpt, OldNumProcOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors, renamed,
 )
@@ -111,6 +112,6 @@ def print_per_class(record: dict) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("zeroshot", help=HELP, short_help="Zero-shot classification with prompt templates.")(
+    app.command("zeroshot", help=HELP, short_help=short_help("zeroshot"))(
         handle_errors(zeroshot_command)
     )

@@ -23,36 +23,32 @@ Import order inside the package (each module imports only modules before it; no 
 `__init__`): images, records, builtin, locks, outputs, atomic, index, loading, heldout, digests.
 (heldout and digests name `LoadedDataset` from loading in annotations only.)
 
-datasets, pyarrow and PIL are imported inside the functions that use them: `vltool --help` loads this package
-(through commands/common.py), and importing them costs about a second.
+The names are loaded on first use (`__getattr__`): importing one module of the package (commands/common.py
+imports `locks`, so `vltool --help` does) runs this file but none of the other modules. datasets, pyarrow and
+PIL are imported inside the functions that use them.
 """
 
-from vltool.io.images import image_size_policy, image_bytes, decode_image, decode_pixels, require_a_decodable_image
-from vltool.io.records import read_provenance
-from vltool.io.builtin import ASSETS, BUILTIN_DATASETS, TEST_ONLY_DATASETS
-from vltool.io.locks import (is_main_process, STALE_MARKS, OutputBusy, lock_file, output_scope, hold_output_lock,
-    LOCK_HELD_ERRNOS, refuse_if_busy, clean_stale,
-)
-from vltool.io.outputs import model_inputs, check_output, OUTPUT_MARKS, require_output_name, check_writable, not_writable
-from vltool.io.atomic import work_dir, final_of_work_dir, atomic_output, replace_path, atomic_file, write_json_atomic, save_dataset
-from vltool.io.index import (default_cache_dir, SHARD_INDEX_DIR, SHARD_INDEX_VERSION, SHARD_INDEX_COMMAND, RESERVED_COLUMNS,
-    ShardIndex, is_shard_input, shard_index, INDEX_DATA_FILE, INDEX_BATCH, duplicate_rows,
-)
-from vltool.io.loading import (Where, LoadedDataset, resolve_dataset_path, load_dataset, read_from_disk,
-    tar_paths_add_no_bytes, require_columns, apply_where,
-)
-from vltool.io.heldout import test_only_origin, test_only_inputs
-from vltool.io.digests import arrow_column, values_digest, column_digest, strings_digest, shared_ids, rows_in_both, column_values
+_WHERE = {  # name -> the module of vltool.io that defines it
+    **dict.fromkeys(('image_size_policy', 'image_bytes', 'decode_image', 'decode_pixels', 'require_a_decodable_image'), 'images'),
+    **dict.fromkeys(('read_provenance',), 'records'),
+    **dict.fromkeys(('ASSETS', 'BUILTIN_DATASETS', 'TEST_ONLY_DATASETS'), 'builtin'),
+    **dict.fromkeys(('is_main_process', 'STALE_MARKS', 'OutputBusy', 'lock_file', 'output_scope', 'hold_output_lock', 'LOCK_HELD_ERRNOS', 'refuse_if_busy', 'clean_stale'), 'locks'),
+    **dict.fromkeys(('model_inputs', 'check_output', 'OUTPUT_MARKS', 'require_output_name', 'check_writable', 'not_writable'), 'outputs'),
+    **dict.fromkeys(('work_dir', 'final_of_work_dir', 'atomic_output', 'replace_path', 'atomic_file', 'write_json_atomic', 'save_dataset'), 'atomic'),
+    **dict.fromkeys(('default_cache_dir', 'SHARD_INDEX_DIR', 'SHARD_INDEX_VERSION', 'SHARD_INDEX_COMMAND', 'RESERVED_COLUMNS', 'ShardIndex', 'is_shard_input', 'shard_index', 'INDEX_DATA_FILE', 'INDEX_BATCH', 'duplicate_rows'), 'index'),
+    **dict.fromkeys(('Where', 'LoadedDataset', 'resolve_dataset_path', 'load_dataset', 'read_from_disk', 'tar_paths_add_no_bytes', 'require_columns', 'apply_where'), 'loading'),
+    **dict.fromkeys(('test_only_origin', 'test_only_inputs'), 'heldout'),
+    **dict.fromkeys(('arrow_column', 'values_digest', 'column_digest', 'strings_digest', 'shared_ids', 'rows_in_both', 'column_values'), 'digests'),
+}
 
-__all__ = [
-    "ASSETS", "BUILTIN_DATASETS", "TEST_ONLY_DATASETS", "Where", "LoadedDataset", "resolve_dataset_path",
-    "load_dataset", "read_from_disk", "tar_paths_add_no_bytes", "arrow_column", "values_digest", "column_digest",
-    "strings_digest", "shared_ids", "rows_in_both", "column_values", "require_columns", "apply_where", "model_inputs",
-    "check_output", "OUTPUT_MARKS", "require_output_name", "check_writable", "not_writable", "is_main_process",
-    "STALE_MARKS", "OutputBusy", "lock_file", "output_scope", "hold_output_lock", "LOCK_HELD_ERRNOS", "refuse_if_busy",
-    "clean_stale", "work_dir", "final_of_work_dir", "atomic_output", "replace_path", "atomic_file", "write_json_atomic",
-    "save_dataset", "read_provenance", "test_only_origin", "test_only_inputs", "default_cache_dir", "image_size_policy",
-    "image_bytes", "decode_image", "decode_pixels", "require_a_decodable_image", "SHARD_INDEX_DIR", "SHARD_INDEX_VERSION",
-    "SHARD_INDEX_COMMAND", "RESERVED_COLUMNS", "ShardIndex", "is_shard_input", "shard_index", "INDEX_DATA_FILE",
-    "INDEX_BATCH", "duplicate_rows",
-]
+
+def __getattr__(name: str):
+    """`from vltool.io import NAME` imports NAME's own module, and only it (PEP 562)."""
+    if name not in _WHERE:
+        raise AttributeError(f"module 'vltool.io' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"vltool.io.{_WHERE[name]}"), name)
+
+
+__all__ = list(_WHERE)

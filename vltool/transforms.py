@@ -9,7 +9,8 @@ result is bit for bit the reference's wherever the crop is made by the same code
 `clip` crops and resizes the decoded uint8 tensor (torchvision.transforms.v2: the reference's crop box from
 the same draws, bicubic with antialias), which differs from PIL's resampling by a few levels at a few pixels.
 
-A leaf module (torchvision and open_clip, imported inside the functions; no other vltool module):
+Imports torch, PIL and torchvision; open_clip's transform (vltool.open_clip_parts, a leaf) and transformers inside
+the functions that use them, and no other vltool module.
 vltool.model.load builds a loaded model's `preprocess` with `eval_transform`.
 Training transforms draw from torch's global RNG; the trainer seeds it per row (seed, epoch, row), so an
 augmentation does not depend on the worker, the process count or a resume.
@@ -20,8 +21,6 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
-import transformers
-from open_clip.transform import PreprocessCfg, image_transform_v2
 from PIL import Image
 from torchvision import transforms as T
 from torchvision.transforms import InterpolationMode
@@ -44,6 +43,8 @@ class HFImageTransform:
     exactly the processor's pixel_values."""
 
     def __init__(self, processor: dict):
+        import transformers
+
         self.processor = getattr(transformers, processor["image_processor_type"]).from_dict(processor)
 
     def __call__(self, im):
@@ -68,8 +69,11 @@ def eval_transform(preprocess: dict) -> Callable:
     (transparency composited on white)."""
     if preprocess.get("hf_image_processor"):
         return HFImageTransform(preprocess["hf_image_processor"])
-    cfg = PreprocessCfg(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in preprocess.items() if k in PreprocessCfg.__dataclass_fields__})
-    return image_transform_v2(cfg, is_train=False)
+    from vltool.open_clip_parts import part  # (open_clip's transform, without open_clip's model families)
+
+    t = part("transform")
+    cfg = t.PreprocessCfg(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in preprocess.items() if k in t.PreprocessCfg.__dataclass_fields__})
+    return t.image_transform_v2(cfg, is_train=False)
 
 
 def train_transform(preprocess: dict, augment: str) -> Callable:

@@ -100,9 +100,9 @@ class TwoTower(nn.Module):
             self.text = HFDualTower(hf.text_model, getattr(hf, "text_projection", None), "text")
             self.image_proj, self.text_proj = nn.Identity(), nn.Identity()
         elif it["type"] == "open_clip":
-            from open_clip.model import _build_vision_tower
+            from vltool.open_clip_parts import build_vision_tower
 
-            self.visual = _build_vision_tower(d, it["vision_cfg"], quick_gelu, None)
+            self.visual = build_vision_tower(d, it["vision_cfg"], quick_gelu)
             self.image_proj = nn.Identity()  # open_clip towers project inside (visual.proj)
         elif it["type"] == "torchvision":
             self.visual = TorchvisionTower(it["name"])
@@ -113,9 +113,9 @@ class TwoTower(nn.Module):
         if tt["type"] == HF_DUAL:
             pass  # set above
         elif tt["type"] == "open_clip":
-            from open_clip.model import _build_text_tower
+            from vltool.open_clip_parts import build_text_tower
 
-            self.text = _build_text_tower(d, tt["text_cfg"], quick_gelu, None)
+            self.text = build_text_tower(d, tt["text_cfg"], quick_gelu)
             self.text_proj = nn.Identity()
         elif tt["type"] == "hf":
             self.text = HFTextTower(tt["hf_config"], tt.get("pooling", "mean"))

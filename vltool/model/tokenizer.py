@@ -53,9 +53,9 @@ class Tokenizer:
         self.source = Path(source)  # the BPE file (open_clip) or the tokenizer directory (hf)
         kind = config["type"]
         if kind == "open_clip":
-            from open_clip.tokenizer import SimpleTokenizer
+            from vltool.open_clip_parts import part
 
-            self._tok = SimpleTokenizer(
+            self._tok = part("tokenizer").SimpleTokenizer(
                 bpe_path=str(self.source), context_length=config["context_length"], **config.get("kwargs", {})
             )
         elif kind == "hf":
@@ -125,9 +125,9 @@ def source_tokenizer(config: dict, hf_dir: str | Path | None = None) -> Tokenize
     """The tokenizer of a model being created, read from where its files are installed."""
     tc = config["tokenizer"]
     if tc["type"] == "open_clip":
-        import open_clip.tokenizer as tk
+        from vltool.open_clip_parts import part
 
-        return Tokenizer(tc, Path(tk.default_bpe()))  # the BPE vocabulary ships in open_clip's wheel
+        return Tokenizer(tc, Path(part("tokenizer").default_bpe()))  # the BPE vocabulary ships in open_clip's wheel
     return Tokenizer(tc, Path(hf_dir))
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import os
 import platform
 import shlex
@@ -54,7 +55,11 @@ def runtime(device: Any = None, dtype: str | None = None) -> dict:
     libs = {}
     for name in LIBRARIES:
         mod = sys.modules.get(name)
-        version = getattr(mod, "__version__", None) if mod is not None else None
+        # (read from the module's own names: open_clip loaded as vltool.open_clip_parts runs its __init__ on a
+        # missing name, so its version comes from its distribution's metadata)
+        version = vars(mod).get("__version__") if mod is not None else None
+        if mod is not None and version is None and name == "open_clip":
+            version = importlib.metadata.version("open_clip_torch")
         if isinstance(version, str):
             libs[name] = version
     info["libraries"] = libs

@@ -31,9 +31,6 @@ from typing import Sequence
 import numpy as np
 import torch
 from joblib import Parallel, delayed
-from sklearn.exceptions import ConvergenceWarning
-from sklearn.model_selection import cross_val_score
-from sklearn.svm import LinearSVC
 
 from vltool import columns as C
 from vltool import provenance
@@ -326,6 +323,10 @@ def fit_softmax(x_tr, y_tr, x_ev, classnames: Sequence[str], preset: Preset, con
 def fit_svm(x_tr, y_tr, x_ev, classnames: Sequence[str], preset: Preset, config: ProbeConfig, log) -> Fit:
     """One LinearSVC per class (VirTex's VOC07 protocol); y_tr (N, C) bool. Classes without both a positive
     and a negative training row get no classifier (their eval scores are NaN and they are left out)."""
+    from sklearn.exceptions import ConvergenceWarning  # (scikit-learn: for this protocol only)
+    from sklearn.model_selection import cross_val_score
+    from sklearn.svm import LinearSVC
+
     costs = preset.svm_costs
     num_classes = len(classnames)
 

@@ -116,7 +116,7 @@ class LazyCommands(MutableMapping):
         return iter(dict.fromkeys([*TABLE, *self._built]))
 
     def __len__(self):
-        return len(dict.fromkeys([*TABLE, *self._built]))
+        return sum(1 for _ in self)
 
 
 class PlainHelpGroup(typer.core.TyperGroup):
@@ -198,8 +198,6 @@ def root(
     ] = None,
 ) -> None:
     """vltool: run the methods of five papers on language supervision for CLIP-style models on your data."""
-
-
 
 
 def main() -> None:

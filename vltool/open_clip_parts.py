@@ -12,7 +12,7 @@ there for whoever needs it and shares these modules. (`"open_clip.factory" in sy
 it ran.)
 
 `build_vision_tower` / `build_text_tower` build a tower as open_clip.model's `_build_vision_tower` /
-`_build_text_tower` do, for the configs whose keys are all `PLAIN_*` (tests/test_model.py holds them equal
+`_build_text_tower` do, for the configs whose keys are all `PLAIN_*` (tests/test_open_clip_parts.py holds them equal
 to open_clip's builders, parameters and outputs, for every vltool config); any other config goes to
 open_clip's own builder, through the whole package.
 """
@@ -74,7 +74,7 @@ def build_vision_tower(embed_dim: int, vision_cfg: dict, quick_gelu: bool):
     t = part("transformer")
     heads = cfg["width"] // cfg.pop("head_width")
     return t.VisionTransformer(heads=heads, mlp_ratio=cfg.pop("mlp_ratio", 4.0), output_dim=embed_dim,
-                               act_layer=t.QuickGELU if quick_gelu else _gelu(), norm_layer=t.LayerNorm, **cfg)
+                               act_layer=t.QuickGELU if quick_gelu else t.nn.GELU, norm_layer=t.LayerNorm, **cfg)
 
 
 def build_text_tower(embed_dim: int, text_cfg: dict, quick_gelu: bool):
@@ -84,10 +84,5 @@ def build_text_tower(embed_dim: int, text_cfg: dict, quick_gelu: bool):
 
         return _build_text_tower(embed_dim, text_cfg, quick_gelu, None)
     t = part("transformer")
-    return t.TextTransformer(output_dim=embed_dim, act_layer=t.QuickGELU if quick_gelu else _gelu(), norm_layer=t.LayerNorm, **text_cfg)
+    return t.TextTransformer(output_dim=embed_dim, act_layer=t.QuickGELU if quick_gelu else t.nn.GELU, norm_layer=t.LayerNorm, **text_cfg)
 
-
-def _gelu():
-    from torch import nn
-
-    return nn.GELU

@@ -64,7 +64,10 @@ RETIRED = {
 }
 
 # Options declared once in vltool/commands/common.py: one help text, hence one meaning, everywhere.
-SHARED = ("--num-proc", "--where", "--split", "--seed", "--overwrite", "--json", "--cache-dir", "--no-progress")
+SHARED = ("--num-proc", "--where", "--split", "--seed", "--overwrite", "--json", "--cache-dir", "--no-progress", "--device", "--threads",
+          "--decode-threads")
+# Shared names a command declares with a wider meaning of its own, each for a reason.
+OWN_HELP = {("recaption", "--device"): "a captioner also runs on cuda:N or mps (the others follow accelerate's process device)"}
 
 # Names whose type differs between commands, each for a reason; any other name has one type everywhere.
 TYPE_DIFFERENCES = {
@@ -83,10 +86,16 @@ ALIASES = [
     ("split", "--column", "--part-column", ["{data}", "--out", "{tmp}/o", "--column", "half", "--json"], 0, '"column": "half"'),
     ("probe", "--eval", "--eval-data", ["{data}", "--model", "m", "--eval", "missing_eval"], 2, "dataset 'missing_eval' does not exist"),
     ("debias", "--eval", "--eval-data", ["--model", "m", "--subspace", "{tmp}", "--eval", "missing_eval"], 2, "dataset 'missing_eval' does not exist"),
-    ("zeroshot", "--num-proc", "--workers", ["{data}", "--model", "m", "--num-proc", "0"], 2, "--workers must be >= 1, got 0"),
-    ("retrieve", "--num-proc", "--workers", ["{data}", "--model", "m", "--num-proc", "0"], 2, "--workers must be >= 1, got 0"),
-    ("probe", "--num-proc", "--workers", ["{data}", "--eval-data", "{data}", "--model", "m", "--num-proc", "0"], 2, "--workers must be >= 1, got 0"),
-    ("mine-positives", "--num-proc", "--workers", ["{data}", "--model", "m", "--num-proc", "0", "--dry-run"], 2, "--workers must be >= 1, got 0"),
+    ("zeroshot", "--num-proc", "--decode-threads", ["{data}", "--model", "m", "--num-proc", "0"], 2, "--decode-threads must be >= 1, got 0"),
+    ("zeroshot", "--workers", "--decode-threads", ["{data}", "--model", "m", "--workers", "0"], 2, "--decode-threads must be >= 1, got 0"),
+    ("retrieve", "--num-proc", "--decode-threads", ["{data}", "--model", "m", "--num-proc", "0"], 2, "--decode-threads must be >= 1, got 0"),
+    ("retrieve", "--workers", "--decode-threads", ["{data}", "--model", "m", "--workers", "0"], 2, "--decode-threads must be >= 1, got 0"),
+    ("probe", "--num-proc", "--decode-threads", ["{data}", "--eval-data", "{data}", "--model", "m", "--num-proc", "0"], 2, "--decode-threads must be >= 1, got 0"),
+    ("probe", "--workers", "--decode-threads", ["{data}", "--eval-data", "{data}", "--model", "m", "--workers", "0"], 2, "--decode-threads must be >= 1, got 0"),
+    ("mine-positives", "--num-proc", "--decode-threads", ["{data}", "--model", "m", "--num-proc", "0", "--dry-run"], 2, "--decode-threads must be >= 1, got 0"),
+    ("mine-positives", "--workers", "--decode-threads", ["{data}", "--model", "m", "--workers", "0", "--dry-run"], 2, "--decode-threads must be >= 1, got 0"),
+    ("recaption", "--dtype", "--precision", ["{data}", "--out", "{tmp}/o", "--paraphrase", "--lm", "{tmp}/lm", "--dtype", "float64"], 2,
+     "--precision must be one of auto, no, bf16, fp16, got 'float64'"),
     ("pretrain", "--cpu", "--device cpu", ["{data}", "--out", "{tmp}/o", "--cpu", "--steps", "0"], 2, "--steps must be >= 1, got 0"),
 ]
 
@@ -146,6 +155,21 @@ def test_every_config_field_is_one_visible_option(name):
     assert not unused, f"stale FIELD_OPTIONS entries: {unused}"
 
 
+# The commands that compute with torch: each takes --device and --threads (docs/conventions.md, "Options").
+# filter is left out: its classifier trains on the CPU on one thread by design (tiny sparse steps).
+COMPUTES = ("pretrain", "recaption", "zeroshot", "retrieve", "probe", "benchmark", "mine-positives", "pseudolabel", "debias")
+
+
+def test_every_command_that_computes_takes_device_and_threads():
+    commands = _commands()
+    missing = [(n, o) for n in COMPUTES for o in ("--device", "--threads")
+               if o not in [x for p in _options(commands[n]) for x in _names(p)]]
+    assert not missing
+    decoding = [n for n, c in commands.items() if "--decode-threads" in [x for p in _options(c) for x in _names(p)]]
+    assert sorted(decoding) == ["benchmark", "mine-positives", "probe", "retrieve", "zeroshot"]
+    assert [n for n, c in commands.items() if "--workers" in [x for p in _options(c) for x in _names(p)]] == ["pretrain"]
+
+
 def test_no_retired_spelling_is_visible():
     found = [(name, o) for name, c in _commands().items() for p in _options(c) for o in _names(p) if o in RETIRED]
     assert not found, "; ".join(f"{n} shows {o} (now {RETIRED[o]})" for n, o in found)
@@ -178,7 +202,7 @@ def test_an_option_name_means_one_thing_across_commands():
         if len(kinds) > 1 and o not in TYPE_DIFFERENCES:
             problems.append(f"{o}: " + ", ".join(f"{n} {_kind(p)}" for n, p in uses))
         if o in SHARED:
-            other = [n for n, p in uses if p.help != shared_help[o]]
+            other = [n for n, p in uses if p.help != shared_help[o] and (n, o) not in OWN_HELP]
             if other:
                 problems.append(f"{o} has its own help in {', '.join(other)}: declare it with vltool.commands.common's")
     assert not problems, "\n".join(problems)

@@ -515,7 +515,7 @@ def test_truncated_weights_are_one_line_and_leave_nothing_that_blocks_the_rerun(
 
 
 def test_dtype_auto_on_cuda_is_the_models_own_never_float16_by_default(tmp_path, monkeypatch):
-    """--dtype auto (issue 51): float32 on CPU; on CUDA a bf16-saved model in bf16 (float16 overflows it), a
+    """--precision auto (issue 51; --dtype before issue 54): float32 on CPU; on CUDA a bf16-saved model in bf16 (float16 overflows it), a
     float16-saved one in float16, a float32-saved one in bf16 where the GPU computes it, else float32."""
     import json
 
@@ -535,4 +535,4 @@ def test_dtype_auto_on_cuda_is_the_models_own_never_float16_by_default(tmp_path,
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
     assert [resolve_dtype("auto", "cuda", m) for m in (bf, fp16, fp32, tmp_path / "none")] == [torch.bfloat16, torch.float16, torch.bfloat16, torch.bfloat16]
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
-    assert resolve_dtype("auto", "cuda:0", fp32) == torch.float32 and resolve_dtype("float16", "cuda", bf) == torch.float16
+    assert resolve_dtype("auto", "cuda:0", fp32) == torch.float32 and resolve_dtype("fp16", "cuda", bf) == torch.float16

@@ -225,8 +225,8 @@ def test_encoding_defaults_and_precision(model_dir, colors, tmp_path, monkeypatc
     from vltool.encode import image_preprocessing, with_precision
     from vltool.evaluation import encode_defaults
 
-    assert encode_defaults() == (64, 1) and (cfg(model_dir).batch_size, cfg(model_dir).workers) == (64, 1)
-    assert cfg(model_dir, batch_size=8, workers=3).batch_size == 8
+    assert encode_defaults() == (64, 1) and (cfg(model_dir).batch_size, cfg(model_dir).decode_threads) == (64, 1)
+    assert cfg(model_dir, batch_size=8, decode_threads=3).batch_size == 8
     with monkeypatch.context() as mp:
         mp.setattr(torch.cuda, "is_available", lambda: True)
         mp.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)

@@ -38,6 +38,7 @@ from vltool.io.loading import read_from_disk, resolve_dataset_path
 from vltool.probe import PRESETS, ProbeConfig, probe
 from vltool.retrieve import RetrieveConfig, retrieve
 from vltool.zeroshot import ZeroshotConfig, zeroshot
+from vltool.topology import computes
 
 TASKS = ("zeroshot", "retrieve", "probe")
 AUTO = "auto"
@@ -208,6 +209,7 @@ def summary_rows(results: dict) -> list[dict]:
     return rows
 
 
+@computes
 def benchmark(config: BenchmarkConfig, *, out: str | Path | None = None, overwrite: bool = False,
               argv: Sequence[str] | None = None) -> dict:
     """Run every applicable task on every dataset of `config.datasets`; return the record (written to `out`)."""

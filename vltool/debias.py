@@ -32,6 +32,7 @@ from vltool.io.loading import load_dataset
 from vltool.io.outputs import check_output, model_inputs
 from vltool.subspace import SUBSPACE_FILE, Subspace, concept_subspace, load_subspace, project_out  # noqa: F401 (re-exported)
 from vltool.zeroshot import ZeroshotConfig, zeroshot
+from vltool.topology import computes
 
 ASSETS = Path(__file__).resolve().parent / "assets" / "debias"
 DEFAULT_PAIRS = ASSETS / "gender_pairs.txt"
@@ -150,6 +151,8 @@ class DebiasConfig:
     batch_size: int = 64
     cache_dir: str | None = None
     seed: int = 0
+    device: str = "auto"  # auto | cpu | cuda (vltool.topology.compute_scope)
+    threads: int | None = None  # torch's intra-op threads (None: torch's own)
 
     def validate(self) -> None:
         problems = []
@@ -159,6 +162,8 @@ class DebiasConfig:
             problems.append("--components must be >= 1")
         if self.top < 1:
             problems.append("--top must be >= 1")
+        if self.threads is not None and self.threads < 1:
+            problems.append(f"--threads must be >= 1, got {self.threads}")
         if (self.subspace is None) != (self.eval_data is None):
             problems.append("the report needs both --subspace and --eval-data (without them, debias computes a subspace)")
         for opt, val in (("--pairs", self.pairs), ("--templates", self.templates), ("--queries", self.queries)):
@@ -187,6 +192,7 @@ def _check_tokenized_pairs(m, pairs: list[tuple[str, str]], template: str) -> No
             raise UsageError(f"the pair {a!r} / {b!r} is the same once tokenised; a pair needs two different words")
 
 
+@computes
 def compute_subspace(config: DebiasConfig, out, *, overwrite: bool = False) -> dict:
     """Mode 1: the concept subspace of a model, saved to `out`."""
     timer = provenance.Timer()
@@ -238,6 +244,7 @@ class GroupImages:
     present: list[str]  # the groups they belong to, sorted
 
 
+@computes
 def measure(config: DebiasConfig, out=None, *, where=(), split=None, overwrite: bool = False) -> dict:
     """Mode 2: Table 6's alignment cells before and after the edit, the gap, and zero-shot before/after."""
     timer = provenance.Timer()
@@ -340,7 +347,7 @@ def alignment_stats(m, cache: EmbeddingCache, config: DebiasConfig, queries: Que
 def zeroshot_before_after(config: DebiasConfig, zs_label: str, where, split) -> dict:
     """Zero-shot top-1 on --eval-data without and with the edit (vltool.zeroshot, --debias)."""
     zc = dict(model=config.model, pretrained=config.pretrained, label_column=zs_label, cache_dir=config.cache_dir,
-              batch_size=config.batch_size, seed=config.seed, progress=False)
+              batch_size=config.batch_size, seed=config.seed, progress=False, device=config.device, threads=config.threads)
     zb = zeroshot(config.eval_data, ZeroshotConfig(**zc), where=where, split=split)
     za = zeroshot(config.eval_data, ZeroshotConfig(**zc, debias=config.subspace, debias_text=config.debias_text), where=where, split=split)
     return {"label": zs_label, "before": zb["metrics"]["top1"], "after": za["metrics"]["top1"]}

@@ -29,7 +29,7 @@ from vltool.io.outputs import check_output, model_inputs, require_output_name
 from vltool.metrics import Interval, majority_rate, topk_chance
 from vltool.outcomes import FORMAT, examples_path, write_examples
 from vltool.subspace import load_subspace, project_out
-from vltool.topology import is_main  # (the commands import it from here too)
+from vltool.topology import is_main, on_cuda  # (the commands import is_main from here too)
 
 LEVEL = 0.95
 
@@ -44,7 +44,9 @@ class EvalCommon:
     bootstrap: int = 1000
     seed: int = 0  # the bootstrap's (and any sampling's)
     batch_size: int | None = None  # None: encode_defaults() when the config is made (64 on CPU, 256 on a GPU)
-    workers: int | None = None  # None: encode_defaults() (1 on CPU; on a GPU the cores this process may use - 1, at most 8)
+    decode_threads: int | None = None  # None: encode_defaults() (1 on CPU; on a GPU the cores this process may use - 1, at most 8)
+    device: str = "auto"  # auto | cpu | cuda (vltool.topology.compute_scope)
+    threads: int | None = None  # torch's intra-op threads (None: torch's own)
     precision: str = "no"  # float32, the exact path the library oracles check; bf16/fp16: autocast
     cache_dir: str | None = None
     progress: bool = True
@@ -53,9 +55,9 @@ class EvalCommon:
     group_column: str | None = None  # the bootstrap resamples whole groups of rows sharing its value
 
     def __post_init__(self):
-        batch, workers = encode_defaults()
+        batch, decode_threads = encode_defaults(self.device)
         self.batch_size = batch if self.batch_size is None else self.batch_size
-        self.workers = workers if self.workers is None else self.workers
+        self.decode_threads = decode_threads if self.decode_threads is None else self.decode_threads
 
     def common_problems(self) -> list[str]:
         problems = []
@@ -67,8 +69,10 @@ class EvalCommon:
             problems.append(f"--bootstrap must be >= 0, got {self.bootstrap}")
         if self.batch_size < 1:
             problems.append(f"--batch-size must be >= 1, got {self.batch_size}")
-        if self.workers < 1:
-            problems.append(f"--workers must be >= 1, got {self.workers}")
+        if self.decode_threads < 1:
+            problems.append(f"--decode-threads must be >= 1, got {self.decode_threads}")
+        if self.threads is not None and self.threads < 1:
+            problems.append(f"--threads must be >= 1, got {self.threads}")
         if self.debias_text and not self.debias:
             problems.append("--debias-text needs --debias SUBSPACE_DIR")
         if self.debias and not Path(self.debias).expanduser().is_dir():
@@ -78,13 +82,12 @@ class EvalCommon:
         return problems
 
 
-def encode_defaults() -> tuple[int, int]:
-    """(--batch-size, --workers) of the evaluation commands when not given: 64 images and 1 decoding thread
-    on CPU (the model's threads use the cores); on a GPU 256 images and a decoding thread per core this
-    process may use less one, at most 8, so that the GPU does not wait for the decoding."""
-    import torch
-
-    if not torch.cuda.is_available():
+def encode_defaults(device: str = "auto") -> tuple[int, int]:
+    """(--batch-size, --decode-threads) of the evaluation commands when not given, on --device `device`: 64
+    images and 1 decoding thread on CPU (the model's threads use the cores); on a GPU 256 images and a
+    decoding thread per core this process may use less one, at most 8, so that the GPU does not wait for
+    the decoding."""
+    if not on_cuda(device):
         return 64, 1
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
@@ -229,7 +232,7 @@ def open_model(config: EvalCommon) -> tuple:
 
 def encode_eval_images(m, loaded: LoadedDataset, cache: EmbeddingCache, config: EvalCommon, **kw):
     """The images of `loaded` encoded with the command's batch size, workers and progress (vltool.encode.encode_images)."""
-    return encode_images(m, loaded, cache=cache, batch_size=config.batch_size, workers=config.workers, progress=config.progress,
+    return encode_images(m, loaded, cache=cache, batch_size=config.batch_size, workers=config.decode_threads, progress=config.progress,
                          precision=config.precision, **kw)
 
 

@@ -41,7 +41,7 @@ from vltool.io.digests import arrow_column, column_values
 from vltool.io.loading import load_dataset
 from vltool.io.locks import output_scope
 from vltool.io.outputs import check_output, model_inputs
-from vltool.topology import process_state, warn
+from vltool.topology import computes, process_state, warn
 
 # torch, faiss, datasets, pyarrow and accelerate are imported inside the functions that use them: vltool/commands/
 # mine_positives.py imports this module at its top, and `vltool --help` must not load them.
@@ -601,9 +601,11 @@ class MinePositivesConfig:
     calibrate: bool = False
     dry_run: bool = False
     batch_size: int = 64
-    workers: int = 1
+    decode_threads: int = 1
     cache_dir: str | None = None
     seed: int = 0
+    device: str = "auto"  # auto | cpu | cuda (vltool.topology.compute_scope)
+    threads: int | None = None  # torch's intra-op threads (None: torch's own)
 
     @property
     def thresholds(self) -> Thresholds:
@@ -619,8 +621,8 @@ class MinePositivesConfig:
             problems.append(str(e))
         if self.max_positives < 1:
             problems.append("--max-positives must be >= 1")
-        for name in ("nprobe", "recall_sample", "batch_size", "workers"):
-            if getattr(self, name) < 1:
+        for name in ("nprobe", "recall_sample", "batch_size", "decode_threads", "threads"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 problems.append(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.index not in INDEXES:
             problems.append(f"--index must be {', '.join(INDEXES)}, got {self.index!r}")
@@ -664,6 +666,7 @@ def threshold_grid(base: Thresholds) -> list[Thresholds]:
     return out
 
 
+@computes
 def mine_positives(data: str, out, config: MinePositivesConfig, *, where=(), split=None, overwrite: bool = False) -> dict:
     """Encode `data` with the model, mine FFF's positives, write `positives` and `positive_scores` to `out`.
     The mined pairs and the new columns go to files in a spill directory beside `out` (vltool.derived), so
@@ -728,7 +731,7 @@ def encode_mining_rows(m, src, config: MinePositivesConfig, data: str) -> Mining
     ds = src.dataset
     n = len(ds)
     cache = EmbeddingCache(config.cache_dir)
-    img = encode_images(m, src, cache=cache, batch_size=config.batch_size, workers=config.workers)
+    img = encode_images(m, src, cache=cache, batch_size=config.batch_size, workers=config.decode_threads)
     txt = encode_texts(m, src, column=config.text_column, cache=cache)
     multi = not isinstance(ds.features[config.text_column], datasets.Value)
     good = usable_rows(img.bad, txt.owner, n, config.text_column, data)  # (n,)

@@ -44,7 +44,7 @@ from vltool.io.digests import rows_in_both
 from vltool.io.loading import LoadedDataset
 from vltool.metrics import AveragePrecision, ClassificationItems, Resampling, bootstrap, per_class_recall
 from vltool.outcomes import base_arrays, example_ids, read_groups
-from vltool.topology import is_main, process_state, warn
+from vltool.topology import computes, is_main, process_state, warn
 from vltool.zeroshot import LabelInfo, read_labels
 
 PROTOCOLS = ("clip-benchmark", "santurkar", "fff", "voc07-svm")
@@ -349,7 +349,7 @@ def fit_svm(x_tr, y_tr, x_ev, classnames: Sequence[str], preset: Preset, config:
             clf.fit(x_tr, y)
         return c, best, clf.decision_function(x_ev), tried
 
-    results = Parallel(n_jobs=config.workers, prefer="threads")(delayed(one)(c) for c in range(num_classes))
+    results = Parallel(n_jobs=config.threads or 1, prefer="threads")(delayed(one)(c) for c in range(num_classes))
     scores = np.full((len(x_ev), num_classes), np.nan)
     chosen_c, search = {}, []
     for c, best, s, tried in results:
@@ -413,6 +413,7 @@ class ProbeScores:
     plan: Resampling
 
 
+@computes
 def probe(
     train_data: str,
     eval_data: str,

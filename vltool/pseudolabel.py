@@ -43,7 +43,7 @@ from vltool.io.heldout import test_only_inputs
 from vltool.io.loading import load_dataset, LoadedDataset
 from vltool.io.outputs import check_output, model_inputs
 from vltool.text import english_stopwords, tokenize
-from vltool.topology import warn
+from vltool.topology import computes, warn
 
 STRATEGIES = ("maxcount", "rmtop-maxcount", "rmtop-rand", "weighted-count")
 
@@ -125,6 +125,8 @@ class PseudolabelConfig:
     cache_dir: str | None = None
     seed: int = 0
     allow_test_data: bool = False  # the aligned data may be built-in test-only data (io.test_only_inputs)
+    device: str = "auto"  # auto | cpu | cuda (vltool.topology.compute_scope)
+    threads: int | None = None  # torch's intra-op threads (None: torch's own)
 
     def validate(self) -> None:
         problems = []
@@ -137,6 +139,8 @@ class PseudolabelConfig:
                 problems.append(f"--{name.replace('_', '-')} must be >= 1")
         if self.top_t < 0:
             problems.append("--top-t must be >= 0")
+        if self.threads is not None and self.threads < 1:
+            problems.append(f"--threads must be >= 1, got {self.threads}")
         if problems:
             raise UsageError("; ".join(problems))
 
@@ -236,6 +240,7 @@ class PseudoCaptions:
     words_fit: AlignedWords
 
 
+@computes
 def pseudolabel(
     unaligned: str,
     aligned: str,

@@ -54,10 +54,11 @@ from vltool.io.images import decode_image, require_a_decodable_image
 from vltool.io.loading import load_dataset, LoadedDataset
 from vltool.io.outputs import check_output
 from vltool.paraphrase import DEFAULT_EXAMPLES, PROMPT_HEADER, load_examples, one_line, paraphrase_prompt  # noqa: F401 (re-exported)
-from vltool.topology import process_state, warn
+from vltool.topology import computes, process_state, warn
 
 STRATEGIES = ("nucleus", "beam")
-DTYPES = ("auto", "float32", "float16", "bfloat16")
+PRECISIONS = {"no": "float32", "bf16": "bfloat16", "fp16": "float16"}  # --precision (besides auto): the weights' dtype
+OLD_DTYPES = {dtype: name for name, dtype in PRECISIONS.items()}  # the old --dtype values
 ORIGINAL = "original"  # caption_source of a text that was in the input and has no recorded source
 
 
@@ -87,7 +88,8 @@ class RecaptionConfig:
     batch_size: int = 32
     shard_size: int = 1024  # part of the job's identity
     device: str = "auto"
-    dtype: str = "auto"
+    precision: str = "auto"  # auto | no | bf16 | fp16: the dtype the model's weights are cast to (resolve_dtype)
+    threads: int | None = None  # torch's intra-op threads (None: torch's own)
     max_shards: int | None = None
     restart: bool = False
 
@@ -167,8 +169,10 @@ class RecaptionConfig:
                 p.append(f"{name} must be >= 1, got {value}")
         if self.max_shards is not None and self.max_shards < 1:
             p.append(f"--max-shards must be >= 1, got {self.max_shards}")
-        if self.dtype not in DTYPES:
-            p.append(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.precision != "auto" and self.precision not in PRECISIONS:
+            p.append(f"--precision must be one of auto, {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.threads is not None and self.threads < 1:
+            p.append(f"--threads must be >= 1, got {self.threads}")
         if not (self.device in ("auto", "cpu", "mps") or self.device.startswith("cuda")):
             p.append(f"--device must be auto, cpu, cuda, cuda:N or mps, got {self.device!r}")
         if p:
@@ -318,12 +322,12 @@ def saved_dtype(path) -> str | None:
     return None
 
 
-def resolve_dtype(dtype: str, device: str, model_path=None):
-    """--dtype auto: float32 on CPU. On CUDA the model's own half precision when it was saved in one
+def resolve_dtype(precision: str, device: str, model_path=None):
+    """The torch dtype of the model's weights for --precision (no: float32, bf16, fp16). auto: float32 on CPU. On CUDA the model's own half precision when it was saved in one
     (bfloat16 stays bfloat16: a bf16-trained model overflows in float16), else bfloat16 where the GPU
     computes it, else float32; never float16 unless the model was saved in it."""
-    if dtype != "auto":
-        return getattr(torch, dtype)
+    if precision != "auto":
+        return getattr(torch, PRECISIONS[precision])
     if not device.startswith("cuda"):
         return torch.float32
     own = saved_dtype(model_path) if model_path is not None else None
@@ -445,7 +449,7 @@ def load_generator(info: dict, config: RecaptionConfig, device: str) -> Generato
     """Load the model directory described by `inspect_model` with its processor or tokenizer."""
     path, kind = info["path"], info["kind"]
     shown = info.get("shown", path)
-    dtype = resolve_dtype(config.dtype, device, path)
+    dtype = resolve_dtype(config.precision, device, path)
     opt = "--lm" if config.paraphrase else "--model"
     settings = config.settings()
     with _Quiet():
@@ -825,6 +829,7 @@ class Job:
         }
 
 
+@computes
 def recaption(
     data: str,
     out,
@@ -971,7 +976,7 @@ def write_output(job: Job, generated: list[list[str]], config: RecaptionConfig, 
         "generation": job.settings,
         "model": job.info,
         "device": dist.device,
-        "dtype": str(resolve_dtype(config.dtype, dist.device, job.info.get("path"))).replace("torch.", ""),
+        "dtype": str(resolve_dtype(config.precision, dist.device, job.info.get("path"))).replace("torch.", ""),
         "num_processes": dist.world,
         "shards": job.num_shards,
         "shards_done_before_this_run": done_before,

@@ -28,7 +28,7 @@ from vltool.evaluation import (EvalCommon, Edit, bootstrap_record, check_out, da
 from vltool.metrics import QueryRanks, Resampling, bootstrap, retrieval_chance
 from vltool.metrics import RetrievalItems  # (defined in vltool.metrics; still importable from here)
 from vltool.outcomes import base_arrays, example_ids, read_groups
-from vltool.topology import is_main, process_state, warn
+from vltool.topology import computes, is_main, process_state, warn
 
 DIRECTIONS = ("image_to_text", "text_to_image")
 
@@ -110,6 +110,7 @@ class Ranked:
         return np.bincount(self.owner, minlength=self.n_images)  # (N_i,) texts of each image
 
 
+@computes
 def retrieve(
     data: str,
     config: RetrieveConfig,

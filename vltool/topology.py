@@ -1,6 +1,6 @@
 """Which process this is, of how many, on which device: one answer for every command (accelerate's PartialState).
 
-A leaf module (it imports no other vltool module), so that encoding, evaluation, `recaption` and
+A leaf module (it imports no other vltool module but the leaf vltool.errors), so that encoding, evaluation, `recaption` and
 `pretrain` all read the process topology the same way:
 
     state = process_state()        # accelerate.PartialState
@@ -19,12 +19,17 @@ would report a single process (DistributedType.NO, index 0 of 1) in every launch
 from __future__ import annotations
 
 import atexit
+import contextlib
 import hashlib
 import os
 import sys
 
+from vltool.errors import UsageError
+
 
 _TEARDOWN_REGISTERED = False
+DEVICES = ("auto", "cpu", "cuda")  # --device of every command that computes with torch (recaption also takes cuda:N and mps)
+_CPU_ONLY = False  # --device cpu of the running command (compute_scope): this process computes on its CPU
 
 
 def process_state():
@@ -35,7 +40,7 @@ def process_state():
     import torch
     from accelerate import PartialState
 
-    state = PartialState(cpu=not torch.cuda.is_available())
+    state = PartialState(cpu=_CPU_ONLY or not torch.cuda.is_available())
     if state.num_processes > 1:
         shutdown_at_exit()
     return state
@@ -57,6 +62,64 @@ def shutdown() -> None:
 
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def compute_scope(device: str = "auto", threads: int | None = None):
+    """--device and --threads of a command that computes with torch (docs/conventions.md, "Options"), for
+    the command's duration: `device` auto | cpu | cuda (checked by the option), `threads` torch's intra-op
+    threads (None: torch's own count). The thread count is restored afterwards: it is the process's, not
+    only this command's. accelerate's PartialState is made once per process: a later command of the same
+    process asking for another device is refused (ValueError)."""
+    global _CPU_ONLY
+    import torch  # (lazy: see process_state)
+    from accelerate.state import PartialState
+
+    cpu = device == "cpu"
+    if PartialState._shared_state and (cpu or not torch.cuda.is_available()) != (PartialState().device.type == "cpu"):
+        raise ValueError(f"--device {device}: this process already computes on {PartialState().device.type}; run the command in a process of its own")
+    before, was_cpu = torch.get_num_threads(), _CPU_ONLY
+    _CPU_ONLY = cpu
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        _CPU_ONLY = was_cpu
+        torch.set_num_threads(before)
+
+
+def computes(fn):
+    """Run a command's plain function (one taking `config`) under its --device and --threads
+    (`config.device`, `config.threads`; vltool.topology.compute_scope)."""
+    import functools
+    import inspect
+
+    signature = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        config = signature.bind(*args, **kwargs).arguments["config"]
+        try:
+            scope = compute_scope(config.device, config.threads)
+            scope.__enter__()
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            scope.__exit__(None, None, None)
+
+    return run
+
+
+def on_cuda(device: str = "auto") -> bool:
+    """Whether a command given --device `device` computes on a CUDA GPU (for defaults that differ there)."""
+    if device == "cpu":
+        return False
+    import torch  # (lazy: see process_state)
+
+    return torch.cuda.is_available()
 
 
 def launched_processes() -> int:

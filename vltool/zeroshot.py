@@ -31,7 +31,7 @@ from vltool.io.loading import LoadedDataset
 from vltool.metrics import AveragePrecision, ClassificationItems, Resampling, bootstrap, class_ranks, per_class_recall
 from vltool.outcomes import base_arrays, example_ids, read_groups
 from vltool.templates import AUTO, class_prompts, load_class_prompts, load_classnames, load_templates, resolve_templates
-from vltool.topology import process_state, warn
+from vltool.topology import computes, process_state, warn
 
 
 @dataclass
@@ -186,6 +186,7 @@ class Scores:
     arrays: dict
 
 
+@computes
 def zeroshot(
     data: str,
     config: ZeroshotConfig,

@@ -12,9 +12,9 @@ from vltool import console
 from vltool.console import print_json
 from vltool.topology import is_main
 from vltool.commands import short_help
-from vltool.commands.common import CacheDirOpt, JsonOpt, OverwriteOpt, SeedOpt, handle_errors
+from vltool.commands.common import CacheDirOpt, DecodeThreadsOpt, DeviceOpt, ThreadsOpt, JsonOpt, OverwriteOpt, SeedOpt, handle_errors
 from vltool.commands.evaluation import (
-    BootstrapOpt, DebiasOpt, DebiasTextOpt, EncodeBatchOpt, EncodePrecisionOpt, EvalModelOpt, GroupColumnOpt, NoProgressOpt, PretrainedOpt, ResultsOutOpt, WorkersOpt,
+    BootstrapOpt, DebiasOpt, DebiasTextOpt, EncodeBatchOpt, EncodePrecisionOpt, EvalModelOpt, GroupColumnOpt, NoProgressOpt, PretrainedOpt, ResultsOutOpt,
 )
 
 HELP = """One model over many datasets: zero-shot classification, retrieval and a linear probe of each, in one
@@ -51,7 +51,9 @@ def benchmark_command(
     seed: SeedOpt = 0,
     batch_size: EncodeBatchOpt = None,
     precision: EncodePrecisionOpt = "no",
-    workers: WorkersOpt = None,
+    decode_threads: DecodeThreadsOpt = None,
+    device: DeviceOpt = "auto",
+    threads: ThreadsOpt = None,
     cache_dir: CacheDirOpt = None,
     out: ResultsOutOpt = None,
     overwrite: OverwriteOpt = False,
@@ -66,7 +68,7 @@ def benchmark_command(
 
     config = BenchmarkConfig(
         model=model, pretrained=pretrained, datasets=datasets, tasks=tasks, templates=templates, eval_split=eval_split,
-        train_split=train_split, protocol=protocol, bootstrap=bootstrap, seed=seed, batch_size=batch_size, precision=precision, workers=workers,
+        train_split=train_split, protocol=protocol, bootstrap=bootstrap, seed=seed, batch_size=batch_size, precision=precision, decode_threads=decode_threads, device=device, threads=threads,
         cache_dir=str(cache_dir) if cache_dir else None, progress=not no_progress, debias=str(debias) if debias else None,
         debias_text=debias_text, group_column=group_column,
     )

@@ -14,6 +14,7 @@ import typer
 from vltool.console import progress_setting
 from vltool.errors import UsageError, VltoolError
 from vltool.io.locks import output_scope
+from vltool.topology import DEVICES
 
 OutOpt = Annotated[Path, typer.Option("--out", "-o", help="Where to write the result (created atomically).")]
 OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="Replace --out if it exists.")]
@@ -53,11 +54,39 @@ AllowTestDataOpt = Annotated[bool, typer.Option(
 ModelOpt = Annotated[Path, typer.Option("--model", help="A trained vltool model (RUN_DIR or RUN_DIR/model).")]
 DataArg = Annotated[str, typer.Argument(help="A dataset saved with save_to_disk, or 'emoji' (the built-in data).", show_default=False)]
 
+# The options of every command that computes with torch (docs/conventions.md, "Options"): where, and on how many
+# threads. `vltool.topology.compute_scope` applies them; each output's "runtime" records what was used.
+
+
+def _check_device(value: str) -> str:
+    """--device: one of DEVICES; cuda refused at once on a machine without a CUDA GPU (a usage error)."""
+    if value not in DEVICES:
+        raise typer.BadParameter(f"{value!r}: use {', '.join(DEVICES)}")
+    if value == "cuda":
+        import torch  # (only when cuda is asked for: a plain `--help` or CPU run never pays for it here)
+
+        if not torch.cuda.is_available():
+            raise typer.BadParameter("cuda: this machine has no CUDA GPU that torch can see (use auto or cpu)")
+    return value
+
+
+DeviceOpt = Annotated[str, typer.Option(
+    "--device", callback=_check_device,
+    help="auto (this process's GPU when there is one: under `accelerate launch`, the GPU of its local rank; else the CPU) | cpu | cuda.")]
+ThreadsOpt = Annotated[Optional[int], typer.Option(
+    "--threads", min=1, show_default=False,
+    help="torch intra-op threads of this process [default: torch's own: OMP_NUM_THREADS, else the CPU cores]; recorded in the output's runtime.")]
+DecodeThreadsOpt = Annotated[Optional[int], typer.Option(
+    "--decode-threads", min=1, show_default=False,
+    help="Threads decoding and preprocessing images ahead of the model [default: 1 on CPU; on a GPU the cores this process may use - 1, at most 8].")]
+
 # Old spellings, hidden, kept for one release (docs/conventions.md, "Options"). A command declares the old
 # spelling beside the new option and resolves the pair with `renamed()`.
 OldColumnOpt = Annotated[Optional[str], typer.Option("--column", hidden=True)]
 OldEvalOpt = Annotated[Optional[str], typer.Option("--eval", hidden=True)]
 OldNumProcOpt = Annotated[Optional[int], typer.Option("--num-proc", hidden=True)]
+OldWorkersOpt = Annotated[Optional[int], typer.Option("--workers", hidden=True)]  # the evaluation commands' --decode-threads
+OldDtypeOpt = Annotated[Optional[str], typer.Option("--dtype", hidden=True)]  # recaption's --precision (float32 | float16 | bfloat16 | auto)
 
 
 def renamed(ctx: typer.Context, old: str, new: str, old_value, new_value, *, means=None):
@@ -75,6 +104,12 @@ def renamed(ctx: typer.Context, old: str, new: str, old_value, new_value, *, mea
         raise UsageError(f"{old} is the old name of {new}: give only {new}")
     print(f"warning: {old} is renamed {target}; the old name goes in the next release", file=sys.stderr)
     return old_value if means is None else means
+
+
+def decode_threads_option(ctx: typer.Context, decode_threads, old_workers, num_proc):
+    """--decode-threads, or its old spellings --workers and --num-proc (hidden, each with a warning)."""
+    value = renamed(ctx, "--num-proc", "--decode-threads", num_proc, decode_threads)
+    return renamed(ctx, "--workers", "--decode-threads", old_workers, value)
 
 
 def handle_errors(fn: Callable) -> Callable:

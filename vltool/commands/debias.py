@@ -13,6 +13,7 @@ from vltool.console import print_json
 from vltool.errors import UsageError
 from vltool.commands import short_help
 from vltool.commands.common import (
+    DeviceOpt, ThreadsOpt,
     NoProgressOpt,
     CacheDirOpt, JsonOpt, OldEvalOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors, renamed,
 )
@@ -60,6 +61,8 @@ def debias_command(
     batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Images per encoding batch.")] = 64,
     cache_dir: CacheDirOpt = None,
     seed: SeedOpt = 0,
+    device: DeviceOpt = "auto",
+    threads: ThreadsOpt = None,
     overwrite: OverwriteOpt = False,
     as_json: JsonOpt = False,
     old_eval: OldEvalOpt = None,
@@ -73,7 +76,7 @@ def debias_command(
         model=model, pretrained=pretrained, pairs=str(pairs) if pairs else None, templates=str(templates) if templates else None,
         components=components, subspace=str(subspace) if subspace else None, eval_data=eval_data, group_column=group_column,
         queries=str(queries) if queries else None, top=top, debias_text=debias_text, zeroshot_label=zeroshot_label,
-        batch_size=batch_size, cache_dir=str(cache_dir) if cache_dir else None, seed=seed,
+        batch_size=batch_size, cache_dir=str(cache_dir) if cache_dir else None, seed=seed, device=device, threads=threads,
     )
     stdout = console.out
     if subspace is None and eval_data is None:

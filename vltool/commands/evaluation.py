@@ -46,8 +46,6 @@ ResultsOutOpt = Annotated[
 ]
 EncodeBatchOpt = Annotated[Optional[int], typer.Option("--batch-size", min=1, show_default=False,
                                                        help="Images per encoding batch [default: 64 on CPU, 256 on a GPU].")]
-WorkersOpt = Annotated[Optional[int], typer.Option("--workers", min=1, show_default=False,
-                                                   help="Threads decoding and preprocessing images ahead of the model [default: 1 on CPU; on a GPU the cores this process may use - 1, at most 8].")]
 EncodePrecisionOpt = Annotated[str, typer.Option("--precision", help="no | bf16 | fp16: encode in float32 (no: the exact path, equal to the model's own library) or under autocast (faster on a GPU; its embeddings are cached apart).")]
 DebiasOpt = Annotated[
     Optional[Path],

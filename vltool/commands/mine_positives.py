@@ -14,9 +14,9 @@ from vltool.topology import is_main
 from vltool.commands import short_help
 from vltool.commands.common import (
     NoProgressOpt,
-    CacheDirOpt, DataArg, JsonOpt, OldNumProcOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors, renamed,
+    CacheDirOpt, DataArg, JsonOpt, OldNumProcOpt, OldWorkersOpt, DecodeThreadsOpt, DeviceOpt, ThreadsOpt, decode_threads_option, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors,
 )
-from vltool.commands.evaluation import EncodeBatchOpt, EvalModelOpt, PretrainedOpt, WorkersOpt
+from vltool.commands.evaluation import EncodeBatchOpt, EvalModelOpt, PretrainedOpt
 from vltool.mine_positives import (  # vltool.mine_positives keeps datasets lazy: light to import
     P_II, P_IT, P_IT_TT, P_TT, MinePositivesConfig, mine_positives,
 )
@@ -64,19 +64,22 @@ def mine_positives_command(
     where: WhereOpt = None,
     split: SplitOpt = None,
     batch_size: EncodeBatchOpt = 64,
-    workers: WorkersOpt = 1,
+    decode_threads: DecodeThreadsOpt = 1,
+    device: DeviceOpt = "auto",
+    threads: ThreadsOpt = None,
     cache_dir: CacheDirOpt = None,
     seed: SeedOpt = 0,
     overwrite: OverwriteOpt = False,
     as_json: JsonOpt = False,
     num_proc: OldNumProcOpt = None,
+    old_workers: OldWorkersOpt = None,
     no_progress: NoProgressOpt = False,
 ) -> None:
-    workers = renamed(ctx, "--num-proc", "--workers", num_proc, workers)
+    decode_threads = decode_threads_option(ctx, decode_threads, old_workers, num_proc)
     config = MinePositivesConfig(
         model=model, pretrained=pretrained, p_it=p_it, p_ii=p_ii, p_tt=p_tt, p_it_tt=p_it_tt, terms=terms, calibrated_thresholds=calibrated, text_column=text_column,
         max_positives=max_positives, index=index, nprobe=nprobe, recall_sample=recall_sample, group_column=group_column, calibrate=calibrate,
-        dry_run=dry_run, batch_size=batch_size, workers=workers, cache_dir=str(cache_dir) if cache_dir else None, seed=seed,
+        dry_run=dry_run, batch_size=batch_size, decode_threads=decode_threads, device=device, threads=threads, cache_dir=str(cache_dir) if cache_dir else None, seed=seed,
     )
     prov = mine_positives(data, out, config, where=where or [], split=split, overwrite=overwrite)
     if not is_main():  # under accelerate launch: one report, from the process that wrote the output

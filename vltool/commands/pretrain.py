@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from vltool.commands import short_help
-from vltool.commands.common import JsonOpt, NoProgressOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors, renamed
+from vltool.commands.common import DeviceOpt, JsonOpt, NoProgressOpt, OverwriteOpt, SeedOpt, SplitOpt, ThreadsOpt, WhereOpt, handle_errors, renamed
 from vltool.console import out as stdout, print_json
 
 HELP = """Train a two-tower image-text model with a contrastive loss (CLIP's symmetric InfoNCE).
@@ -125,8 +125,8 @@ def pretrain_command(
     compile: Annotated[bool, typer.Option("--compile", help="torch.compile the two towers (the first steps are slow while it compiles; CPU needs a C++ compiler).", rich_help_panel="Optimisation")] = False,
     precision: Annotated[str, typer.Option("--precision", help="auto | no | bf16 | fp16 mixed precision. auto: bf16 where the device computes it natively (a CUDA GPU with bf16; a CPU with AVX-512 BF16 or AMX), else no (float32); the choice is recorded in run.json.", rich_help_panel="Optimisation")] = "auto",
     seed: SeedOpt = 0,
-    device: Annotated[str, typer.Option("--device", help="auto (each process's GPU when there is one, else CPU) | cpu | cuda. Under `accelerate launch` each process takes the GPU of its local rank.", rich_help_panel="Optimisation")] = "auto",
-    threads: Annotated[Int, typer.Option("--threads", help="torch intra-op threads per process [default: torch's own: OMP_NUM_THREADS, else the CPU cores]. The same seed gives the same weights bit for bit at the same thread count and device; a JSD critic's BatchNorm and LayerNorm differ in the last bits across thread counts (docs/pretrain.md). Recorded in run.json and vltool.json.", rich_help_panel="Optimisation", show_default=False)] = None,
+    device: DeviceOpt = "auto",
+    threads: ThreadsOpt = None,
     cpu: Annotated[bool, typer.Option("--cpu", hidden=True)] = False,
     # logging
     log_every: Annotated[int, typer.Option("--log-every", help="Steps between lines of metrics.jsonl.", rich_help_panel="Logging")] = 10,

@@ -9,7 +9,7 @@ import typer
 from vltool.errors import UsageError
 from vltool.commands import short_help
 from vltool.commands.common import (
-    CacheDirOpt, JsonOpt, OldEvalOpt, OldNumProcOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors, renamed,
+    CacheDirOpt, JsonOpt, OldEvalOpt, OldNumProcOpt, OldWorkersOpt, DecodeThreadsOpt, DeviceOpt, ThreadsOpt, decode_threads_option, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors, renamed,
 )
 from vltool.commands.evaluation import (
     BootstrapOpt, EncodeBatchOpt, EncodePrecisionOpt, EvalModelOpt, DebiasOpt, DebiasTextOpt, GroupColumnOpt, NoProgressOpt, PretrainedOpt, ResultsOutOpt, emit,
@@ -66,7 +66,9 @@ def probe_command(
     eval_split: Annotated[Optional[str], typer.Option("--eval-split", help="Split of --eval-data when it is a DatasetDict.")] = None,
     batch_size: EncodeBatchOpt = None,
     precision: EncodePrecisionOpt = "no",
-    workers: Annotated[Optional[int], typer.Option("--workers", min=1, show_default=False, help="Threads decoding images ahead of the model, and fitting SVMs [default: 1 on CPU; on a GPU the cores this process may use - 1, at most 8].")] = None,
+    decode_threads: DecodeThreadsOpt = None,
+    device: DeviceOpt = "auto",
+    threads: ThreadsOpt = None,
     cache_dir: CacheDirOpt = None,
     out: ResultsOutOpt = None,
     overwrite: OverwriteOpt = False,
@@ -77,18 +79,19 @@ def probe_command(
     no_progress: NoProgressOpt = False,
     old_eval: OldEvalOpt = None,
     num_proc: OldNumProcOpt = None,
+    old_workers: OldWorkersOpt = None,
 ) -> None:
     # vltool.probe (torch, datasets, sklearn) is imported here, not at the top: commands/*.py stay light so `vltool --help` answers at once
     from vltool.probe import ProbeConfig, probe
 
     eval_data = renamed(ctx, "--eval", "--eval-data", old_eval, eval_data)
-    workers = renamed(ctx, "--num-proc", "--workers", num_proc, workers)
+    decode_threads = decode_threads_option(ctx, decode_threads, old_workers, num_proc)
     if eval_data is None:
         raise UsageError("--eval-data is required: the data the probe is evaluated on")
     config = ProbeConfig(
         model=model, pretrained=pretrained, protocol=protocol, features=features, normalize=normalize,
         val_frac=val_frac, fewshot_k=fewshot_k, label_column=label_column, epochs=epochs, lr=lr,
-        bootstrap=bootstrap, seed=seed, batch_size=batch_size, precision=precision, workers=workers,
+        bootstrap=bootstrap, seed=seed, batch_size=batch_size, precision=precision, decode_threads=decode_threads, device=device, threads=threads,
         cache_dir=str(cache_dir) if cache_dir else None, progress=not no_progress, debias=str(debias) if debias else None, debias_text=debias_text,
         group_column=group_column,
     )

@@ -11,7 +11,7 @@ from vltool import console
 from vltool.console import print_json
 from vltool.topology import is_main
 from vltool.commands import short_help
-from vltool.commands.common import AllowTestDataOpt, NoProgressOpt, CacheDirOpt, DataArg, JsonOpt, OutOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors
+from vltool.commands.common import AllowTestDataOpt, DeviceOpt, ThreadsOpt, NoProgressOpt, CacheDirOpt, DataArg, JsonOpt, OutOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors
 from vltool.commands.evaluation import EvalModelOpt, PretrainedOpt
 
 HELP = """Pseudo bag-of-words captions for images that have none ("A Fistful of Words", 2.3).
@@ -52,6 +52,8 @@ def pseudolabel_command(
     batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Images per encoding batch (each gives --crops views).")] = 32,
     cache_dir: CacheDirOpt = None,
     seed: SeedOpt = 0,
+    device: DeviceOpt = "auto",
+    threads: ThreadsOpt = None,
     overwrite: OverwriteOpt = False,
     allow_test_data: AllowTestDataOpt = False,
     as_json: JsonOpt = False,
@@ -62,7 +64,7 @@ def pseudolabel_command(
 
     config = PseudolabelConfig(
         model=model, pretrained=pretrained, crops=crops, neighbors=neighbors, strategy=strategy, top_t=top_t,
-        words=words, batch_size=batch_size, cache_dir=str(cache_dir) if cache_dir else None, seed=seed,
+        words=words, batch_size=batch_size, cache_dir=str(cache_dir) if cache_dir else None, seed=seed, device=device, threads=threads,
         allow_test_data=allow_test_data,
     )
     prov = pseudolabel(data, aligned, out, config, where=where or [], split=split, aligned_where=aligned_where or [],

@@ -12,6 +12,8 @@ from rich.table import Table
 from vltool.commands import short_help
 from vltool.commands.common import (
     NoProgressOpt,
+    OldDtypeOpt,
+    ThreadsOpt,
     DataArg,
     JsonOpt,
     OldColumnOpt,
@@ -86,7 +88,8 @@ def recaption_command(
     max_shards: Annotated[Optional[int], typer.Option("--max-shards", min=1, help="Stop after this many new shards; rerun to continue.")] = None,
     restart: Annotated[bool, typer.Option("--restart", help="Discard unfinished work in OUT.partial instead of resuming.")] = False,
     device: Annotated[str, typer.Option("--device", help="auto (cuda if available; under accelerate, the process's device), cpu, cuda, cuda:N or mps.")] = "auto",
-    dtype: Annotated[str, typer.Option("--dtype", help="The model's weights: auto (float32 on cpu; on cuda the model's own bfloat16/float16 when saved so, else bfloat16 where the GPU computes it, else float32), float32, float16, bfloat16.")] = "auto",
+    precision: Annotated[str, typer.Option("--precision", help="auto | no | bf16 | fp16: the dtype of the model's weights (no: float32). auto: float32 on cpu; on cuda the model's own bfloat16/float16 when saved so, else bf16 where the GPU computes it, else float32.")] = "auto",
+    threads: ThreadsOpt = None,
     where: WhereOpt = None,
     split: SplitOpt = None,
     seed: SeedOpt = 0,
@@ -94,13 +97,15 @@ def recaption_command(
     overwrite: OverwriteOpt = False,
     as_json: JsonOpt = False,
     column: OldColumnOpt = None,
+    old_dtype: OldDtypeOpt = None,
     no_progress: NoProgressOpt = False,
 ) -> None:
     """One parameter per option (Typer reads them from the signature); the body: options -> config -> recaption -> print_result."""
     # vltool.recaption (datasets) is imported here, not at the top: commands/*.py stay light so `vltool --help` answers at once
-    from vltool.recaption import RecaptionConfig, recaption
+    from vltool.recaption import OLD_DTYPES, RecaptionConfig, recaption
 
     text_column = renamed(ctx, "--column", "--text-column", column, text_column)
+    precision = renamed(ctx, "--dtype", "--precision", OLD_DTYPES.get(old_dtype, old_dtype), precision)
     options = locals()
     # every RecaptionConfig field is the option of the same name (tests/test_options.py keeps them in step)
     config = RecaptionConfig(**{f.name: options[f.name] for f in fields(RecaptionConfig)})

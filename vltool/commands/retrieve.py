@@ -8,10 +8,10 @@ import typer
 
 from vltool.commands import short_help
 from vltool.commands.common import (
-    CacheDirOpt, DataArg, JsonOpt, OldNumProcOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors, renamed,
+    CacheDirOpt, DataArg, JsonOpt, OldNumProcOpt, OldWorkersOpt, DecodeThreadsOpt, DeviceOpt, ThreadsOpt, decode_threads_option, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors,
 )
 from vltool.commands.evaluation import (
-    BootstrapOpt, EncodeBatchOpt, EncodePrecisionOpt, EvalModelOpt, DebiasOpt, DebiasTextOpt, GroupColumnOpt, NoProgressOpt, PretrainedOpt, ResultsOutOpt, WorkersOpt, emit,
+    BootstrapOpt, EncodeBatchOpt, EncodePrecisionOpt, EvalModelOpt, DebiasOpt, DebiasTextOpt, GroupColumnOpt, NoProgressOpt, PretrainedOpt, ResultsOutOpt, emit,
 )
 
 HELP = """Image-to-text and text-to-image retrieval: Recall@K, mean and median rank.
@@ -48,7 +48,9 @@ def retrieve_command(
     batch_size: EncodeBatchOpt = None,
     precision: EncodePrecisionOpt = "no",
     text_batch_size: Annotated[int, typer.Option("--text-batch-size", min=1, help="Texts per encoding batch.")] = 256,
-    workers: WorkersOpt = None,
+    decode_threads: DecodeThreadsOpt = None,
+    device: DeviceOpt = "auto",
+    threads: ThreadsOpt = None,
     block_mb: Annotated[int, typer.Option("--block-mb", min=1, help="Memory of one block of scores in the ranking pass (MiB).")] = 64,
     cache_dir: CacheDirOpt = None,
     out: ResultsOutOpt = None,
@@ -59,14 +61,15 @@ def retrieve_command(
     debias_text: DebiasTextOpt = False,
     no_progress: NoProgressOpt = False,
     num_proc: OldNumProcOpt = None,
+    old_workers: OldWorkersOpt = None,
 ) -> None:
     # vltool.retrieve (datasets) is imported here, not at the top: commands/*.py stay light so `vltool --help` answers at once
     from vltool.retrieve import RetrieveConfig, retrieve
 
-    workers = renamed(ctx, "--num-proc", "--workers", num_proc, workers)
+    decode_threads = decode_threads_option(ctx, decode_threads, old_workers, num_proc)
     config = RetrieveConfig(
         model=model, pretrained=pretrained, text_column=text_column, recall_k=recall_k, bootstrap=bootstrap, seed=seed,
-        batch_size=batch_size, precision=precision, text_batch_size=text_batch_size, workers=workers, block_mb=block_mb, cache_dir=str(cache_dir) if cache_dir else None,
+        batch_size=batch_size, precision=precision, text_batch_size=text_batch_size, decode_threads=decode_threads, device=device, threads=threads, block_mb=block_mb, cache_dir=str(cache_dir) if cache_dir else None,
         progress=not no_progress, debias=str(debias) if debias else None, debias_text=debias_text,
         group_column=group_column,
     )

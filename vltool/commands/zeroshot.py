@@ -12,10 +12,10 @@ from vltool import console
 from vltool.topology import is_main
 from vltool.commands import short_help
 from vltool.commands.common import (
-    CacheDirOpt, DataArg, JsonOpt, OldNumProcOpt, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors, renamed,
+    CacheDirOpt, DataArg, JsonOpt, OldNumProcOpt, OldWorkersOpt, DecodeThreadsOpt, DeviceOpt, ThreadsOpt, decode_threads_option, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors,
 )
 from vltool.commands.evaluation import (
-    BootstrapOpt, EncodeBatchOpt, EncodePrecisionOpt, EvalModelOpt, DebiasOpt, DebiasTextOpt, GroupColumnOpt, NoProgressOpt, PretrainedOpt, ResultsOutOpt, WorkersOpt, emit,
+    BootstrapOpt, EncodeBatchOpt, EncodePrecisionOpt, EvalModelOpt, DebiasOpt, DebiasTextOpt, GroupColumnOpt, NoProgressOpt, PretrainedOpt, ResultsOutOpt, emit,
 )
 
 HELP = """Zero-shot classification: each image goes to the class whose prompt embedding is closest.
@@ -60,7 +60,9 @@ def zeroshot_command(
     split: SplitOpt = None,
     batch_size: EncodeBatchOpt = None,
     precision: EncodePrecisionOpt = "no",
-    workers: WorkersOpt = None,
+    decode_threads: DecodeThreadsOpt = None,
+    device: DeviceOpt = "auto",
+    threads: ThreadsOpt = None,
     cache_dir: CacheDirOpt = None,
     out: ResultsOutOpt = None,
     overwrite: OverwriteOpt = False,
@@ -70,16 +72,17 @@ def zeroshot_command(
     debias_text: DebiasTextOpt = False,
     no_progress: NoProgressOpt = False,
     num_proc: OldNumProcOpt = None,
+    old_workers: OldWorkersOpt = None,
 ) -> None:
     # vltool.zeroshot (torch, datasets) is imported here, not at the top: commands/*.py stay light so `vltool --help` answers at once
     from vltool.zeroshot import ZeroshotConfig, zeroshot
 
-    workers = renamed(ctx, "--num-proc", "--workers", num_proc, workers)
+    decode_threads = decode_threads_option(ctx, decode_threads, old_workers, num_proc)
     config = ZeroshotConfig(
         model=model, pretrained=pretrained, templates=templates,
         classnames=str(classnames) if classnames else None, class_prompts=str(class_prompts) if class_prompts else None,
         label_column=label_column, per_class=per_class, present_classes_only=present_only, bootstrap=bootstrap, seed=seed, batch_size=batch_size, precision=precision,
-        workers=workers, cache_dir=str(cache_dir) if cache_dir else None, progress=not no_progress, debias=str(debias) if debias else None, debias_text=debias_text,
+        decode_threads=decode_threads, device=device, threads=threads, cache_dir=str(cache_dir) if cache_dir else None, progress=not no_progress, debias=str(debias) if debias else None, debias_text=debias_text,
         group_column=group_column,
     )
     record = zeroshot(data, config, where=where or [], split=split, out=out, overwrite=overwrite)

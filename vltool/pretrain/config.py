@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from vltool import columns as C
 from vltool.errors import UsageError
+from vltool.topology import DEVICES
 from vltool.losses import LOSSES
 from vltool.model.configs import _check_open_clip_cfg, arch_config
 from vltool.model.create import ModelSpec
@@ -23,7 +24,6 @@ METRICS_FILE = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"
 PLOT_FILE = "loss.png"
 OPTIMIZERS = ("adamw", "sgd")
-DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("auto", "no", "bf16", "fp16")  # auto: bf16 where the device computes it natively, else no (loop.native_precision)
 SCHEDULES = ("cosine", "constant")
 CAPTION_SAMPLING = ("random", "first")

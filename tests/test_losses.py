@@ -545,6 +545,23 @@ def test_memory_bank_loss_matches_reference_and_masks_own_keys():
     assert int(bank.queue_ptr) == 3 and bank.queue_ids.tolist() == [2, 3, 4, 9, 2, 1]
 
 
+def test_memory_bank_loss_under_bf16_autocast_masks_without_overflow():
+    """--precision bf16 (auto on a GPU, and on a CPU with AVX-512 BF16): the queue logits come out of the matmul in
+    bf16, and masking them with float32's lowest value overflowed ("value cannot be converted to type
+    c10::BFloat16 without overflow"); masked with bf16's own lowest, the loss is float32's to bf16's precision."""
+    from vltool.losses import LossInput, MemoryBankLoss
+
+    n, k, d, s = 4, 6, 8, 20.0
+    bank = MemoryBankLoss(k, d)
+    bank.enqueue(unit(6, d, 14).float(), unit(6, d, 15).float(), torch.tensor([1, 7, 2, 8, 9, 3]))  # every query's own key queued
+    batch = LossInput(unit(n, d, 10).float(), unit(n, d, 11).float(), torch.tensor(s),
+                      extra={"image_keys": unit(n, d, 12).float(), "text_keys": unit(n, d, 13).float(), "ids": torch.tensor([1, 2, 3, 4])})
+    exact = float(bank(batch)["loss"])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = float(bank(batch)["loss"])
+    assert math.isfinite(low) and low == pytest.approx(exact, rel=2e-2)
+
+
 def test_memory_bank_trains_resumes_and_exports_ema(tmp_path, pairs):
     from safetensors.torch import load_file
 

@@ -432,10 +432,10 @@ class MemoryBankLoss(Loss):
         ik, tk, ids = batch.extra["image_keys"].to(img.dtype), batch.extra["text_keys"].to(img.dtype), batch.extra["ids"]
         masked = self.queue_ids[None, :] == ids[:, None]  # (N, K): the query's own (stale) keys
         iq, tq = self.image_queue.to(img.dtype), self.text_queue.to(img.dtype)
-        neg_inf = torch.finfo(img.dtype).min
 
         def side(q, pos_key, queue):
-            logits = torch.cat([s * (q * pos_key).sum(-1, keepdim=True), (s * q @ queue.T).masked_fill(masked, neg_inf)], 1)
+            sim = s * q @ queue.T  # (N, K); bf16 under autocast: masked with its own dtype's lowest value (float32's overflows bf16)
+            logits = torch.cat([s * (q * pos_key).sum(-1, keepdim=True), sim.masked_fill(masked, torch.finfo(sim.dtype).min)], 1)
             return F.cross_entropy(logits, torch.zeros(q.shape[0], dtype=torch.long, device=q.device), reduction="sum"), logits
 
         l_img, logits = side(img, tk, tq)

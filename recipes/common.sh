@@ -90,6 +90,11 @@ fi
 
 DEVICE_OPTS=()
 if [ "${DEVICE:-auto}" != "auto" ]; then DEVICE_OPTS=(--device "$DEVICE"); fi
+# PRECISION unset: float32 (no) where the runs train on a CPU, as the committed results were made (pretrain's
+# --precision auto is bf16 on a CPU with AVX-512 BF16 or AMX, which would change their bits); auto on a GPU.
+if [ -z "${PRECISION:-}" ]; then
+    if [ "${DEVICE:-auto}" = cpu ] || ! python -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2> /dev/null; then PRECISION=no; fi
+fi
 if [ -n "${PRECISION:-}" ]; then DEVICE_OPTS+=(--precision "$PRECISION"); fi
 if [ -n "${WORKERS:-}" ]; then DEVICE_OPTS+=(--workers "$WORKERS"); fi
 

@@ -232,7 +232,9 @@ DDP_SCRIPT = textwrap.dedent(
     from vltool.pretrain import PretrainConfig, pretrain
 
     data, out, batch, opts = sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])
-    base = dict(arch="vltool-micro", batch_size=batch, steps=3, optimizer="sgd", lr=0.05, log_every=1, augment="clip")
+    # float32 (precision no): 2 processes equal 1 to float32's rounding; --precision auto is bf16 on a CPU with
+    # AVX-512 BF16, whose rounding differs with the batch's split
+    base = dict(arch="vltool-micro", batch_size=batch, steps=3, optimizer="sgd", lr=0.05, log_every=1, augment="clip", precision="no")
     cfg = PretrainConfig(**{**base, **opts})
     pretrain([data], out + "/run", cfg, progress=False)
     """

@@ -71,7 +71,10 @@ def test_a_global_batch_that_does_not_divide_is_refused(tmp_path, recipe, env, v
 
 
 def test_default_command_lines_are_unchanged(tmp_path):
-    """`bash recipes/quickstart.sh` with no variable runs the command lines that made the committed results."""
+    """`bash recipes/quickstart.sh` with no variable runs the command lines that made the committed results (on a
+    CPU, with `--precision no` spelled out since issue 54: the float32 they were made in, on any CPU)."""
+    import torch
+
     proc, cmds = run_recipe(tmp_path, "quickstart")
     assert proc.returncode == 0, proc.stderr
     out = str(tmp_path / "out")
@@ -79,7 +82,8 @@ def test_default_command_lines_are_unchanged(tmp_path):
     assert train[0] == "vltool" and train[1:3] == ["pretrain", f"{out}/lit-bow/seed0/data"]
     assert train[train.index("--seed") + 2:train.index("--seed") + 4] == ["--image-tower", "torchvision:mobilenet_v2"]
     assert train[train.index("--text-pooling"):] == ["--text-pooling", "mean", "--lock-image", "--lock-text", "--augment", "none",
-                                                       "--batch-size", "64", "--lr", "1e-3", "--epochs", "10", "--no-progress", "--overwrite"]
+                                                       "--batch-size", "64", "--lr", "1e-3", "--epochs", "10",
+                                                       *([] if torch.cuda.is_available() else ["--precision", "no"]), "--no-progress", "--overwrite"]
     assert cmds[0] == ["vltool", "deform", "emoji", "--where", "split=train", "--ops", "shuffle,rmstop,basevocab,rmtopfreq20,keep4",
                        "--seed", "0", "--out", f"{out}/lit-bow/seed0/data", "--overwrite"]
     assert cmds[2] == ["vltool", "zeroshot", "emoji", "--where", "split=test", "--model", f"{out}/lit-bow/seed0/run", "--bootstrap",
@@ -231,3 +235,19 @@ def test_clip_lite_on_shards_trains_on_nested_quarters_and_probes_on_the_benchma
             assert c[2:2 + k] == [f"{quarters}/q{i}" for i in range(1, k + 1)] and option(c, "--loss") == loss
     probes = [c for c in cmds if c[1] == "probe"]
     assert len(probes) == len(trains) and all(c[2:5] == [str(bench), "--split", "train"] and option(c, "--eval-split") == "test" for c in probes)
+
+
+def test_training_on_a_cpu_is_float32_unless_precision_is_set(tmp_path):
+    """pretrain's --precision auto is bf16 on a CPU with AVX-512 BF16: a recipe left to it would not make the
+    committed (float32) results on such a machine. Unset, PRECISION is `no` on a CPU; a set one is passed on."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA GPU (PRECISION is then pretrain's auto)")
+    proc, cmds = run_recipe(tmp_path / "a", "quickstart")
+    assert proc.returncode == 0, proc.stderr
+    trains = [c for c in cmds if "pretrain" in c]
+    assert trains and all(option(c, "--precision") == "no" for c in trains)
+    proc, cmds = run_recipe(tmp_path / "b", "quickstart", PRECISION="bf16")
+    assert proc.returncode == 0, proc.stderr
+    assert all(option(c, "--precision") == "bf16" for c in cmds if "pretrain" in c)

@@ -35,6 +35,7 @@ CONFIGS = {
     "report": "vltool.report:ReportConfig",
     "pick-caption": "vltool.pick_caption:PickConfig",
     "benchmark": "vltool.benchmark:BenchmarkConfig",
+    "evaluate": "vltool.commands.evaluate:EvaluateConfig",
 }
 
 # A field is the option of the same name (text_column <-> --text-column), except these, each for a reason.

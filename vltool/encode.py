@@ -102,7 +102,38 @@ def with_precision(preprocessing: dict, precision: str) -> dict:
 # ----------------------------------------------------------------------------------------------------
 
 
+_SHARED_MODELS: dict | None = None  # inside shared_models(): (spec, pretrained, cache_dir) -> the model loaded for it
+
+
+def shared_models():
+    """Within it, load_eval_model gives each (spec, pretrained, cache dir) the model it loaded the first time:
+    `vltool evaluate` runs several commands on one model with one load. The models are only read (encoded
+    with, never changed), so a command's numbers are those it gives alone."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def scope():
+        global _SHARED_MODELS
+        before, _SHARED_MODELS = _SHARED_MODELS, {}
+        try:
+            yield
+        finally:
+            _SHARED_MODELS = before
+
+    return scope()
+
+
 def load_eval_model(spec: str, pretrained: str | None = None, cache_dir: str | Path | None = None):
+    """The model to encode with, on this process's device (_load_eval_model), shared inside shared_models()."""
+    key = (str(spec), None if pretrained is None else str(pretrained), None if cache_dir is None else str(cache_dir))
+    if _SHARED_MODELS is None:
+        return _load_eval_model(spec, pretrained, cache_dir)
+    if key not in _SHARED_MODELS:
+        _SHARED_MODELS[key] = _load_eval_model(spec, pretrained, cache_dir)
+    return _SHARED_MODELS[key]
+
+
+def _load_eval_model(spec: str, pretrained: str | None = None, cache_dir: str | Path | None = None):
     """The model to encode with, on this process's device.
 
     A vltool model directory is opened lazily (LazyModel): when the cache already knows the fingerprint of

@@ -26,6 +26,7 @@ TABLE: dict[str, tuple[str, str]] = {  # command -> (module in vltool.commands, 
     "report": ("report", "Tabulate a recipe's runs over seeds (JSON, Markdown, PNG)."),
     "pick-caption": ("pick_caption", "One caption per image from a list column (CLIP's single caption)."),
     "benchmark": ("benchmark", "Zero-shot, retrieval and linear probe over many datasets: one table."),
+    "evaluate": ("evaluate", "Several zeroshot, retrieve and probe commands in one process."),
 }
 
 

@@ -136,7 +136,7 @@ def handle_errors(fn: Callable) -> Callable:
         except KeyboardInterrupt:
             print("interrupted: nothing was written", file=sys.stderr)
             raise typer.Exit(130) from None
-        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
+        except (typer.Exit, typer.Abort, typer.TyperException, click.exceptions.Exit, click.exceptions.Abort, click.ClickException):  # (typer's own click, and click's)
             raise
         except OSError as e:
             if debug:

@@ -74,6 +74,7 @@ global_batch() {
 # vl_pretrain ARGS...: `vltool pretrain ARGS`, under LAUNCH, with --batch-size (a global batch) divided among its processes
 vl_pretrain() {
     local args=() prev="" a
+    flush_evals   # the last model's evaluations first (under LAUNCH the training below bypasses the vltool function)
     for a in "$@"; do
         if [ "$prev" = "--batch-size" ]; then
             if [ $((a % PROCESSES)) != 0 ]; then die "--batch-size $a: a global batch, which does not divide among $PROCESSES processes"; fi
@@ -260,9 +261,9 @@ evaluate() {
 evaluate_style() {
     local data=$1 suffix=$2 model=$3 dir=$4
     shift 4
-    vltool zeroshot "$data" --where split=test "$@" --model "$model" --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" \
+    vl_eval zeroshot "$data" --where split=test "$@" --model "$model" --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" \
         --out "$dir/zeroshot$suffix.json" --overwrite --no-progress > /dev/null
-    vltool retrieve "$data" --where split=test "$@" --model "$model" --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" \
+    vl_eval retrieve "$data" --where split=test "$@" --model "$model" --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" \
         --out "$dir/retrieve$suffix.json" --overwrite --no-progress > /dev/null
 }
 # bench_eval TASK "BENCH..." MODEL DIR: TASK on each benchmark's EVAL_SPLIT, then on each SHIFT_BENCH that has its columns
@@ -272,14 +273,14 @@ bench_eval() {
     for b in $benches; do
         suffix=""; [ "$first" = 1 ] || suffix="-$(basename "$b")"; first=0
         mapfile -t rows < <(rows_of "$b" "$EVAL_SPLIT")
-        vltool "$task" "$b" "${rows[@]}" --model "$model" --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" \
+        vl_eval "$task" "$b" "${rows[@]}" --model "$model" --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" \
             --out "$dir/$task$suffix.json" --overwrite --no-progress > /dev/null
     done
     for shift in "${SHIFTS[@]}"; do
         b=${shift% *}; suffix=${shift##* }
         if has_column "$b" "$col"; then
             mapfile -t rows < <(rows_of "$b" "$EVAL_SPLIT")
-            vltool "$task" "$b" "${rows[@]}" --model "$model" --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" \
+            vl_eval "$task" "$b" "${rows[@]}" --model "$model" --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" \
                 --out "$dir/$task$suffix.json" --overwrite --no-progress > /dev/null
         fi
     done
@@ -302,7 +303,7 @@ fi
 probe_style() {
     local data=$1 suffix=$2 model=$3 dir=$4 protocol=$5
     shift 5
-    vltool probe "$DATA" --where split=train --eval-data "$data" --eval-where split=test --model "$model" \
+    vl_eval probe "$DATA" --where split=train --eval-data "$data" --eval-where split=test --model "$model" \
         --protocol "$protocol" "$@" --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" --out "$dir/probe$suffix.json" \
         --overwrite --no-progress > /dev/null
 }
@@ -324,7 +325,7 @@ probe() {
         mapfile -t fit < <(rows_of "$b" "$PROBE_TRAIN_SPLIT")
         mapfile -t ev < <(rows_of "$b" "$EVAL_SPLIT" | sed 's/^--split$/--eval-split/; s/^--where$/--eval-where/')
         [ ${#fit[@]} -gt 0 ] || die "PROBE_BENCH=$b: no $PROBE_TRAIN_SPLIT split to fit the probe on (PROBE_TRAIN_SPLIT)"
-        vltool probe "$b" "${fit[@]}" --eval-data "$b" "${ev[@]}" --model "$model" --protocol "$protocol" "$@" \
+        vl_eval probe "$b" "${fit[@]}" --eval-data "$b" "${ev[@]}" --model "$model" --protocol "$protocol" "$@" \
             --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" --out "$dir/probe$suffix.json" --overwrite --no-progress > /dev/null
     done
     for shift in "${SHIFTS[@]}"; do   # the probe of the first benchmark, scored on each shift with labels
@@ -333,11 +334,27 @@ probe() {
             b=${PROBE_BENCH%% *}
             mapfile -t fit < <(rows_of "$b" "$PROBE_TRAIN_SPLIT")
             mapfile -t ev < <(rows_of "$data" "$EVAL_SPLIT" | sed 's/^--split$/--eval-split/; s/^--where$/--eval-where/')
-            vltool probe "$b" "${fit[@]}" --eval-data "$data" "${ev[@]}" --model "$model" --protocol "$protocol" "$@" \
+            vl_eval probe "$b" "${fit[@]}" --eval-data "$data" "${ev[@]}" --model "$model" --protocol "$protocol" "$@" \
                 --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" --out "$dir/probe$suffix.json" --overwrite --no-progress > /dev/null
         fi
     done
 }
+
+# ---- Evaluations: one process per model (issue 54). vl_eval queues an evaluation command (zeroshot, retrieve,
+# probe; the arguments as after `vltool`); the queue runs as one `vltool evaluate PLAN` process, which imports
+# the libraries and loads the model once and writes exactly the files the commands write alone, before the next
+# training or any other vltool command (the `vltool` function below), so each model's evaluations are one
+# start-up. A failing evaluation stops the recipe with its own error, as before.
+EVAL_PLAN=$(mktemp "${TMPDIR:-/tmp}/vltool-plan.XXXXXX")
+trap 'rm -f "$EVAL_PLAN"' EXIT
+vl_eval() { printf '%q ' "$@" >> "$EVAL_PLAN"; printf '\n' >> "$EVAL_PLAN"; }
+flush_evals() {
+    if [ -s "$EVAL_PLAN" ]; then
+        command vltool evaluate "$EVAL_PLAN" > /dev/null || exit $?
+        : > "$EVAL_PLAN"
+    fi
+}
+vltool() { flush_evals; command vltool "$@"; }
 
 # steps_of RUN: the optimizer steps a finished `vltool pretrain` run took (its vltool.json's stats.steps)
 steps_of() { python -c "import json, sys; print(json.load(open(sys.argv[1]))['stats']['steps'])" "$1/vltool.json"; }

@@ -45,7 +45,7 @@ LENGTH=(--epochs "$EPOCHS"); if [ -n "$STEPS" ]; then LENGTH=(--steps "$STEPS");
 zeroshot_style() {
     local data=$1 suffix=$2 model=$3 dir=$4
     shift 4
-    vltool zeroshot "$data" "${CONCEPT_ROWS[@]}" --model "$model" "$@" --bootstrap "$BOOTSTRAP" \
+    vl_eval zeroshot "$data" "${CONCEPT_ROWS[@]}" --model "$model" "$@" --bootstrap "$BOOTSTRAP" \
         "${EVAL_GROUPS[@]}" --out "$dir/zeroshot$suffix.json" --overwrite --no-progress > /dev/null
 }
 

@@ -59,11 +59,11 @@ train() {  # train VARIANT SEED [pretrain options and data...], then evaluate
         evaluate "$dir/run" "$dir"   # the study's own benchmarks
     else
         for part in unseen seen; do   # zero-shot among the held-out (unseen) subgroups, and among the seen ones
-            vltool zeroshot "$classes/$part" --where split=test --present-classes-only --templates "$TEMPLATES" \
+            vl_eval zeroshot "$classes/$part" --where split=test --present-classes-only --templates "$TEMPLATES" \
                 --model "$dir/run" --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" --out "$dir/zeroshot-$part.json" --overwrite --no-progress > /dev/null
             if [ -n "$STYLE2" ]; then   # the same subgroups in the second style
                 mapfile -t where < <(part_where "$classes/$part")
-                vltool zeroshot "$STYLE2" --where split=test "${where[@]}" --present-classes-only \
+                vl_eval zeroshot "$STYLE2" --where split=test "${where[@]}" --present-classes-only \
                     --templates "$TEMPLATES" --model "$dir/run" --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" \
                     --out "$dir/zeroshot-$part-style2.json" --overwrite --no-progress > /dev/null
             fi
@@ -80,7 +80,7 @@ evaluate_retrieval() {  # evaluate_retrieval MODEL DIR: image-text retrieval on 
     local data suffix
     for data in "$DATA" ${STYLE2:+"$STYLE2"}; do
         suffix=""; if [ "$data" != "$DATA" ]; then suffix=-style2; fi
-        vltool retrieve "$data" --where split=test --model "$1" --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" \
+        vl_eval retrieve "$data" --where split=test --model "$1" --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" \
             --out "$2/retrieve$suffix.json" --overwrite --no-progress > /dev/null
     done
 }

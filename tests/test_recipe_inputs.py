@@ -13,6 +13,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIM = """#!/usr/bin/env bash
+if [ "$(basename "$0")" = vltool ] && [ "${1:-}" = evaluate ]; then   # a plan: the commands it runs, each as run alone
+    while IFS= read -r line; do
+        eval "words=($line)"
+        printf '%q ' vltool "${words[@]}" >> "$SHIM_LOG"; echo >> "$SHIM_LOG"
+        echo "${OMP_NUM_THREADS:-unset}" >> "$SHIM_LOG.threads"
+    done < "$2"
+    echo "$2" >> "$SHIM_LOG.plans"
+    exit 0
+fi
 printf '%q ' "$(basename "$0")" "$@" >> "$SHIM_LOG"; echo >> "$SHIM_LOG"
 echo "${OMP_NUM_THREADS:-unset}" >> "$SHIM_LOG.threads"
 prev=""; for a in "$@"; do
@@ -251,3 +260,16 @@ def test_training_on_a_cpu_is_float32_unless_precision_is_set(tmp_path):
     proc, cmds = run_recipe(tmp_path / "b", "quickstart", PRECISION="bf16")
     assert proc.returncode == 0, proc.stderr
     assert all(option(c, "--precision") == "bf16" for c in cmds if "pretrain" in c)
+
+
+@pytest.mark.parametrize("recipe", [r for r in RECIPES if r != "quickstart"])  # (quickstart prints its evaluations' tables)
+def test_each_trained_model_is_evaluated_in_one_process(tmp_path, recipe):
+    """Issue 54: a model's zero-shot, retrieval and probe commands run as one `vltool evaluate` plan (one start-up),
+    after its training and before the next; the shim logs each plan's lines as the commands they are."""
+    proc, cmds = run_recipe(tmp_path, recipe, SEEDS="0")
+    assert proc.returncode == 0, proc.stderr
+    plans = Path(f"{tmp_path / recipe}.log.plans").read_text().splitlines()
+    trains = [i for i, c in enumerate(cmds) if "pretrain" in c]
+    assert len(plans) == len(trains) > 0
+    evals = [i for i, c in enumerate(cmds) if c[0] == "vltool" and c[1] in ("zeroshot", "retrieve", "probe")]
+    assert evals and all(any(t < i for t in trains) for i in evals)  # each evaluates a model trained before it

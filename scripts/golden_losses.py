@@ -47,7 +47,7 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "sigmoid-bias-search": ("pairs", dict(loss="sigmoid", bias_init="search", bias_search_batches=2, batch_size=8)),
 }
 BASE = dict(arch="vltool-micro", batch_size=ROWS, steps=STEPS, lr=1e-2, log_every=1, checkpoint_every=1000,
-            augment="none", seed=0, device="cpu")
+            augment="none", seed=0, device="cpu", precision="no")  # float32: auto is bf16 on a CPU with AVX-512 BF16
 
 
 def _png(color, seed: int, size: int = 24) -> bytes:

@@ -45,6 +45,7 @@ FIELD_OPTIONS = {
     ("retrieve", "progress"): "--no-progress",
     ("probe", "progress"): "--no-progress",
     ("benchmark", "progress"): "--no-progress",
+    ("evaluate", "progress"): "--no-progress",
     # Three values (learn, fixed, the loss's default): --learn-logit-scale/--fixed-logit-scale.
     ("pretrain", "logit_scale_learnable"): "--learn-logit-scale",
     # `--from captions` reads as it works; `from` cannot be a field name.

@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 import typer
 
 from vltool.commands import short_help
-from vltool.commands.common import handle_errors
+from vltool.commands.common import NoProgressOpt, handle_errors
 from vltool.errors import UsageError
 
 EVALUATIONS = ("zeroshot", "retrieve", "probe")  # the commands a plan's lines may run
@@ -36,6 +36,7 @@ class EvaluateConfig:
     """Options of `vltool evaluate`, one field per option of the same name."""
 
     model: str | None = None  # the --model of every line that gives none
+    progress: bool = True  # False: --no-progress, added to every line
 
 
 @dataclass
@@ -65,6 +66,8 @@ def read_plan(path: Path, config: EvaluateConfig) -> list[Line]:
             raise UsageError(f"PLAN line {number}: {words[0]!r} is not an evaluation command ({', '.join(EVALUATIONS)})")
         if config.model is not None and not any(w == "--model" or w.startswith("--model=") for w in words):
             words = [*words, "--model", config.model]
+        if not config.progress and "--no-progress" not in words:
+            words = [*words, "--no-progress"]
         lines.append(Line(number, words))
     if not lines:
         raise UsageError(f"PLAN {path}: no command in it")
@@ -131,8 +134,9 @@ def run_plan(lines: list[Line]) -> int:
 def evaluate_command(
     plan: Annotated[Path, typer.Argument(help="A file of evaluation commands, one a line (as after `vltool`); - reads stdin.", show_default=False)],
     model: Annotated[Optional[str], typer.Option("--model", help="The model of every line that gives no --model of its own (any spelling the commands take).", show_default=False)] = None,
+    no_progress: NoProgressOpt = False,
 ) -> None:
-    config = EvaluateConfig(model=model)
+    config = EvaluateConfig(model=model, progress=not no_progress)
     code = run_plan(read_plan(plan, config))
     if code:
         raise typer.Exit(code)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.recipes  # about 95 minutes of test time, under 50 on two workers: `python -m pytest -m recipes -n 2` (.ci/run)
+pytestmark = pytest.mark.recipes  # about 26 minutes of test time, under 20 on two workers: `python -m pytest -m recipes -n 2` (.ci/run)
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = {

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -105,22 +106,17 @@ def with_precision(preprocessing: dict, precision: str) -> dict:
 _SHARED_MODELS: dict | None = None  # inside shared_models(): (spec, pretrained, cache_dir) -> the model loaded for it
 
 
+@contextlib.contextmanager
 def shared_models():
     """Within it, load_eval_model gives each (spec, pretrained, cache dir) the model it loaded the first time:
     `vltool evaluate` runs several commands on one model with one load. The models are only read (encoded
     with, never changed), so a command's numbers are those it gives alone."""
-    import contextlib
-
-    @contextlib.contextmanager
-    def scope():
-        global _SHARED_MODELS
-        before, _SHARED_MODELS = _SHARED_MODELS, {}
-        try:
-            yield
-        finally:
-            _SHARED_MODELS = before
-
-    return scope()
+    global _SHARED_MODELS
+    before, _SHARED_MODELS = _SHARED_MODELS, {}
+    try:
+        yield
+    finally:
+        _SHARED_MODELS = before
 
 
 def load_eval_model(spec: str, pretrained: str | None = None, cache_dir: str | Path | None = None):

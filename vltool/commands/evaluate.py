@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import shlex
 import sys
 from dataclasses import dataclass
@@ -75,7 +76,9 @@ def read_plan(path: Path, config: EvaluateConfig) -> list[Line]:
     return lines
 
 
+@functools.cache
 def _group():
+    """vltool's click group (built once: the plan is checked, then run, with it)."""
     from vltool.cli import app  # (the command table; vltool.cli imports this module only when `evaluate` runs)
 
     return typer.main.get_command(app)

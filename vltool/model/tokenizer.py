@@ -5,6 +5,7 @@ why a tokenizer did not load.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import importlib.util
 import json
@@ -41,6 +42,28 @@ def tokenizer_source(config: dict, model_dir: Path | str) -> Path:
     return Path(model_dir) / (config["file"] if config["type"] == "open_clip" else config["dir"])
 
 
+def open_clip_bpe_tokenizer(bpe_path: Path, context_length: int, kwargs: dict):
+    """open_clip's SimpleTokenizer(bpe_path, context_length, **kwargs). Importing open_clip.tokenizer already
+    builds one on open_clip's own vocabulary (its module-level `_tokenizer`, the one `open_clip.tokenize` uses;
+    0.3 s of CPU: its tables are built from 48,894 merges), so for that vocabulary byte for byte and no other
+    options the tables are that tokenizer's, shared, with this context length: the same object
+    SimpleTokenizer would build, without building its tables twice (tests/test_tokenizer.py)."""
+    from vltool.open_clip_parts import part
+
+    module = part("tokenizer")
+    if not kwargs and _same_bytes(bpe_path, module.default_bpe()):
+        tok = copy.copy(module._tokenizer)
+        tok.cache = dict(tok.cache)  # (its own memo of BPE merges: the same values, not open_clip's dict)
+        tok.context_length = context_length
+        return tok
+    return module.SimpleTokenizer(bpe_path=str(bpe_path), context_length=context_length, **kwargs)
+
+
+def _same_bytes(a: Path | str, b: Path | str) -> bool:
+    a, b = Path(a), Path(b)
+    return a.stat().st_size == b.stat().st_size and a.read_bytes() == b.read_bytes()
+
+
 class Tokenizer:
     """Texts -> what the text tower takes: a LongTensor (open_clip) or a dict of tensors (Hugging Face).
 
@@ -53,11 +76,7 @@ class Tokenizer:
         self.source = Path(source)  # the BPE file (open_clip) or the tokenizer directory (hf)
         kind = config["type"]
         if kind == "open_clip":
-            from vltool.open_clip_parts import part
-
-            self._tok = part("tokenizer").SimpleTokenizer(
-                bpe_path=str(self.source), context_length=config["context_length"], **config.get("kwargs", {})
-            )
+            self._tok = open_clip_bpe_tokenizer(self.source, config["context_length"], config.get("kwargs", {}))
         elif kind == "hf":
             from transformers import AutoTokenizer
 

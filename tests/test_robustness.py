@@ -183,9 +183,7 @@ def cases():
             yield pytest.param(cmd, kind, id=f"{cmd}-{kind}")
     for cmd in WRITERS:
         for kind in ("out_is_empty", "out_is_a_device", "out_is_a_user_dir", "out_is_a_user_file"):
-            if kind == "out_is_a_user_file" and cmd in FILE_OUTPUTS:
-                continue  # a results JSON replaces the file the user named with --overwrite
-            yield pytest.param(cmd, kind, id=f"{cmd}-{kind}")
+            yield pytest.param(cmd, kind, id=f"{cmd}-{kind}")  # (a results JSON replaces only a results JSON)
         for kind in ("out_under_a_file", "out_is_data", "out_is_model", "out_inside_model", "out_is_subspace"):
             if kind in ("out_is_model", "out_inside_model") and cmd not in MODEL_CMDS:
                 continue
@@ -362,6 +360,35 @@ def one_error(r, code=None) -> str:
 
 
 # ---- 1. data loss: everything a command reads is an input, and --out never replaces it
+
+
+@pytest.mark.parametrize("cmd", ["zeroshot", "retrieve", "benchmark"])
+def test_a_results_out_replaces_only_results_vltool_wrote(world, cli, tmp_path, cmd):
+    """--out FILE --overwrite over another model's config.json, a user's notes.json, a dataset's state.json or
+    an outcomes path holding a file of the user's: refused, nothing changed; over a results JSON (of any
+    evaluation command) with its outcomes: replaced."""
+    import shutil
+
+    other = tmp_path / "other_model"
+    shutil.copytree(world["model"], other)  # (not an input of the command: only its files are at stake)
+    notes = tmp_path / "notes.json"
+    notes.write_text('{"my": "notes"}\n')
+    shutil.copytree(world["data"], tmp_path / "other_data")
+    user_npz = tmp_path / "mine.examples.npz"
+    user_npz.write_bytes(b"PK\x05\x06" + b"\0" * 18)  # an empty zip: not vltool's outcomes
+    (tmp_path / "mine.json").write_text("{}")
+    ev = ["--model", str(world["model"]), "--cache-dir", str(world["root"] / "cache"), "--bootstrap", "0", "--no-progress"]
+    argv = (["benchmark", "--datasets", world["data"], "--tasks", "zeroshot"] if cmd == "benchmark" else [cmd, world["data"]]) + ev
+    for target in (other / "model" / "config.json", notes, tmp_path / "other_data" / "state.json", tmp_path / "mine.json"):
+        before = tree_hash(tmp_path)
+        line = one_error(cli(*argv, "--out", target, "--overwrite"), 2)
+        assert "vltool replaces only what it wrote" in line and str(target.name) in line, line
+        assert tree_hash(tmp_path) == before, f"{target}: a file changed"
+    ours = tmp_path / "ours.json"
+    assert cli(*argv, "--out", ours).exit_code == 0
+    first = json.loads(ours.read_text())
+    assert cli("retrieve" if cmd != "retrieve" else "zeroshot", world["data"], *ev, "--out", ours, "--overwrite").exit_code == 0
+    assert json.loads(ours.read_text())["command"] != first["command"]  # one evaluation's results replace another's
 
 
 @pytest.mark.parametrize("cmd,option", [("filter", "--reference"), ("probe", "--eval-data"), ("pseudolabel", "--aligned"),

@@ -10,8 +10,11 @@ A results record (written by `--out`, printed by `--json`) holds the provenance 
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -25,7 +28,7 @@ from vltool.errors import UsageError
 from vltool.importer import clip_benchmark_input
 from vltool.io.atomic import write_json_atomic
 from vltool.io.loading import load_dataset, LoadedDataset
-from vltool.io.outputs import check_output, model_inputs, require_output_name
+from vltool.io.outputs import OUTPUT_MARKS, check_output, model_inputs, require_output_name
 from vltool.metrics import Interval, majority_rate, topk_chance
 from vltool.outcomes import FORMAT, examples_path, write_examples
 from vltool.subspace import load_subspace, project_out
@@ -134,7 +137,45 @@ def check_out(out: str | Path | None, overwrite: bool, inputs: Sequence[Path], c
     ex = examples_path(p)
     if ex.exists() and not overwrite:
         raise UsageError(f"{ex} (the per-example outcomes written beside --out) exists; pass --overwrite to replace it")
+    for path, why in ((p, not_a_result(p)), (ex, not_outcomes(ex))):
+        if why:
+            raise UsageError(f"--out {p}: {path} {why}; vltool replaces only what it wrote (even with --overwrite): choose another --out")
     return p
+
+
+# The commands whose --out is a results JSON (with X.examples.npz beside it): one may replace another's.
+RESULT_COMMANDS = ("zeroshot", "retrieve", "probe", "benchmark", "debias")
+
+
+def not_a_result(p: Path) -> str | None:
+    """Why an existing file at a results --out is not one vltool may replace, or None (absent, or a results
+    JSON of RESULT_COMMANDS: its provenance names vltool and the command). A model's config.json, a
+    dataset's state.json, an output directory's provenance or a user's notes.json is never replaced."""
+    if not os.path.lexists(p):
+        return None
+    if p.name in OUTPUT_MARKS:
+        return f"is the record of an output directory ({p.name})"
+    try:
+        record = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "is not a results JSON vltool wrote"
+    if not (isinstance(record, dict) and "vltool_version" in record and record.get("command") in RESULT_COMMANDS):
+        return "is not a results JSON vltool wrote (its provenance names no vltool evaluation)"
+    return None
+
+
+def not_outcomes(ex: Path) -> str | None:
+    """Why an existing file at the outcomes path X.examples.npz is not vltool's per-example outcomes, or None."""
+    if not os.path.lexists(ex):
+        return None
+    import numpy as np
+
+    try:
+        with np.load(ex, allow_pickle=False) as z:
+            fmt = str(z["format"]) if "format" in z.files else ""
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error):
+        fmt = ""  # (a damaged outcomes file of ours reads as damaged, and stays: the user decides)
+    return None if fmt == FORMAT else f"is not a per-example outcomes file vltool wrote (format {FORMAT})"
 
 
 def finish(record: dict, out: Path | None, overwrite: bool, examples: dict | None = None, examples_out: Path | None = None) -> dict:

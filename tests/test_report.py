@@ -305,17 +305,18 @@ def test_style_options_are_checked(specs, tmp_path):
 @pytest.mark.parametrize("theirs", ["notes.md", "notes.png", "notes.json"])
 def test_out_never_replaces_files_the_report_did_not_write(runs, tmp_path, theirs):
     """`report RUNS --out DIR/notes` wrote DIR/notes.md over the user's notes, exit 0, no --overwrite asked
-    (issue 44). Now: an existing STEM.* needs --overwrite, and even then only a report's own files are replaced."""
+    (issue 44). Now only a report's own files are replaced, and the refusal says so with or without --overwrite
+    (it advised --overwrite, then refused it: issue 53)."""
     out = tmp_path / "dir"
     out.mkdir()
     (out / theirs).write_text("my own notes\n")
     args = ["report", str(runs), "--out", str(out / "notes"), "--metric", "zeroshot:top1", "--no-chart"]
-    r = CliRunner().invoke(app, args)
-    assert r.exit_code == 2 and "pass --overwrite" in r.stderr, r.stderr
-    r = CliRunner().invoke(app, [*args, "--overwrite"])
-    assert r.exit_code == 2, r.stderr
-    line = r.stderr.strip().splitlines()[-1]
-    assert f"{out / theirs} was not written by vltool report" in line and "choose another --out" in line, line
+    for extra in ([], ["--overwrite"]):
+        r = CliRunner().invoke(app, [*args, *extra])
+        assert r.exit_code == 2, r.stderr
+        line = r.stderr.strip().splitlines()[-1]
+        assert f"{out / theirs} was not written by vltool report" in line and "choose another --out" in line, line
+        assert "pass --overwrite" not in r.stderr
     assert [p.name for p in out.iterdir()] == [theirs] and (out / theirs).read_text() == "my own notes\n"
 
 
@@ -513,3 +514,83 @@ def test_the_command_line_default_of_bootstrap_max_is_the_library_s():
     from vltool.report import ReportConfig
 
     assert inspect.signature(report_command).parameters["bootstrap_max"].default == MAX_RESAMPLES == ReportConfig.bootstrap_max
+
+
+KILL_AT = """
+import os, signal, sys
+import vltool.io.atomic as atomic
+point, count = sys.argv[1], int(sys.argv[2])
+real = {"replace": os.replace, "journal": atomic.write_json_atomic}
+calls = []
+def killing(name):
+    def f(*a, **k):
+        calls.append(name)
+        if name == point and calls.count(name) > count:
+            os.kill(os.getpid(), signal.SIGKILL)  # (as kill -9: no finally, no cleanup)
+        return real[name](*a, **k)
+    return f
+os.replace = killing("replace")
+atomic.write_json_atomic = killing("journal")
+from vltool.cli import main
+sys.argv = ["vltool", *sys.argv[3:]]
+main()
+"""
+
+
+def _set(stem):
+    """(the title the .md shows, the title the .json records); None where the file is absent."""
+    md, js = stem.with_name(stem.name + ".md"), stem.with_name(stem.name + ".json")
+    return (md.read_text().splitlines()[0] if md.exists() else None,
+            "# " + json.loads(js.read_text())["title"] if js.exists() else None)
+
+
+@pytest.mark.parametrize("point,count,left", [
+    ("journal", 0, "old"),   # killed before the journal (the commit point): the old set, stale temporaries
+    ("replace", 2, "mixed"),  # killed between the renames (the first is the journal's): new .md beside the old .json
+])
+def test_a_killed_report_overwrite_leaves_one_set_and_the_next_run_finishes_it(runs, tmp_path, point, count, left):
+    """kill -9 during `report --overwrite` left the new STEM.md beside the old STEM.json and .png (issue 53):
+    each file was atomic, the set was not. Now the set is committed by a journal: a kill before it leaves the
+    old set (and temporaries the next run removes); after it, the next run first finishes the swap, in one line."""
+    import subprocess
+    import sys
+
+    stem = tmp_path / "res" / "x"
+    args = ["report", str(runs), "--out", str(stem), "--metric", "zeroshot:top1", "--no-chart", "--no-progress"]
+    assert CliRunner().invoke(app, [*args, "--title", "one"]).exit_code == 0
+    r = subprocess.run([sys.executable, "-c", KILL_AT, point, str(count), *args, "--title", "two", "--overwrite"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == -9, r.stderr
+    hidden = sorted(p.name for p in stem.parent.iterdir() if p.name.startswith("."))
+    if left == "old":
+        assert _set(stem) == ("# one", "# one") and not any(n.endswith(".swap") for n in hidden), hidden
+    else:
+        assert ".x.swap" in hidden and _set(stem) == ("# two", "# one")  # committed, cut between its renames
+    r = CliRunner().invoke(app, [*args, "--title", "three", "--overwrite"])
+    assert r.exit_code == 0, r.stderr
+    if left == "mixed":
+        assert "finished replacing" in r.stderr and "killed report" in r.stderr, r.stderr
+    else:
+        assert "removed what" in r.stderr, r.stderr
+    assert _set(stem) == ("# three", "# three")
+    assert sorted(p.name for p in stem.parent.iterdir()) == ["x.json", "x.md"]  # no journal, temporaries or lock left
+
+
+def test_a_report_killed_in_its_first_write_does_not_block_the_next(runs, tmp_path):
+    """kill -9 during a first report left STEM.md alone (and .STEM.lock); every later `report --overwrite`
+    refused it as "not written by vltool report" (issue 53). Now nothing is in place before the commit, and
+    after it the next run completes the set."""
+    import subprocess
+    import sys
+
+    for point, count in (("journal", 0), ("replace", 2)):
+        stem = tmp_path / point / "x"
+        args = ["report", str(runs), "--out", str(stem), "--metric", "zeroshot:top1", "--no-chart", "--no-progress"]
+        r = subprocess.run([sys.executable, "-c", KILL_AT, point, str(count), *args, "--title", "first"],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == -9, r.stderr
+        assert (stem.parent / ".x.lock").exists()  # (the lock file a kill leaves: not held, so it blocks nothing)
+        r = CliRunner().invoke(app, [*args, "--title", "again", "--overwrite"])
+        assert r.exit_code == 0, r.stderr
+        assert _set(stem) == ("# again", "# again")
+        assert sorted(p.name for p in stem.parent.iterdir()) == ["x.json", "x.md"]

@@ -28,6 +28,7 @@ import math
 import os
 import platform
 import re
+import uuid
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -35,8 +36,9 @@ from typing import Any
 
 from vltool import __version__
 from vltool.errors import UsageError, VltoolError
-from vltool.io.atomic import atomic_file, write_json_atomic
+from vltool.io.atomic import finish_replace, pending_replace, replace_as_one, staged_path, swap_journal
 from vltool.io.outputs import check_output, require_output_name
+from vltool.topology import warn
 from vltool.outcomes import MAX_RESAMPLES, Outcomes, paired_difference
 # The rendering of STEM.md and STEM.png; _fmt and _signed are re-exported for `from vltool.report import ...`.
 from vltool.report_render import _fmt as _fmt, _signed as _signed, render_chart, render_markdown
@@ -671,14 +673,20 @@ REPORT_FILES = (".json", ".md", ".png")
 
 def check_report_out(runs_dir: str | Path, out_stem: str | Path, overwrite: bool = False) -> Path:
     """Refuse a --out whose files would replace a run the report reads (RUNS_DIR/<variant>/seed<N>), or
-    that cannot be written; in the CLI, lock it. STEM.json, .md and .png exist: refused without
-    --overwrite, as every command's output is; with it, replaced only when vltool wrote them (STEM.json is
-    a report that names them), never a file of the user's that happens to have the name."""
+    that cannot be written; in the CLI, lock it, and finish a replacement of the set that a killed report
+    committed. STEM.json, .md and .png are replaced only when vltool wrote them (STEM.json is a report that
+    names them), --overwrite or not, never a file of the user's that happens to have the name; a set of
+    vltool's is refused without --overwrite, as every command's output is."""
     stem = report_stem(require_output_name(out_stem))
     runs = [d for seeds in find_runs(Path(runs_dir)).values() for d in seeds.values()] if Path(runs_dir).is_dir() else []
     names = [stem.name + ext for ext in REPORT_FILES]
+    journal = swap_journal(stem)
+    locked = check_output(stem, True, inputs=runs, related=names, kind="file", keep=pending_replace(journal))
+    finished = finish_replace(journal)
+    if finished:
+        warn(f"finished replacing {', '.join(finished)}: a killed report had written the new set but not put all of it in place")
     for name in names:
-        check_output(stem.with_name(name), overwrite, inputs=runs, lock=False, kind="file")
+        check_output(stem.with_name(name), True, inputs=runs, lock=False, kind="file")
     existing = [stem.with_name(n) for n in names if os.path.lexists(stem.with_name(n))]
     if existing:
         written = _report_files(stem.with_name(stem.name + ".json"))
@@ -686,7 +694,9 @@ def check_report_out(runs_dir: str | Path, out_stem: str | Path, overwrite: bool
             if p.name not in written:
                 raise UsageError(f"--out {stem}: {p} was not written by vltool report (no report {stem.name}.json names it); "
                                  "vltool replaces only what it wrote (even with --overwrite): choose another --out")
-    return check_output(stem, True, inputs=runs, related=names, kind="file")
+        if not overwrite:
+            raise UsageError(f"{existing[0]} exists; pass --overwrite to replace it")
+    return locked
 
 
 def _report_files(json_path: Path) -> set[str]:
@@ -702,22 +712,42 @@ def _report_files(json_path: Path) -> set[str]:
 
 
 def write_report(report: dict, out_stem: str | Path, *, chart: bool = True, overwrite: bool = True) -> dict[str, str]:
-    """Write STEM.json, STEM.md and (with matplotlib) STEM.png atomically; returns the files written."""
+    """Write STEM.json, STEM.md and (with matplotlib) STEM.png, replacing the earlier set as one
+    (`io.atomic.replace_as_one`: a kill leaves the old set or the new one, never a mix); returns the files
+    written. The JSON names them relative to itself (`files`: the names beside it)."""
     stem = report_stem(out_stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
-    files = {}
-    md_path = stem.with_name(stem.name + ".md")
-    with atomic_file(md_path) as tmp:
-        tmp.write_text(render_markdown(report))
-    files["markdown"] = str(md_path)
-    if chart:
-        png = stem.with_name(stem.name + ".png")
-        with atomic_file(png) as tmp:
-            made = render_chart(report, tmp)
-        if made is not None:
-            files["chart"] = str(png)
-    report = {**report, "files": files}
-    json_path = stem.with_name(stem.name + ".json")
-    write_json_atomic(json_path, report, overwrite=True)
-    files["json"] = str(json_path)
-    return files
+    token = uuid.uuid4().hex[:8]
+    final = {kind: stem.with_name(stem.name + ext) for kind, ext in (("markdown", ".md"), ("chart", ".png"), ("json", ".json"))}
+    staged: dict[Path, Path | None] = {}
+    try:
+        md = staged_path(final["markdown"], token)
+        md.write_text(render_markdown(report))
+        staged[final["markdown"]] = md
+        png = staged_path(final["chart"], token)
+        if chart and render_chart(report, png) is not None:
+            staged[final["chart"]] = png
+        elif final["chart"].name in _report_files(final["json"]):
+            staged[final["chart"]] = None  # (the earlier report's chart, which this report does not have, goes with it)
+        files = {kind: p.name for kind, p in final.items() if staged.get(p) is not None}
+        js = staged_path(final["json"], token)
+        js.write_text(json.dumps({**report, "files": files}, indent=2, default=str, ensure_ascii=False) + "\n")
+        staged[final["json"]] = js
+        for tmp in staged.values():
+            if tmp is not None:
+                _fsync(tmp)
+        replace_as_one(staged, swap_journal(stem))
+    finally:
+        if not pending_replace(swap_journal(stem)):  # (once committed, the temporaries are the new set: kept for its finish)
+            for tmp in [*staged.values(), staged_path(final["chart"], token)]:
+                if tmp is not None:
+                    tmp.unlink(missing_ok=True)
+    return {kind: str(p) for kind, p in final.items() if kind in files or kind == "json"}
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -3,7 +3,8 @@
 `atomic_output` gives a temporary directory beside the target and renames it into place at the end, so a
 failed or interrupted run leaves nothing half-written (`replace_path` swaps an existing output out);
 `work_dir` names the hidden sibling an output is built in; `atomic_file` and `write_json_atomic` do the
-same for one file; `save_dataset` writes a dataset and its `vltool.json` this way.
+same for one file; `save_dataset` writes a dataset and its `vltool.json` this way; `replace_as_one`
+replaces several files beside each other as one set (a report's), through a journal.
 """
 
 from __future__ import annotations
@@ -125,3 +126,74 @@ def save_dataset(ds, out: Path | str, provenance: dict, *, overwrite: bool = Fal
             write_json_atomic(tmp / C.PROVENANCE_FILE, provenance)
     return out
 
+
+
+# Several files beside each other replaced as one set (a report's STEM.json, .md and .png): each is written
+# complete to a temporary beside its place, then a journal naming them all is written atomically: the commit
+# point. The renames follow; a kill between them leaves the journal, and the next writer of the set finishes
+# them (`finish_replace`) before anything else, so the set is always the old one or, once committed, the new one.
+SWAP_FORMAT = "vltool-swap/1"
+
+
+def swap_journal(out: Path | str) -> Path:
+    """The journal of a set written beside `out` (`.NAME.swap`)."""
+    out = Path(out).expanduser()
+    return out.parent / f".{out.name}.swap"
+
+
+def staged_path(final: Path | str, token: str) -> Path:
+    """Where the new version of `final` is written before the swap (`.NAME.tmp-TOKEN.SUFFIX`: what a killed
+    write leaves is a stale temporary of NAME, cleaned by its next writer)."""
+    final = Path(final)
+    return final.parent / f".{final.name}.tmp-{token}{final.suffix}"
+
+
+def replace_as_one(staged: dict[Path, Path | None], journal: Path) -> None:
+    """Replace the files `staged` maps from their final paths to their complete temporaries (None: remove
+    the final file), all in one directory, as one set through `journal`."""
+    entries = [[None if tmp is None else Path(tmp).name, Path(final).name] for final, tmp in staged.items()]
+    write_json_atomic(journal, {"format": SWAP_FORMAT, "files": entries})
+    finish_replace(journal)
+
+
+def pending_replace(journal: Path) -> list[Path]:
+    """The temporaries a committed, unfinished swap still has to move into place (kept from cleaning)."""
+    entries = _journal_entries(journal)
+    return [journal.parent / tmp for tmp, _ in entries or () if tmp is not None]
+
+
+def finish_replace(journal: Path) -> list[str]:
+    """Finish the swap `journal` records (idempotent: a temporary already moved is skipped); returns the
+    names of the files it put in place or removed ([] without a journal)."""
+    entries = _journal_entries(journal)
+    if entries is None:
+        return []
+    done = []
+    for tmp, final in entries:
+        target = journal.parent / final
+        if tmp is None:
+            if os.path.lexists(target):
+                target.unlink()
+                done.append(final)
+        elif os.path.lexists(journal.parent / tmp):
+            os.replace(journal.parent / tmp, target)
+            done.append(final)
+    fd = os.open(journal.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # (the renames are on disk before the journal goes)
+    finally:
+        os.close(fd)
+    journal.unlink(missing_ok=True)
+    return done
+
+
+def _journal_entries(journal: Path) -> list | None:
+    try:
+        record = json.loads(Path(journal).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # (none; it is written atomically, so never half)
+    files = record.get("files") if isinstance(record, dict) and record.get("format") == SWAP_FORMAT else None
+    ok = isinstance(files, list) and all(
+        isinstance(e, list) and len(e) == 2 and isinstance(e[1], str) and (e[0] is None or isinstance(e[0], str))
+        and "/" not in e[1] and (e[0] is None or "/" not in e[0]) for e in files)
+    return files if ok else None

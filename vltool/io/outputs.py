@@ -63,6 +63,7 @@ def check_output(
     related: Sequence[str] = (),
     lock: bool | None = None,
     kind: str = "dir",
+    keep: Sequence[Path] = (),
 ) -> Path:
     """Refuse a bad output before any work, and (inside an output_scope) lock it for the command.
 
@@ -70,7 +71,7 @@ def check_output(
     path the command reads: datasets, models, subspaces, files), or vltool's built-in data. Refused: an
     output whose directory cannot be written (a file on the way, read-only, no permission), and an existing
     output without `overwrite`. `related` are the names of other files written beside `out` (stale
-    temporaries of theirs are cleaned too); `lock` (default: the main process) takes the lock.
+    temporaries of theirs are cleaned too, but for `keep`); `lock` (default: the main process) takes the lock.
 
     `kind` is what the command writes at `out`: a directory ("dir") or a file ("file"). Refused always, as
     nothing vltool writes could replace it: a device, pipe or socket (`--out /dev/null`), and for a
@@ -97,7 +98,7 @@ def check_output(
     if out.exists() and not overwrite:
         raise UsageError(f"{out} exists; pass --overwrite to replace it")
     if _SCOPES and locks:
-        hold_output_lock(out, related=related)
+        hold_output_lock(out, related=related, keep=keep)
     return out
 
 

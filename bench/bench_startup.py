@@ -6,7 +6,8 @@ Baselines (the targets of issue 54): `vltool zeroshot` on a vltool-tiny run over
 `python -c "import torch"` (issue 54's target <= 1.3x, which no command reading a saved dataset can meet: the
 libraries it must import, torch + torchvision + datasets, take about 2.4x `import torch` on their own, torchvision's
 import alone pulling in torch._dynamo) and against that floor, `python -c "import torch, torchvision, datasets"`
-(target <= +1.0 s: what vltool itself adds); `vltool deform --ops shuffle` on 1,000 rows against
+(no target: the figure is what vltool itself adds, its model load, tokenizer and the encoding included);
+`vltool deform --ops shuffle` on 1,000 rows against
 `python -c "import datasets"` (target <= +0.5 s); `vltool --help` and `--version` against
 `python -c "import typer, rich"` (target <= +0.2 s). Each round runs a command and then its baseline, so
 both see the same machine load; the figures are medians over the rounds. Printed, never asserted.
@@ -68,7 +69,7 @@ def main() -> None:
         ("zeroshot, vltool-tiny, 64 rows", vl + ["zeroshot", "rows64", "--model", "run", "--bootstrap", "0", "--cache-dir", "cache-{k}"],
          "import torch", [PY, "-c", "import torch"], "x", 1.3),
         ("zeroshot, vltool-tiny, 64 rows", vl + ["zeroshot", "rows64", "--model", "run", "--bootstrap", "0", "--cache-dir", "cache-f{k}"],
-         "torch+torchvision+ds", [PY, "-c", "import torch, torchvision, datasets"], "+", 1.0),
+         "torch+torchvision+ds", [PY, "-c", "import torch, torchvision, datasets"], "+", None),
         ("deform --ops shuffle, 1,000 rows", vl + ["deform", "rows1000", "--ops", "shuffle", "--out", "deformed-{k}"],
          "import datasets", [PY, "-c", "import datasets"], "+", 0.5),
         ("--help", vl + ["--help"], "import typer, rich", [PY, "-c", "import typer, rich"], "+", 0.2),
@@ -86,8 +87,12 @@ def main() -> None:
     for row, (name, _, bname, _, kind, target) in zip(rows, cases):
         w, c, bw, bc = (statistics.median(v) for v in row)
         figure = f"{w / bw:.2f}x" if kind == "x" else f"+{w - bw:.2f}s"
-        met = (w / bw <= target) if kind == "x" else (w - bw <= target)
-        print(f"{name:34} {w:6.2f} {c:6.2f} | {bname:20} {bw:6.2f} {bc:6.2f} | {figure:>8} {('<=' if kind == 'x' else '<=+') + str(target):>8} {'met' if met else 'NOT met'}")
+        if target is None:
+            verdict = f"{'-':>8} (the floor: what vltool adds)"
+        else:
+            met = (w / bw <= target) if kind == "x" else (w - bw <= target)
+            verdict = f"{('<=' if kind == 'x' else '<=+') + str(target):>8} {'met' if met else 'NOT met'}"
+        print(f"{name:34} {w:6.2f} {c:6.2f} | {bname:20} {bw:6.2f} {bc:6.2f} | {figure:>8} {verdict}")
 
 
 if __name__ == "__main__":

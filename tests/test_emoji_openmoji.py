@@ -151,3 +151,18 @@ def test_test_only_data_is_refused_as_training_or_aligned_input(cli, tmp_path):
     # evaluating on it, and training on the intact emoji, are untouched
     r = cli("pretrain", "emoji", "--where", "split=train", "--out", tmp_path / "p2", *micro)
     assert r.exit_code == 0 and "test-only" not in r.stderr, r.stderr
+
+
+def test_filter_refuses_the_test_only_style_as_its_reference(cli, tmp_path):
+    """`filter --reference emoji-openmoji` was accepted (issue 53): the held-out style then chose the training
+    rows. Refused like every other route unless --allow-test-data (recorded, with a warning)."""
+    base = ["filter", "emoji", "--where", "split=train", "--reference", "emoji-openmoji", "--folds", "2", "--epochs", "1", "--no-progress"]
+    r = cli(*base, "--out", tmp_path / "f")
+    assert r.exit_code == 2 and "'emoji-openmoji' is test-only data" in r.stderr and "reference" in r.stderr, r.stderr
+    assert not (tmp_path / "f").exists()
+    r = cli(*base, "--out", tmp_path / "f", "--allow-test-data")
+    assert r.exit_code == 0 and "because of --allow-test-data" in r.stderr, r.stderr
+    assert json.loads((tmp_path / "f" / "vltool.json").read_text())["options"]["allow_test_data"] is True
+    r = cli("filter", "emoji", "--where", "split=train", "--reference", "emoji", "--reference-where", "split=test", "--folds", "2",
+            "--epochs", "1", "--no-progress", "--out", tmp_path / "g")
+    assert r.exit_code == 0 and "test-only" not in r.stderr, r.stderr

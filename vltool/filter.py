@@ -47,6 +47,7 @@ from vltool.derived import with_columns
 from vltool.errors import UsageError
 from vltool.io.atomic import save_dataset
 from vltool.io.digests import arrow_column
+from vltool.io.heldout import test_only_inputs
 from vltool.io.loading import load_dataset, require_columns
 from vltool.io.outputs import check_output
 from vltool.topology import warn
@@ -78,6 +79,7 @@ class FilterConfig:
     batch_size: int = 256
     seed: int = 0  # the train/held-out split, initialisation, batch order, shown examples
     num_examples: int = 5
+    allow_test_data: bool = False  # the reference may be built-in test-only data (io.test_only_inputs)
 
     @property
     def resolved_threshold(self) -> float | None:
@@ -804,6 +806,7 @@ def filter(  # noqa: A001 - the command's name (docs/conventions.md: one name ev
     ref_column = config.reference_column or config.text_column
     ref = load_dataset(reference, split=reference_split, where=reference_where, texts=[ref_column], text_lists=True,
                        text_option="--reference-column")
+    test_only_inputs([ref], "reference (its style chooses the rows kept, which are then trained on)", config.allow_test_data)
     require_texts(int(has_text(arrow_column(src.dataset, config.text_column), lists=False).sum()), src.rows, config.text_column, data)
     out = check_output(out, overwrite, inputs=[*src.reads, *ref.reads])
     ref_texts = _text_column(ref.dataset, ref_column, "the reference set", allow_list=True)

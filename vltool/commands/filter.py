@@ -11,6 +11,7 @@ from vltool import console
 from vltool.console import print_json
 from vltool.commands import short_help
 from vltool.commands.common import (
+    AllowTestDataOpt,
     NoProgressOpt,
     BatchSizeOpt,
     DataArg,
@@ -83,6 +84,7 @@ def filter_command(
     seed: SeedOpt = 0,
     batch_size: BatchSizeOpt = 256,
     overwrite: OverwriteOpt = False,
+    allow_test_data: AllowTestDataOpt = False,
     as_json: JsonOpt = False,
     column: OldColumnOpt = None,
     no_progress: NoProgressOpt = False,
@@ -94,7 +96,7 @@ def filter_command(
     config = FilterConfig(
         text_column=text_column, reference_column=reference_column, threshold=threshold, keep_frac=keep_frac,
         folds=folds, ngrams=ngrams, buckets=buckets, dim=dim, epochs=epochs, min_steps=min_steps, lr=lr, l2=l2,
-        batch_size=batch_size, seed=seed, num_examples=num_examples,
+        batch_size=batch_size, seed=seed, num_examples=num_examples, allow_test_data=allow_test_data,
     )
     prov = run_filter(
         data, reference, out, config, where=where or [], split=split, reference_where=reference_where or [],

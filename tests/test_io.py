@@ -65,6 +65,23 @@ def test_dataset_dict_needs_split(tmp_path):
     assert load_dataset(str(tmp_path / "dd"), split="test").dataset["id"] == ["b"]
 
 
+def test_split_errors_name_the_option_that_gave_the_split(tmp_path, cli):
+    """`pretrain --eval-split` (or filter --reference-split, probe --eval-split) on a single dataset said
+    "--split does not apply" (issue 53): the messages name the option the user set, and its --where twin."""
+    dd = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"id": ["a"]}), "test": datasets.Dataset.from_dict({"id": ["b"]})})
+    dd.save_to_disk(str(tmp_path / "dd"))
+    datasets.Dataset.from_dict({"id": ["a"], "caption": ["x"]}).save_to_disk(str(tmp_path / "single"))
+    with pytest.raises(UsageError, match=r"so --eval-split does not apply; select rows with --eval-where \(e.g. --eval-where split=test\)"):
+        load_dataset(str(tmp_path / "single"), split="test", split_option="--eval-split")
+    with pytest.raises(UsageError, match="choose one with --reference-split"):
+        load_dataset(str(tmp_path / "dd"), split_option="--reference-split")
+    with pytest.raises(UsageError, match=r"^--aligned-split val: .* has no split 'val'"):
+        load_dataset(str(tmp_path / "dd"), split="val", split_option="--aligned-split")
+    r = cli("filter", "emoji", "--where", "split=train", "--reference", str(tmp_path / "single"), "--reference-split", "test",
+            "--out", tmp_path / "f", "--no-progress")
+    assert r.exit_code == 2 and "so --reference-split does not apply; select rows with --reference-where" in r.stderr, r.stderr
+
+
 def test_not_a_dataset_directory(tmp_path):
     (tmp_path / "plain").mkdir()
     with pytest.raises(UsageError, match="not a dataset saved with datasets' save_to_disk"):

@@ -600,3 +600,13 @@ def test_an_absurd_bootstrap_count_is_refused_with_the_memory_it_would_take(cli,
         assert line.startswith("error: Invalid value for '--bootstrap': 1000000000 resamples is over the limit of 1,000,000") \
             and "7.5 GiB per metric" in line and "give 1000" in line, (command, line)
         assert not (tmp_path / command).exists()
+
+
+def test_a_bootstrap_just_over_the_limit_gives_the_reason_that_holds():
+    """`--bootstrap 1000001` justified its limit with "their replicates alone would take 0.0 GiB per metric"
+    (issue 53): the memory is named only where it is a reason."""
+    from vltool.metrics import resamples_problem
+
+    line = resamples_problem(1_000_001)
+    assert "GiB" not in line and "recomputes every metric" in line and "give 1000" in line, line
+    assert "7.5 GiB per metric" in resamples_problem(10**9)

@@ -805,7 +805,7 @@ def filter(  # noqa: A001 - the command's name (docs/conventions.md: one name ev
     src = load_dataset(data, split=split, where=where, required=[C.ID], texts=[config.text_column])
     ref_column = config.reference_column or config.text_column
     ref = load_dataset(reference, split=reference_split, where=reference_where, texts=[ref_column], text_lists=True,
-                       text_option="--reference-column")
+                       text_option="--reference-column", split_option="--reference-split")
     test_only_inputs([ref], "reference (its style chooses the rows kept, which are then trained on)", config.allow_test_data)
     require_texts(int(has_text(arrow_column(src.dataset, config.text_column), lists=False).sum()), src.rows, config.text_column, data)
     out = check_output(out, overwrite, inputs=[*src.reads, *ref.reads])

@@ -695,14 +695,17 @@ MAX_BOOTSTRAP = 1_000_000  # resamples: their replicates are kept for the percen
 
 
 def resamples_problem(n_boot: int, n_metrics: int | None = None) -> str | None:
-    """Why `n_boot` resamples are refused (over MAX_BOOTSTRAP: the memory their replicates would take), or None."""
+    """Why `n_boot` resamples are refused (over MAX_BOOTSTRAP: each one recomputes every metric, and from
+    about a hundred million on their replicates alone take GiBs), or None."""
     if n_boot <= MAX_BOOTSTRAP:
         return None
     size = n_boot * 8 * (n_metrics or 1) / 2**30
     memory = f"{size:,.1f} GiB for {n_metrics} metrics" if n_metrics else f"{size:,.1f} GiB per metric"
-    return (f"{n_boot} resamples is over the limit of {MAX_BOOTSTRAP:,}: their replicates alone would take {memory}, and "
-            "each resample recomputes every metric (hours to days); give 1000 (the default) to 10000, which make a stable "
-            "95% interval")
+    why = "each resample recomputes every metric over the whole test set, so the time grows with them"
+    if size >= 0.1:  # (the memory is a reason only where it is one: 1,000,001 resamples take 8 MB)
+        why = f"their replicates alone would take {memory}, and {why}"
+    return (f"{n_boot} resamples is over the limit of {MAX_BOOTSTRAP:,}: {why}; give 1000 (the default) to 10000, "
+            "which make a stable 95% interval")
 
 
 def check_resamples(n_boot: int, n_metrics: int | None = None) -> None:

@@ -444,7 +444,7 @@ def load_probe_inputs(train_data: str, eval_data: str, config: ProbeConfig, pres
     """Both datasets (or CLIP_benchmark folders) loaded; --out checked against every input; no rows, rows in
     both, labels that differ between the two, or multi-label data without the SVM protocol refused."""
     train = load_eval_input(train_data, config, where, split, required=[C.IMAGE])
-    evald = load_eval_input(eval_data, config, eval_where, eval_split, required=[C.IMAGE])
+    evald = load_eval_input(eval_data, config, eval_where, eval_split, required=[C.IMAGE], split_option="--eval-split")
     image_column(train.dataset, C.IMAGE, train_data)
     image_column(evald.dataset, C.IMAGE, eval_data)
     out_path = check_out(out, overwrite, [*train.reads, *evald.reads, Path(train_data).expanduser(), Path(eval_data).expanduser()], config)

@@ -289,7 +289,8 @@ def load_inputs(unaligned: str, aligned: str, out, config: PseudolabelConfig, wh
     """Load both sets and check them before any work: the aligned caption column (caption_original, else
     caption), no image in both sets, --out, and rows in both."""
     usrc = load_dataset(unaligned, split=split, where=where, required=[C.ID], images=[C.IMAGE], cache_dir=config.cache_dir)
-    asrc = load_dataset(aligned, split=aligned_split, where=aligned_where, required=[C.ID], cache_dir=config.cache_dir)
+    asrc = load_dataset(aligned, split=aligned_split, where=aligned_where, required=[C.ID], cache_dir=config.cache_dir,
+                        split_option="--aligned-split")
     test_only_inputs([asrc], "aligned input (its captions label the unaligned images, which are then trained on)", config.allow_test_data)
     text_col = C.CAPTION_ORIGINAL if C.CAPTION_ORIGINAL in asrc.dataset.column_names else C.CAPTION
     if text_col not in asrc.dataset.column_names:

@@ -157,6 +157,7 @@ def load_dataset(
     text_lists: bool = False,
     text_option: str = "--text-column",
     cache_dir: str | Path | None = None,
+    split_option: str = "--split",
 ) -> LoadedDataset:
     """Load a dataset directory (or the built-in `emoji`), choose a split, keep the rows matching `where`.
 
@@ -169,6 +170,8 @@ def load_dataset(
     `required` columns are checked after loading; missing ones are named with the columns found.
     `images` must be image columns and `texts` text columns (strings; lists of strings too with
     `text_lists`), checked here by vltool.checks so that every command refuses the same inputs alike.
+    `split_option` is the option that gave `split` (`--eval-split` for a second dataset), named in the errors
+    with its --where twin.
     """
     import datasets
 
@@ -183,16 +186,17 @@ def load_dataset(
         names = list(obj.keys())
         if split is None:
             if len(names) != 1:
-                raise UsageError(f"{spec!r} holds splits {names}; choose one with --split")
+                raise UsageError(f"{spec!r} holds splits {names}; choose one with {split_option}")
             split = names[0]
         if split not in obj:
-            raise UsageError(f"{spec!r} has no split {split!r}; its splits are {names}")
+            raise UsageError(f"{split_option} {split}: {spec!r} has no split {split!r}; its splits are {names}")
         ds = obj[split]
     else:
         if split is not None:
+            where_option = split_option.replace("split", "where")
             raise UsageError(
-                f"{spec!r} is a single dataset, not a DatasetDict, so --split does not apply; "
-                f"select rows with --where (e.g. --where split={split})"
+                f"{spec!r} is a single dataset, not a DatasetDict, so {split_option} does not apply; "
+                f"select rows with {where_option} (e.g. {where_option} split={split})"
             )
         ds = obj
     fingerprint = ds._fingerprint

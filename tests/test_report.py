@@ -594,3 +594,19 @@ def test_a_report_killed_in_its_first_write_does_not_block_the_next(runs, tmp_pa
         assert r.exit_code == 0, r.stderr
         assert _set(stem) == ("# again", "# again")
         assert sorted(p.name for p in stem.parent.iterdir()) == ["x.json", "x.md"]
+
+
+def test_a_report_without_a_complete_seed_names_what_each_run_lacks(tmp_path):
+    """Pairing two benchmark runs on different datasets said only "no seed has results for every variant
+    (a, b)" (issue 53): the message names the file and the metric it lacks."""
+    for variant, metrics in (("a", {"top1": entry(0.5, 0.4, 0.6)}), ("b", {"image_retrieval_recall@1": entry(0.2, 0.1, 0.3)})):
+        d = tmp_path / "runs" / variant / "seed0"
+        d.mkdir(parents=True)
+        (d / "zeroshot.json").write_text(json.dumps({"metrics": metrics}))
+    r = CliRunner().invoke(app, ["report", str(tmp_path / "runs"), "--out", str(tmp_path / "rep"), "--metric", "zeroshot:top1"])
+    assert r.exit_code == 1, r.stderr
+    line = r.stderr.strip().splitlines()[-1]
+    assert "no seed has results for every variant (a, b)" in line and f"{tmp_path / 'runs' / 'b' / 'seed0' / 'zeroshot.json'} has no 'top1'" in line, line
+    (tmp_path / "runs" / "b" / "seed0" / "zeroshot.json").unlink()
+    line = CliRunner().invoke(app, ["report", str(tmp_path / "runs"), "--out", str(tmp_path / "rep"), "--metric", "zeroshot:top1"]).stderr
+    assert "b/seed0/zeroshot(.json) is missing" in line, line

@@ -391,6 +391,7 @@ def read_runs(found: dict[str, dict[int, Path]], order: list[tuple[str, str]], c
     sources: dict[tuple[str, str, str], tuple[Path, dict, str, str]] = {}
     for name, label in order:
         runs: dict[str, dict] = {}
+        lacking: dict[str, list[str]] = {}  # seed -> what each metric it lacks lacks (for the message of an empty report)
         for seed, d in sorted(found[name].items()):
             row = {}
             for m in config.metrics:
@@ -401,15 +402,18 @@ def read_runs(found: dict[str, dict[int, Path]], order: list[tuple[str, str]], c
                     if m.twin_of is not None and m.twin_of in row:  # the run has the metric in one style only
                         raise VltoolError(f"run {name}/seed{seed} has {m.twin_of} but not its {m.style} twin "
                                           f"{d / m.relpath}(.json); evaluate that run in every --style, or leave the style out")
+                    lacking.setdefault(str(seed), []).append(f"{name}/seed{seed}/{m.relpath}(.json) is missing")
                     continue
                 record = _read_json(p)
                 e = lookup(record, m.key)
-                if e is not None and e["value"] is not None:
+                if e is None or e["value"] is None:
+                    lacking.setdefault(str(seed), []).append(f"{p} has no {m.key.split(':', 1)[-1]!r}")
+                else:
                     _check_numbers(e, p, m.key, f"{name}/seed{seed}")
                     row[m.name] = e
                     sources[(name, str(seed), m.name)] = (p, *evaluation_of(record, m.key))
             runs[str(seed)] = row
-        variants.append({"name": name, "label": label, "paper": config.paper.get(name), "runs": runs})
+        variants.append({"name": name, "label": label, "paper": config.paper.get(name), "runs": runs, "lacking": lacking})
     return variants, sources
 
 
@@ -429,12 +433,18 @@ def keep_complete_seeds(variants: list[dict], runs_dir: Path, order: list[tuple[
     """Paired comparisons need the same seeds everywhere: keep the seeds every variant has numbers for
     (a recipe stopped part-way leaves a seed with some variants only; it is listed, not averaged).
     Returns the seeds left out."""
-    complete = set.intersection(*[{k for k, r in v["runs"].items() if r} for v in variants])
+    with_results = {v["name"]: {k for k, r in v["runs"].items() if r} for v in variants}
+    complete = set.intersection(*with_results.values())
     incomplete = sorted({int(k) for v in variants for k in v["runs"]} - {int(k) for k in complete})
+    lacking = {v["name"]: v.pop("lacking", {}) for v in variants}
+    if not complete:
+        empty = [n for n, seeds in with_results.items() if not seeds]  # (a variant without any asked metric is named by what it lacks)
+        why = ([w for n in empty for ws in lacking[n].values() for w in ws] if empty else
+               [f"{n} has results at seed(s) {', '.join(sorted(seeds, key=int))}" for n, seeds in with_results.items()])
+        shown = "; ".join(why[:3]) + (f"; and {len(why) - 3} more" if len(why) > 3 else "")
+        raise VltoolError(f"{runs_dir}: no seed has results for every variant ({', '.join(n for n, _ in order)}): {shown}")
     for v in variants:
         v["runs"] = {k: r for k, r in v["runs"].items() if k in complete}
-    if not complete:
-        raise VltoolError(f"{runs_dir}: no seed has results for every variant ({', '.join(n for n, _ in order)})")
     return incomplete
 
 

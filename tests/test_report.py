@@ -610,3 +610,16 @@ def test_a_report_without_a_complete_seed_names_what_each_run_lacks(tmp_path):
     (tmp_path / "runs" / "b" / "seed0" / "zeroshot.json").unlink()
     line = CliRunner().invoke(app, ["report", str(tmp_path / "runs"), "--out", str(tmp_path / "rep"), "--metric", "zeroshot:top1"]).stderr
     assert "b/seed0/zeroshot(.json) is missing" in line, line
+
+
+def test_the_machine_sentence_leaves_out_what_no_run_recorded():
+    """A report over runs that recorded part of their runtime printed "device cpu, None" (and a benchmark
+    pairing "device None, None"; issue 53): a fact no run recorded is left out."""
+    from vltool.report_render import _machine_in_words
+
+    full = {"source": "x", "cpu_count": 2, "processor": "x86_64", "torch": "2.14.1", "torch_threads": 1, "torch_interop_threads": 2,
+            "device": "cpu", "dtype": "float32", "deterministic_algorithms": False}
+    assert _machine_in_words(full) == ("Machine, from the runs' records: 2 CPU cores (x86_64), torch 2.14.1, 1 torch thread(s) "
+                                       "(2 inter-op), device cpu, float32, deterministic algorithms off.")
+    assert _machine_in_words({"source": "x", "device": "cpu", "dtype": None}) == "Machine, from the runs' records: device cpu."
+    assert "None" not in _machine_in_words({"source": "x", "cpu_count": 2, "device": None, "dtype": None})

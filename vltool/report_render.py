@@ -239,13 +239,22 @@ def _machine_in_words(mach: dict) -> str:
         return (f"Machine: {mach.get('cpu_count')} CPU cores ({mach.get('processor')}), torch {mach.get('torch', '?')}, "
                 f"{'a GPU' if mach.get('cuda') else 'no GPU'}.")
 
-    def val(key, unit=""):
+    def val(key):
         v = mach.get(key)
-        return "mixed (see the JSON)" if isinstance(v, dict) else f"{v}{unit}"
+        return "mixed (see the JSON)" if isinstance(v, dict) else None if v is None else str(v)
 
-    return (f"Machine, from the runs' records: {val('cpu_count')} CPU cores ({val('processor')}), torch {val('torch')}, "
-            f"{val('torch_threads')} torch thread(s) ({val('torch_interop_threads')} inter-op), device {val('device')}, "
-            f"{val('dtype')}, deterministic algorithms {_on_off(mach.get('deterministic_algorithms'))}.")
+    def part(template: str, *keys: str) -> str | None:  # (a fact no run recorded is left out, never shown as None)
+        vals = [val(k) for k in keys]
+        return template.format(*vals) if vals[0] is not None else None
+
+    parts = [part("{} CPU cores", "cpu_count") if val("processor") is None else part("{} CPU cores ({})", "cpu_count", "processor"),
+             part("torch {}", "torch"),
+             part("{} torch thread(s)", "torch_threads") if val("torch_interop_threads") is None
+             else part("{} torch thread(s) ({} inter-op)", "torch_threads", "torch_interop_threads"),
+             part("device {}", "device"), part("{}", "dtype"),
+             None if mach.get("deterministic_algorithms") is None else f"deterministic algorithms {_on_off(mach.get('deterministic_algorithms'))}"]
+    shown = [p for p in parts if p]
+    return f"Machine, from the runs' records: {', '.join(shown) if shown else 'none of its facts recorded'}."
 
 
 def _on_off(v) -> str:

@@ -204,3 +204,28 @@ def test_info_on_an_export(tmp_path):
     assert [line.strip().split(":")[0].split(" (")[0] for line in lines] == [
         str(tmp_path / "back"), f"source {tmp_path / 'wds' / '*.tar'}", str(tmp_path / "wds"), "emoji --where label=face smiling"]
     assert "made by `export`" in lines[2] and "the built-in 'emoji' dataset" in lines[3]
+
+
+def test_info_names_the_damage_of_a_cache_entry(cli, tmp_path):
+    """`vltool info` on an embedding-cache entry whose .npy was cut in half described it and said nothing of the
+    damage (issue 53). It reads the array's header and size (no load) and says what is wrong."""
+    import numpy as np
+
+    from vltool.cache import CacheKey, EmbeddingCache
+
+    cache = EmbeddingCache(tmp_path)
+    k = CacheKey(model="m", dataset="d", rows={"split": None, "where": []}, column="image", preprocessing={})
+    npy = cache.put(k, np.ones((64, 16), dtype=np.float32))
+    meta = cache.paths(k)[1]
+    r = cli("info", meta)
+    assert r.exit_code == 0 and "damaged" not in r.stdout, r.stdout
+    whole = npy.read_bytes()
+    for damage, says in ((whole[: len(whole) // 2], "cut short"), (b"not numpy", "not a .npy file")):
+        npy.write_bytes(damage)
+        r = cli("info", meta)
+        assert r.exit_code == 0 and "damaged: its array" in r.stdout and says in r.stdout, r.stdout
+        assert cache.get(k) is None  # (and the cache agrees: a miss)
+    np.save(npy, np.ones((64, 8), dtype=np.float32))
+    assert "holds float32 [64, 8], its description says float32 [64, 16]" in cli("info", meta).stdout
+    npy.unlink()
+    assert "its array" in cli("info", meta).stdout and "is missing" in cli("info", meta).stdout

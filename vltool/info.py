@@ -526,7 +526,33 @@ def cache_entry_info(p: Path) -> dict | None:
         differ = sorted(k for k in parts.keys() | theirs.keys() if parts.get(k) != theirs.get(k))
         others.append({"entry": q.stem, "differs_in": {k: {"this": parts.get(k), "other": theirs.get(k)} for k in differ}})
     return {"kind": "cache-entry", "path": str(meta_path), "digest": meta["digest"], "shape": meta.get("shape"),
-            "created": meta.get("created"), "key": parts, "same_dataset_and_column": others}
+            "created": meta.get("created"), "damage": cache_array_damage(meta_path.with_suffix(".npy"), meta),
+            "key": parts, "same_dataset_and_column": others}
+
+
+def cache_array_damage(npy: Path, meta: dict) -> str | None:
+    """What is wrong with an entry's array (missing, cut short, a header that is not .npy's, or a shape or
+    dtype other than its description's: what makes EmbeddingCache.get miss), read from its header and size
+    without loading it; None when whole."""
+    import numpy as np
+
+    try:
+        size = npy.stat().st_size
+        with open(npy, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, _, dtype = read_header(f)
+            offset = f.tell()
+    except FileNotFoundError:
+        return f"its array {npy.name} is missing"
+    except (OSError, ValueError, SyntaxError) as e:
+        return f"its array {npy.name} is not a .npy file ({e})"
+    if [*shape] != meta.get("shape") or str(dtype) != meta.get("dtype"):
+        return f"its array {npy.name} holds {str(dtype)} {list(shape)}, its description says {meta.get('dtype')} {meta.get('shape')}"
+    expected = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if size < expected:
+        return f"its array {npy.name} is {size:,} bytes where its header needs {expected:,} (cut short)"
+    return None
 
 
 def info(path: str, config: InfoConfig | None = None) -> dict:

@@ -162,6 +162,9 @@ def render(r: dict, max_labels: int = 20) -> None:
         for k, v in r["key"].items():
             t.add_row(k, str(v))
         out.print(t)
+        if r.get("damage"):
+            out.print(f"damaged: {r['damage']}; no command reads it (the next one that needs it encodes again and "
+                      "replaces it)", soft_wrap=True, markup=False, highlight=False)
         for o in r["same_dataset_and_column"]:
             why = "; ".join(f"{k}: {d['this']} here, {d['other']} there" for k, d in o["differs_in"].items())
             out.print(f"entry {o['entry']} (same dataset and column) differs in {why}", soft_wrap=True, markup=False, highlight=False)

@@ -270,3 +270,23 @@ def test_the_monte_carlo_error_of_a_percentile_bound_matches_its_spread():
     estimates = [percentile_mc_se(s, 2.5) for s in sets]
     assert spread == pytest.approx(0.084, rel=0.2)
     assert np.median(estimates) == pytest.approx(spread, rel=0.25)
+
+
+def test_an_exact_tie_in_count_terms_is_zero_in_every_replicate(monkeypatch):
+    """Ties at zero were decided in floating point (issue 52): the mean over seeds of +a and -a, a tie in count
+    terms, landed at about ±1e-17 and counted as a difference, moving the p-value. Engineered: at seed 0 the
+    variant wins example 0, at seed 1 it loses it, the baselines' other hits differ; every replicate's true
+    difference is exactly 0, so the interval is [0, 0] and the p-value 1."""
+    import vltool.outcomes as outcomes
+    from vltool.outcomes import paired_difference
+
+    groups = [f"g{i}" for i in range(7)]
+    base0, var0 = _hits_outcomes([0, 1, 1, 0, 1, 0, 0], groups), _hits_outcomes([1, 1, 1, 0, 1, 0, 0], groups)
+    base1, var1 = _hits_outcomes([1, 0, 1, 1, 0, 1, 1], groups), _hits_outcomes([0, 0, 1, 1, 0, 1, 1], groups)
+    pairs = [(var0, base0), (var1, base1)]
+    m = paired_difference(pairs, ["top1"], n_boot=2000, seed=0)["metrics"]["top1"]
+    assert m["delta"] == 0.0 and (m["ci_low"], m["ci_high"]) == (0.0, 0.0) and m["p_value"] == 1.0, m
+    assert m["verdict"] == "within noise"
+    monkeypatch.setattr(outcomes, "TIE_RTOL", 0.0)  # floating point alone: the tie is not seen in some replicates
+    m = paired_difference(pairs, ["top1"], n_boot=2000, seed=0)["metrics"]["top1"]
+    assert m["p_value"] < 1.0 or (m["ci_low"], m["ci_high"]) != (0.0, 0.0), m

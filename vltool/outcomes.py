@@ -320,21 +320,41 @@ def _seed_differences(aligned, index, keys: list[str], resample_seeds: bool, see
     n_seeds = len(aligned)
     seed_rng = np.random.default_rng([seed, 5])  # the seeds' draws; the test groups' come from bootstrap's own
 
+    scales: list[dict] = []  # per seed, the larger |metric| of the two models (the last per_seed call's)
+
     def per_seed(w=None) -> list[dict]:
         out = []
+        scales.clear()
         for (fv, fb), ix in zip(stats, index):
             ws = w if w is None or ix is None else w[ix]  # this seed's examples' weights
             mv, mb = fv(ws), fb(ws)
-            out.append({k: mv[k] - mb[k] for k in keys})
+            scale = {k: max(1.0, abs(mv[k]), abs(mb[k])) for k in keys}
+            scales.append(scale)
+            out.append({k: exact_zero(mv[k] - mb[k], scale[k]) for k in keys})
         return out
 
     def diff(w=None):
         d = per_seed(w)
+        sc = scales
         if w is not None and resample_seeds:  # a replicate draws the seeds too, with replacement
-            d = [d[i] for i in seed_rng.integers(0, n_seeds, n_seeds)]
-        return {k: float(np.mean([x[k] for x in d])) for k in keys}
+            drawn = seed_rng.integers(0, n_seeds, n_seeds)
+            d, sc = [d[i] for i in drawn], [sc[i] for i in drawn]
+        return {k: exact_zero(float(np.mean([x[k] for x in d])), max(x[k] for x in sc)) for k in keys}
 
     return diff, per_seed
+
+
+TIE_RTOL = 1e-12  # a difference within this share of its metric's size is float rounding of an exact tie
+
+
+def exact_zero(d: float, scale: float) -> float:
+    """`d`, or 0.0 where it is a tie in count terms that floating point left at about 1e-17: the metrics are
+    means of per-example outcomes (counts, ranks, their tie expectations), so two models' equal counts over
+    the same examples give differences of exactly 0, but their sums in another order (the mean over seeds of
+    +a and -a) leave a few ulps. Any real difference is a whole outcome over at most millions of examples,
+    orders of magnitude above TIE_RTOL of the metric's size; rounding is below it. Compared with 0 (p-values,
+    "excludes 0"), an exact tie is then a tie."""
+    return 0.0 if abs(d) <= TIE_RTOL * scale else d
 
 
 def _settled_entry(reps: Replicates, j: int, n_boot: int, max_boot: int, level: float, delta: float, by_seed: list[float]) -> dict:

@@ -623,3 +623,21 @@ def test_the_machine_sentence_leaves_out_what_no_run_recorded():
                                        "(2 inter-op), device cpu, float32, deterministic algorithms off.")
     assert _machine_in_words({"source": "x", "device": "cpu", "dtype": None}) == "Machine, from the runs' records: device cpu."
     assert "None" not in _machine_in_words({"source": "x", "cpu_count": 2, "device": None, "dtype": None})
+
+
+def test_a_seed_missing_one_evaluation_of_one_variant_is_left_out_and_named(runs):
+    """With one seed's second evaluation missing, the report said "mean ± sd over 3 seeds" for cells that held
+    2, and incomplete_seeds was [] (issue 52): a seed is kept only where every variant has every result it has
+    at any seed; the one left out is named with what it lacks."""
+    for variant in ("base", "bow"):
+        for seed in range(3):
+            if (variant, seed) != ("bow", 1):
+                d = runs / variant / f"seed{seed}"
+                (d / "retrieve.json").write_text(json.dumps({"metrics": {"image_to_text_R@1": entry(0.3 + seed / 100, 0.2, 0.4)}}))
+    metrics = [parse_metric("zeroshot:top1"), parse_metric("retrieve:image_to_text_R@1")]
+    r = build_report(runs, ReportConfig(metrics=metrics, baseline="base"))
+    assert r["seeds"] == [0, 2] and r["incomplete_seeds"] == [1]
+    assert r["incomplete_runs"] == ["bow/seed1: retrieve:image_to_text_R@1"]
+    assert all(s["seeds"] == 2 for v in r["variants"] for s in v["summary"].values())
+    md = render_markdown(r)
+    assert "over 2 seeds" in md and "Seed 1 left out" in md and "bow/seed1: retrieve:image_to_text_R@1" in md

@@ -338,7 +338,7 @@ def build_report(runs_dir: str | Path, config: ReportConfig) -> dict:
     found, order = find_variants(runs_dir, config)
     config = replace(config, metrics=add_style_twins(config.metrics, config.styles, found))
     variants, sources = read_runs(found, order, config)
-    incomplete = keep_complete_seeds(variants, runs_dir, order)
+    incomplete, gaps = keep_complete_seeds(variants, runs_dir, order, config)
     base = next((v for v in variants if v["name"] == config.baseline), None)
     for v in variants:
         v["summary"] = {m.name: s for m in config.metrics if (s := summarise(v, base, m)) is not None}
@@ -347,7 +347,7 @@ def build_report(runs_dir: str | Path, config: ReportConfig) -> dict:
         style_verdicts(variants, base, config)
     contrasts = [contrast(variants, a, b, config, sources, paired_notes) for a, b in config.pairs]
     units = sorted({u for _, r, *_ in sources.values() if (u := _bootstrap_unit(r))})
-    return report_record(runs_dir, config, variants, incomplete, paired_notes, units, contrasts)
+    return report_record(runs_dir, config, variants, incomplete, paired_notes, units, contrasts, gaps)
 
 
 def contrast(variants: list[dict], name: str, ref: str, config: ReportConfig, sources: dict, notes: list[str]) -> dict:
@@ -429,23 +429,30 @@ def _check_numbers(e: dict, path: Path, key: str, run: str) -> None:
                               "it failed or the file was edited: re-run it")
 
 
-def keep_complete_seeds(variants: list[dict], runs_dir: Path, order: list[tuple[str, str]]) -> list[int]:
-    """Paired comparisons need the same seeds everywhere: keep the seeds every variant has numbers for
-    (a recipe stopped part-way leaves a seed with some variants only; it is listed, not averaged).
-    Returns the seeds left out."""
-    with_results = {v["name"]: {k for k, r in v["runs"].items() if r} for v in variants}
+def keep_complete_seeds(variants: list[dict], runs_dir: Path, order: list[tuple[str, str]],
+                        config: ReportConfig | None = None) -> tuple[list[int], list[str]]:
+    """Paired comparisons and "mean over N seeds" need the same seeds in every cell: keep the seeds at which
+    every variant has every metric it has at any seed (a recipe stopped part-way, or one evaluation of a
+    seed missing, leaves a seed with some results only: it is listed, not averaged). Returns the seeds left
+    out and, for each, what it lacks ("variant/seedN: metric, ...")."""
+    label = {m.name: m.label for m in config.metrics} if config is not None else {}
+    wanted = {v["name"]: {m for r in v["runs"].values() for m in r} for v in variants}  # what each variant has at some seed
+    with_results = {v["name"]: {k for k, r in v["runs"].items() if r and wanted[v["name"]] <= r.keys()} for v in variants}
     complete = set.intersection(*with_results.values())
     incomplete = sorted({int(k) for v in variants for k in v["runs"]} - {int(k) for k in complete})
     lacking = {v["name"]: v.pop("lacking", {}) for v in variants}
+    gaps = [f"{v['name']}/seed{k}: " + (", ".join(label.get(m, m) for m in sorted(wanted[v["name"]] - r.keys())) if r else "no results")
+            for k in map(str, incomplete) for v in variants
+            if (r := v["runs"].get(k)) is None or not r or not wanted[v["name"]] <= r.keys()]
     if not complete:
-        empty = [n for n, seeds in with_results.items() if not seeds]  # (a variant without any asked metric is named by what it lacks)
-        why = ([w for n in empty for ws in lacking[n].values() for w in ws] if empty else
-               [f"{n} has results at seed(s) {', '.join(sorted(seeds, key=int))}" for n, seeds in with_results.items()])
+        empty = [n for n, seeds in with_results.items() if not wanted[n]]  # (a variant without any asked metric is named by what it lacks)
+        why = ([w for n in empty for ws in lacking[n].values() for w in ws] if empty else gaps or
+               [f"{n} has complete results at seed(s) {', '.join(sorted(seeds, key=int)) or 'none'}" for n, seeds in with_results.items()])
         shown = "; ".join(why[:3]) + (f"; and {len(why) - 3} more" if len(why) > 3 else "")
         raise VltoolError(f"{runs_dir}: no seed has results for every variant ({', '.join(n for n, _ in order)}): {shown}")
     for v in variants:
         v["runs"] = {k: r for k, r in v["runs"].items() if k in complete}
-    return incomplete
+    return incomplete, gaps
 
 
 def summarise(v: dict, base: dict | None, m: Metric) -> dict | None:
@@ -474,7 +481,7 @@ def summarise(v: dict, base: dict | None, m: Metric) -> dict | None:
 
 
 def report_record(runs_dir: Path, config: ReportConfig, variants: list[dict], incomplete: list[int], paired_notes: list[str],
-                  units: list[str], contrasts: list[dict]) -> dict:
+                  units: list[str], contrasts: list[dict], gaps: list[str] = ()) -> dict:
     """STEM.json: the variants' numbers and summaries, how the paired intervals were made, the machine, and
     every command that made the runs with its wall time."""
     commands, wall = collect_commands(runs_dir)
@@ -489,6 +496,7 @@ def report_record(runs_dir: Path, config: ReportConfig, variants: list[dict], in
         "machine": machine(runs_dir),
         "seeds": seeds,
         "incomplete_seeds": incomplete,
+        "incomplete_runs": list(gaps),
         "baseline": config.baseline,
         "metrics": [{"name": m.name, "label": m.label, "file": m.relpath, "key": m.key,
                      **({"style": m.style, "twin_of": m.twin_of} if config.styles else {})} for m in config.metrics],

@@ -67,8 +67,10 @@ def _md_intro(report: dict) -> list[str]:
                  f"{n} seed{'s' if n != 1 else ''}; below it, ±h is the mean half-width of one run's 95% bootstrap interval "
                  f"over {_units_in_words(report.get('bootstrap_units') or [])}. Percent unless the metric is a rank or a count.")
     if report.get("incomplete_seeds"):
+        gaps = report.get("incomplete_runs") or []
         lines.append(f"Seed{'s' if len(report['incomplete_seeds']) > 1 else ''} {', '.join(map(str, report['incomplete_seeds']))} "
-                     "left out: not every variant has results for it (the recipe was stopped part-way).")
+                     "left out: not every variant has every result for it (the recipe was stopped part-way, or an evaluation is missing)"
+                     + (f": {'; '.join(gaps[:4])}{f'; and {len(gaps) - 4} more' if len(gaps) > 4 else ''}." if gaps else "."))
     return lines + [""]
 
 

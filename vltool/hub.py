@@ -29,7 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from huggingface_hub import constants, hf_hub_download, snapshot_download
-from huggingface_hub.errors import EntryNotFoundError, GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
+from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, HFValidationError, LocalEntryNotFoundError, RepositoryNotFoundError,
+                                    RevisionNotFoundError)
+from huggingface_hub.utils import validate_repo_id
 
 from vltool.errors import UsageError
 
@@ -82,6 +84,18 @@ def parse_repo_id(text: str) -> tuple[str, str | None] | None:
     if m is None or text.startswith((".", "~")) or ".." in m.group("repo"):
         return None
     return m.group("repo"), m.group("rev")
+
+
+def library_repo_id(name: str) -> str | None:
+    """A Hub repository id as a library's config names it (open_clip's `hf_tokenizer_name`, `hf_model_name`):
+    ORG/NAME, or NAME alone, the Hub's older ids without an organisation (`bert-base-uncased`, `roberta-base`),
+    which huggingface_hub fetches and caches as they are spelt (`models--bert-base-uncased`); None when
+    huggingface_hub would refuse it as an id."""
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return None
+    return name if name.count("/") <= 1 and not name.startswith((".", "~")) else None
 
 
 def commit_of(snapshot: Path) -> str | None:
@@ -252,8 +266,9 @@ def _first_hub_file(spec: str, repo: str, names: list[str], revision: str | None
     raise last
 
 
-def resolve_open_clip_hub(spec: str) -> Resolved:
-    """open_clip:hf-hub:ORG/NAME[@REVISION] -> the repository's open_clip_config.json and weights."""
+def open_clip_hub_config(spec: str) -> Resolved:
+    """open_clip:hf-hub:ORG/NAME[@REVISION] -> its open_clip_config.json alone (`path`, `model_cfg`,
+    `preprocess_cfg`): what decides how the model is built, read before its weights are fetched."""
     rest = str(spec)[len(OPEN_CLIP_SPEC + HF_HUB_PREFIX):]
     parsed = parse_repo_id(rest)
     if parsed is None:
@@ -264,8 +279,17 @@ def resolve_open_clip_hub(spec: str) -> Resolved:
         cfg = json.loads(cfg_path.read_text())
     except (OSError, ValueError) as e:
         raise UsageError(f"{spec}: cannot read {cfg_path}: {e}") from None
-    if not isinstance(cfg.get("model_cfg"), dict):
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("model_cfg"), dict):
         raise UsageError(f"{spec}: {OPEN_CLIP_CONFIG} of {repo} has no model_cfg")
+    return Resolved(cfg_path, {"repo": repo, "revision": revision or "main", "commit": commit_of(cfg_path)},
+                    model_cfg=cfg["model_cfg"], preprocess_cfg=cfg.get("preprocess_cfg"))
+
+
+def resolve_open_clip_hub(spec: str, config: Resolved | None = None) -> Resolved:
+    """open_clip:hf-hub:ORG/NAME[@REVISION] -> the repository's weights (`path`) and open_clip_config.json
+    (`config`: open_clip_hub_config's answer, read here unless given)."""
+    config = config or open_clip_hub_config(spec)
+    repo, revision = config.revision["repo"], parse_repo_id(str(spec)[len(OPEN_CLIP_SPEC + HF_HUB_PREFIX):])[1]
     weights = _first_hub_file(spec, repo, list(OPEN_CLIP_WEIGHTS), revision)
     return Resolved(weights, {"repo": repo, "revision": revision or "main", "commit": commit_of(weights), "file": weights.name,
-                              "sha256": file_sha256(weights)}, model_cfg=cfg["model_cfg"], preprocess_cfg=cfg.get("preprocess_cfg"))
+                              "sha256": file_sha256(weights)}, model_cfg=config.model_cfg, preprocess_cfg=config.preprocess_cfg)

@@ -125,23 +125,35 @@ def check_init(spec: str) -> dict:
         hf_processors(s, path)
         return revision
     if s.startswith(hub.OPEN_CLIP_SPEC + hub.HF_HUB_PREFIX):
-        return hub.resolve_open_clip_hub(s).revision
+        config = hub.open_clip_hub_config(s)
+        _refuse_native_init(s, s, open_clip_native_reasons(config.model_cfg))  # (before its weights are fetched)
+        return hub.resolve_open_clip_hub(s, config).revision
     if s.startswith(hub.OPEN_CLIP_SPEC):
         arch, _, weights = s[len(hub.OPEN_CLIP_SPEC):].partition("/")
         if not weights:
             raise UsageError(f"--init {s}: name the weights to start from, open_clip:{arch}/TAG (open_clip's pretrained tag) or "
                              f"open_clip:{arch}/FILE; for fresh weights give --arch {arch} instead of --init")
         why = open_clip_native_reasons(arch_config(arch, f"--init {s}")) if not (CONFIGS_DIR / f"{arch}.json").is_file() else []
-        if why:  # (refused before any weights are fetched)
-            raise UsageError(f"--init {s}: vltool evaluates {arch} as open_clip's own model ({', '.join(why)}) but does not "
-                             "fine-tune it; evaluate it with --model, or start from an architecture vltool rebuilds "
-                             "(docs/models.md lists them)")
+        _refuse_native_init(s, arch, why)  # (refused before any weights are fetched)
         return _open_clip_arch(s, None)[2]  # the tag or file resolved, and the weights checked to fit the architecture
     if s.startswith(hub.LOCAL_DIR_SPEC):
+        from vltool.checks import read_json
+
+        cfg_file = Path(s.partition(":")[2]).expanduser() / hub.OPEN_CLIP_CONFIG
+        model_cfg = read_json(cfg_file, s + ":").get("model_cfg") if cfg_file.is_file() else None
+        _refuse_native_init(s, s, open_clip_native_reasons(model_cfg) if isinstance(model_cfg, dict) else [])
         _local_dir(s)
         return {}
     resolve_model_dir(s)
     return {}
+
+
+def _refuse_native_init(spec: str, what: str, why: list[str]) -> None:
+    """`pretrain --init` of a model that runs as open_clip's own model: refused in one line."""
+    if why:
+        raise UsageError(f"--init {spec}: vltool evaluates {what} as open_clip's own model ({', '.join(why)}) but does not "
+                         "fine-tune it; evaluate it with --model, or start from an architecture vltool rebuilds "
+                         "(docs/models.md lists them)")
 
 
 def load_model(spec: str | Path, pretrained: str | Path | None = None, device: str | torch.device = "cpu") -> LoadedModel:

@@ -1,6 +1,8 @@
 """open_clip's models as vltool loads them: `open_clip:ARCH[/TAG or /FILE]` (a pretrained tag resolved through
 vltool.hub), `open_clip:hf-hub:ORG/NAME` and `local-dir:PATH`, rebuilt on vltool's towers; and the architectures
-vltool does not rebuild, run as open_clip's own model (`OpenClipModel`), with what decides which.
+vltool does not rebuild (by any of these spellings), run as open_clip's own model (`OpenClipModel`), with what
+decides which. Hugging Face ids open_clip names (a tokenizer, a text tower) are read as huggingface_hub reads
+them, with or without an organisation (`bert-base-uncased`).
 """
 
 from __future__ import annotations
@@ -44,6 +46,10 @@ def open_clip_tag_support(arch: str, tag: str) -> tuple[str, str]:
         return "refused", why
     if not (open_clip.get_pretrained_cfg(arch, tag) or {}).get("hf_hub"):
         return "refused", "open_clip has no Hugging Face Hub copy of its weights"
+    text_cfg = cfg.get("text_cfg", {})
+    for what in ("hf_tokenizer_name", "hf_model_name"):  # (read from the Hub as huggingface_hub spells its ids)
+        if text_cfg.get(what) and hub.library_repo_id(text_cfg[what]) is None:
+            return "refused", f"open_clip names its {what} {text_cfg[what]!r}, which is not a Hugging Face Hub id"
     native = open_clip_native_reasons(cfg) if not (CONFIGS_DIR / f"{arch}.json").is_file() else []
     return ("open_clip", ", ".join(native)) if native else ("rebuilt", "")
 
@@ -112,10 +118,9 @@ def _open_clip_arch(spec: str, pretrained: str | Path | None) -> tuple[TwoTower,
     tag = hub.open_clip_tag(f"{hub.OPEN_CLIP_SPEC}{arch}/{weights}") if weights else None
     native = open_clip_native_reasons(cfg) and not (CONFIGS_DIR / f"{arch}.json").is_file()
     if native:  # everything but the weights is checked and resolved before any weights are fetched
-        why = open_clip_cannot_run(cfg)
-        if why:
-            raise UsageError(f"{spec}: {why}; nothing was fetched (docs/models.md lists the open_clip tags vltool runs)")
+        _check_native_runs(spec, cfg)
         tokenizer = _open_clip_native_tokenizer(spec, arch, cfg)
+        _hf_text_tower_config(spec, cfg)
     if tag is not None:
         found = hub.resolve_open_clip_tag(spec, arch, weights, cfg)
         preprocess_cfg = {**(preprocess_cfg or {}), **found.preprocess_cfg}
@@ -137,7 +142,8 @@ def _open_clip_arch(spec: str, pretrained: str | Path | None) -> tuple[TwoTower,
         torch.manual_seed(0)  # fresh weights are the same at every load (so is the fingerprint)
         if native:
             tag_cfg = open_clip_pretrained_cfg(arch, weights) if tag is not None else {}
-            model = _open_clip_native_model(spec, arch, cfg, checkpoint, tag_cfg, tokenizer)
+            model = _open_clip_native_model(spec, arch, cfg, tokenizer, arch, pretrained=checkpoint,
+                                            force_preprocess_cfg=hub.tag_preprocess(tag_cfg) or None)
             return model, tokenizer, revision
         try:
             model, tok = _from_open_clip_cfg(cfg, preprocess_cfg, checkpoint, arch)
@@ -152,27 +158,34 @@ def _open_clip_arch(spec: str, pretrained: str | Path | None) -> tuple[TwoTower,
     return model, tok, revision
 
 
-def _open_clip_native_tokenizer(spec: str, arch: str, cfg: dict) -> OpenClipTokenizer:
-    """open_clip.get_tokenizer(arch), its Hugging Face tokenizer read from the folder vltool.hub resolves
-    (huggingface_hub's cache; fetched when online): what open_clip reads, found the way every Hub file is."""
+def _open_clip_native_tokenizer(spec: str, arch: str | None, cfg: dict, local_dir: Path | None = None) -> OpenClipTokenizer:
+    """open_clip.get_tokenizer(arch) (or of hf-hub:ORG/NAME, local-dir:PATH: `arch` None), its Hugging Face
+    tokenizer read from the folder vltool.hub resolves (huggingface_hub's cache; fetched when online; the id
+    with or without an organisation, as open_clip names it), or from `local_dir` as open_clip reads a
+    local-dir: what open_clip reads, found the way every Hub file is."""
     import open_clip
-    from open_clip.tokenizer import DEFAULT_CONTEXT_LENGTH, HFTokenizer
+    from open_clip.tokenizer import DEFAULT_CONTEXT_LENGTH, HFTokenizer, SimpleTokenizer
 
     text_cfg = cfg.get("text_cfg", {})
     context = int(text_cfg.get("context_length", DEFAULT_CONTEXT_LENGTH))
     kwargs = dict(text_cfg.get("tokenizer_kwargs") or {})
     name = text_cfg.get("hf_tokenizer_name") or ""
-    tc = {"type": "open_clip_native", "arch": arch, "context_length": context, "kwargs": kwargs,
+    tc = {"type": "open_clip_native", "arch": arch or spec, "context_length": context, "kwargs": kwargs,
           "hf_tokenizer": name or None, "tokenizer_mode": text_cfg.get("tokenizer_mode")}
     if not name:
         import open_clip.tokenizer as tk
 
-        return OpenClipTokenizer(tc, Path(tk.default_bpe()), open_clip.get_tokenizer(arch))
-    repo = hub.parse_repo_id(name)
-    if repo is None:
-        raise UsageError(f"{spec}: open_clip names the tokenizer {name!r}, which is not a Hub id ORG/NAME")
-    path = hub.hub_snapshot(spec, repo[0], repo[1], allow=["*.json", "*.txt", "*.model"], ignore=hub.HF_IGNORE)
-    tc["hf_tokenizer_commit"] = hub.commit_of(path)
+        # get_tokenizer of a config with no Hugging Face tokenizer: open_clip's BPE (an arch's own rules first)
+        tok = open_clip.get_tokenizer(arch) if arch else SimpleTokenizer(context_length=context, **kwargs)
+        return OpenClipTokenizer(tc, Path(tk.default_bpe()), tok)
+    if local_dir is not None:  # open_clip reads a local-dir's tokenizer from the folder itself
+        path = Path(local_dir)
+    else:
+        repo = hub.library_repo_id(name)
+        if repo is None:
+            raise UsageError(f"{spec}: open_clip names the tokenizer {name!r}, which is not a Hugging Face Hub id")
+        path = hub.hub_snapshot(spec, repo, None, allow=["*.json", "*.txt", "*.model"], ignore=hub.HF_IGNORE)
+        tc["hf_tokenizer_commit"] = hub.commit_of(path)
     try:
         tok = HFTokenizer(str(path), context_length=context, tokenizer_mode=text_cfg.get("tokenizer_mode"), **kwargs)
     except Exception as e:
@@ -180,28 +193,50 @@ def _open_clip_native_tokenizer(spec: str, arch: str, cfg: dict) -> OpenClipToke
     return OpenClipTokenizer(tc, path, tok)
 
 
-def _open_clip_native_model(spec: str, arch: str, cfg: dict, checkpoint: str | None, tag_cfg: dict, tokenizer) -> "OpenClipModel":
-    """open_clip.create_model(arch) with the weights file, and the preprocessing the tag merges in, as
-    create_model_and_transforms(arch, pretrained=TAG) builds them."""
+def _hf_text_tower_config(spec: str, cfg: dict) -> None:
+    """A Hugging Face text tower (`hf_model_name`, e.g. roberta-base): open_clip builds it from the repository's
+    config.json (transformers' AutoConfig, through the same cache), so that file is resolved here, before any
+    weights are fetched; a repository missing from the cache offline is one line."""
+    name = cfg.get("text_cfg", {}).get("hf_model_name") or ""
+    if not name or Path(name).expanduser().is_dir():
+        return
+    repo = hub.library_repo_id(name)
+    if repo is None:
+        raise UsageError(f"{spec}: open_clip names the text tower {name!r}, which is not a Hugging Face Hub id")
+    hub.hub_file(spec, repo, "config.json", None)
+
+
+def _open_clip_native_model(spec: str, what: str, cfg: dict, tokenizer, model_name: str, **create_kwargs) -> "OpenClipModel":
+    """open_clip.create_model(model_name, **create_kwargs): ARCH with the tag's weights file and the
+    preprocessing the tag merges in, as create_model_and_transforms(ARCH, pretrained=TAG) builds them, or
+    local-dir:DIR as open_clip reads a local-dir (its config, weights and preprocessing)."""
     import open_clip
 
     try:
-        oc = open_clip.create_model(arch, pretrained=checkpoint, force_preprocess_cfg=hub.tag_preprocess(tag_cfg) or None)
+        oc = open_clip.create_model(model_name, **create_kwargs)
     except Exception as e:
-        raise VltoolError(f"{spec}: open_clip cannot build it with {checkpoint or 'fresh weights'}: {_first_line(e)}") from None
+        weights = create_kwargs.get("pretrained") or ("its weights" if model_name.startswith(hub.LOCAL_DIR_SPEC) else "fresh weights")
+        raise VltoolError(f"{spec}: open_clip cannot build it with {weights}: {_first_line(e)}") from None
     pp = {k: (list(v) if isinstance(v, tuple) else v) for k, v in dict(oc.visual.preprocess_cfg).items()}
     config = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
-        "arch": arch,
+        "arch": what,
         "embed_dim": int(cfg["embed_dim"]),
-        "open_clip_native": {"arch": arch, "model_cfg": cfg, "why": open_clip_native_reasons(cfg)},
+        "open_clip_native": {"arch": what, "model_cfg": cfg, "why": open_clip_native_reasons(cfg)},
         "image_tower": {"type": "open_clip_native"},
         "text_tower": {"type": "open_clip_native"},
         "preprocess": pp,
         "tokenizer": tokenizer.config,
     }
     return OpenClipModel(oc, config)
+
+
+def _check_native_runs(spec: str, cfg: dict) -> None:
+    """Refused before any weights are fetched: a timm image tower the installed timm lacks."""
+    why = open_clip_cannot_run(cfg)
+    if why:
+        raise UsageError(f"{spec}: {why}; nothing was fetched (docs/models.md lists the open_clip tags vltool runs)")
 
 
 def open_clip_pretrained_cfg(arch: str, tag: str) -> dict:
@@ -211,7 +246,8 @@ def open_clip_pretrained_cfg(arch: str, tag: str) -> dict:
 
 
 def _local_dir(spec: str) -> tuple[TwoTower, Tokenizer, dict]:
-    """local-dir:PATH: open_clip's local-dir layout (open_clip_config.json and its weights file)."""
+    """local-dir:PATH: open_clip's local-dir layout (open_clip_config.json and its weights file); an architecture
+    vltool does not rebuild runs as open_clip's own model, create_model('local-dir:PATH')."""
     path = Path(spec.partition(":")[2]).expanduser()
     cfg_file = path / OPEN_CLIP_CONFIG
     if not cfg_file.is_file():
@@ -224,12 +260,40 @@ def _local_dir(spec: str) -> tuple[TwoTower, Tokenizer, dict]:
     ckpt = _find_checkpoint_in_dir(path)
     if ckpt is None:
         raise UsageError(f"{spec}: no weights file (*.safetensors, *.bin, *.pth) in {path}")
+    if open_clip_native_reasons(oc["model_cfg"]):
+        _check_native_runs(spec, oc["model_cfg"])
+        tokenizer = _open_clip_native_tokenizer(spec, None, oc["model_cfg"], local_dir=path)
+        _hf_text_tower_config(spec, oc["model_cfg"])
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            model = _open_clip_native_model(spec, spec, oc["model_cfg"], tokenizer, f"{hub.LOCAL_DIR_SPEC}{path.resolve()}")
+        return model, tokenizer, {}
     model, tok = _from_open_clip_cfg(oc["model_cfg"], oc.get("preprocess_cfg"), ckpt, spec)
     return model, tok, {}
 
 
 def _open_clip_hub(spec: str) -> tuple[TwoTower, Tokenizer, dict]:
-    """open_clip:hf-hub:ORG/NAME[@REVISION]: an open_clip repository on the Hub, as open_clip reads it."""
-    found = hub.resolve_open_clip_hub(spec)
-    model, tok = _from_open_clip_cfg(found.model_cfg, found.preprocess_cfg, str(found.path), spec)
-    return model, tok, found.revision
+    """open_clip:hf-hub:ORG/NAME[@REVISION]: an open_clip repository on the Hub, as open_clip reads it. Its
+    config is read first: an architecture vltool does not rebuild runs as open_clip's own model
+    (create_model('hf-hub:ORG/NAME') on the same two files), its tokenizer resolved and anything refused
+    before the weights are fetched."""
+    config = hub.open_clip_hub_config(spec)
+    if not open_clip_native_reasons(config.model_cfg):
+        found = hub.resolve_open_clip_hub(spec, config)
+        model, tok = _from_open_clip_cfg(found.model_cfg, found.preprocess_cfg, str(found.path), spec)
+        return model, tok, found.revision
+    _check_native_runs(spec, config.model_cfg)
+    tokenizer = _open_clip_native_tokenizer(spec, None, config.model_cfg)
+    _hf_text_tower_config(spec, config.model_cfg)
+    found = hub.resolve_open_clip_hub(spec, config)
+    import tempfile
+
+    # open_clip's own reading of an hf-hub repository (its open_clip_config.json, its weights file) is its
+    # local-dir reading of a folder holding just those two files: the ones resolved here, nothing fetched again
+    with tempfile.TemporaryDirectory(prefix="vltool-open_clip-") as tmp:
+        (Path(tmp) / OPEN_CLIP_CONFIG).symlink_to(config.path)
+        (Path(tmp) / found.path.name).symlink_to(found.path)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            model = _open_clip_native_model(spec, spec, config.model_cfg, tokenizer, f"{hub.LOCAL_DIR_SPEC}{tmp}")
+    return model, tokenizer, found.revision

@@ -76,6 +76,26 @@ def test_import_retrieval_and_retrieve(tmp_path, cli):
     assert json.loads(r.stdout)["stats"]["texts"] == 24
 
 
+def test_retrieve_scores_a_clip_benchmark_set_on_every_caption_by_default(tmp_path, cli):
+    """`vltool retrieve` on a CLIP_benchmark retrieval set without --text-column scored one caption per image
+    (669 texts where CLIP_benchmark uses 2,675; issue 52). By default it uses every caption, given the layout
+    directly or vltool's import of it, as CLIP_benchmark and `vltool benchmark` do; other data keeps caption."""
+    root = make_cb_retrieval(tmp_path / "wds_caps")
+    assert cli("import", root, "--out", tmp_path / "caps", "--no-progress").exit_code == 0
+    model = make_model(tmp_path / "run")
+    ev = ["--model", model, "--json", "--bootstrap", "0", "--cache-dir", tmp_path / "cache", "--no-progress"]
+    explicit = json.loads(cli("retrieve", tmp_path / "caps", "--split", "test", "--text-column", "captions", *ev).stdout)
+    for data in (tmp_path / "caps", root):
+        r = cli("retrieve", data, "--split", "test", *ev)
+        assert r.exit_code == 0, r.stderr
+        rec = json.loads(r.stdout)
+        assert rec["data"]["text_column"] == "captions" and rec["stats"]["texts"] == 24 and rec["options"]["text_column"] == "captions"
+        assert rec["stats"]["texts_per_image"]["mean"] == 2.0 and rec["metrics"] == explicit["metrics"]
+    datasets.load_from_disk(str(tmp_path / "caps"))["test"].save_to_disk(str(tmp_path / "plain"))  # (no import record: a user's data)
+    rec = json.loads(cli("retrieve", tmp_path / "plain", *ev).stdout)
+    assert rec["data"]["text_column"] == "caption" and rec["stats"]["texts"] == 12
+
+
 def test_bad_samples_counted_and_bad_layouts_refused(tmp_path, cli):
     root = make_cb_classification(tmp_path / "wds", shards=1)
     _tar(root / "test" / "0.tar", [("a.png", b"x"), ("b.png", b"y"), ("b.cls", b"9")])  # a: no label; b: class 9 of 6

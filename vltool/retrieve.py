@@ -11,7 +11,7 @@ ranking scores (docs/evaluation.md).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -22,7 +22,7 @@ from vltool import encode, metrics  # modules, read at call time: the tests repl
 from vltool import provenance
 from vltool.checks import missing_text_warning, require_decoded
 from vltool.console import Bar
-from vltool.errors import UsageError, check
+from vltool.errors import UsageError, VltoolError, check
 from vltool.evaluation import (EvalCommon, Edit, bootstrap_record, check_out, data_record, debias_edit, encode_eval_images, entry,
                                load_eval_input, open_model, require_selected, write_results)
 from vltool.metrics import QueryRanks, Resampling, bootstrap, retrieval_chance
@@ -51,7 +51,7 @@ class RetrieveConfig(EvalCommon):
     """Options of `vltool retrieve` (and, from EvalCommon, those of every evaluation command), one field per
     option of the same name (help: `vltool retrieve --help`)."""
 
-    text_column: str = C.CAPTION
+    text_column: str | None = None  # None: captions on a CLIP_benchmark retrieval set, else caption (default_text_column)
     recall_k: str = "1,5,10"
     text_batch_size: int = 256
     block_mb: int = 64
@@ -110,6 +110,26 @@ class Ranked:
         return np.bincount(self.owner, minlength=self.n_images)  # (N_i,) texts of each image
 
 
+def default_text_column(data: str) -> str:
+    """The texts a retrieval set is scored on by default: on a CLIP_benchmark retrieval set (its layout, or
+    vltool's import of one) all of an image's captions (`captions`), as CLIP_benchmark and `vltool benchmark`
+    score it; else `caption`."""
+    from vltool.importer.clip_benchmark import is_clip_benchmark
+    from vltool.io.records import read_provenance
+
+    root = Path(str(data)).expanduser()
+    if not root.is_dir():
+        return C.CAPTION
+    if not any((root / f).is_file() for f in ("dataset_dict.json", "state.json")) and is_clip_benchmark(root):
+        return C.CAPTIONS
+    try:
+        rec = read_provenance(root)
+    except VltoolError:
+        rec = None  # (a damaged record: loading the data says so)
+    stats = rec.get("stats") if isinstance(rec, dict) else None
+    return C.CAPTIONS if isinstance(stats, dict) and stats.get("captions_column") is True else C.CAPTION
+
+
 @computes
 def retrieve(
     data: str,
@@ -128,6 +148,8 @@ def retrieve(
     """
     timer = provenance.Timer()
     ks = config.validate()
+    if config.text_column is None:
+        config = replace(config, text_column=default_text_column(data))
     loaded = load_eval_input(data, config, where, split, images=[C.IMAGE], texts=[config.text_column], text_lists=True)
     out_path = check_out(out, overwrite, [*loaded.reads, Path(data).expanduser()], config)
     require_selected(loaded, data, where)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -39,7 +39,7 @@ def retrieve_command(
     data: DataArg,
     model: EvalModelOpt,
     pretrained: PretrainedOpt = None,
-    text_column: Annotated[str, typer.Option("--text-column", help="Text column: a string, or a list of strings per image (e.g. captions).")] = "caption",
+    text_column: Annotated[Optional[str], typer.Option("--text-column", show_default=False, help="Text column: a string, or a list of strings per image (e.g. captions) [default: captions on a CLIP_benchmark retrieval set (every caption of an image, as CLIP_benchmark scores it), else caption].")] = None,
     recall_k: Annotated[str, typer.Option("--recall-k", help="The K of Recall@K, comma-separated.")] = "1,5,10",
     bootstrap: BootstrapOpt = 1000,
     seed: SeedOpt = 0,

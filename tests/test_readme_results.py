@@ -168,8 +168,8 @@ def test_readme_tally_counts_each_comparison_once():
             f"`styles.verdict`; the {repeats} `--pair` contrasts that repeat a variant's own comparison with the baseline are "
             f"counted once): {n['neither style']} in neither style, {n['Noto only']} in Noto's only, {n['both styles']} in both, "
             f"{n['OpenMoji only']} in OpenMoji's only, {WORDS[len(borderline)]} borderline in a style, {opposite}.") in text
-    for c in borderline:  # each borderline comparison is named, with its verdict in both styles
-        assert f"{c['label']}, {c['metric']} ({c['verdict']}" in text, c
+    for c in borderline:  # each borderline comparison is named with its reference, and its verdict in both styles
+        assert f"{c['label']} against {c['reference']}, {c['metric']} ({c['verdict']}" in text, c
     assert f"Of the {WORDS[n['both styles']]} that hold in both styles" in text
     assert f"The {WORDS[n['OpenMoji only']]} in OpenMoji's only" in text
 

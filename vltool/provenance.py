@@ -75,6 +75,12 @@ def runtime(device: Any = None, dtype: str | None = None) -> dict:
         info["default_dtype"] = str(torch.get_default_dtype()).removeprefix("torch.")
         info["cuda_build"] = torch.version.cuda
         info["cuda_available"] = bool(torch.cuda.is_available())
+        # the instruction set torch's CPU kernels use (AVX2, AVX512, ...), and what pins MKL's and oneDNN's:
+        # a float32 CPU run's bits can differ between machines with different ones
+        info["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+        pins = {k: os.environ[k] for k in ("MKL_CBWR", "ATEN_CPU_CAPABILITY", "DNNL_MAX_CPU_ISA") if os.environ.get(k)}
+        if pins:
+            info["cpu_math_env"] = pins
     if device is not None:
         info["device"] = str(device)
     if dtype is not None:

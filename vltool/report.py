@@ -277,7 +277,7 @@ def _mean_sd(xs: list[float]) -> tuple[float, float | None]:
 
 RUNTIME_KEYS = ("platform", "processor", "cpu_count", "python", "torch_threads", "torch_interop_threads", "deterministic_algorithms",
                 "cudnn_deterministic", "cudnn_benchmark", "tf32_matmul", "default_dtype", "device", "dtype", "cuda_build",
-                "cuda_available")
+                "cuda_available", "cpu_capability", "cpu_math_env")
 
 
 def machine(runs_dir: Path) -> dict:

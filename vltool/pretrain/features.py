@@ -8,13 +8,15 @@ set of texts: a frozen text tower's features are then computed once per distinct
 They go through the embedding cache every command shares (vltool.cache), so a second run with the same
 frozen tower and rows reads them back. The key: the tower's weight fingerprint, the training rows (each
 input's on-disk fingerprint and row filter, and the rows dropped for having no text; no per-row hashing),
-the column, and the preprocessing (the image transform or the tokenizer, and the precision). A row whose
+the column, the preprocessing (the image transform or the tokenizer, and the precision), and how they were
+computed (`computed_by`: the encoding batch, the device, on a CPU the threads and kernels' instruction set). A row whose
 image could not be decoded is stored as NaN and left out of every batch. Several processes compute their
 share of the rows and gather them, without the cache.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -68,6 +70,7 @@ def frozen_features(model, tokenizer, train: TrainData, config, frozen: dict, us
     # the tokenizer's settings and the digest of its files (a tokenizer-only change is a different key)
     tok_key = {**(model.config.get("tokenizer") or {}), "files_sha256": tokenizer.files_digest() if hasattr(tokenizer, "files_digest") else None}
     apart = {"before_projection": True} if getattr(model, "projections_apart", False) else {}  # (a whole CLIP's, trained)
+    apart["computed"] = computed_by(config, accelerator)
     if do_image:
         out.image, out.bad_rows, out.reused["image"] = _through_cache(
             _key(model.visual, train, C.IMAGE, {"kind": "image-trunk", "transform": model.config["preprocess"], "precision": config.precision, **apart}),
@@ -87,6 +90,22 @@ def frozen_features(model, tokenizer, train: TrainData, config, frozen: dict, us
             lambda: _encode_texts(model, tokenizer, texts, config, accelerator), accelerator)
         out.text = FrozenText(table=table, index={t: i for i, t in enumerate(texts)})
     return out
+
+
+CPU_MATH_ENV = ("MKL_CBWR", "ATEN_CPU_CAPABILITY", "DNNL_MAX_CPU_ISA")  # what pins the CPU's kernels (docs/pretrain.md)
+
+
+def computed_by(config, accelerator) -> dict:
+    """What the features' bits depend on beyond the tower and its input, part of their cache key: the
+    encoding batch (padding and matrix shapes change the rounding), the device and, on a CPU, the threads,
+    the instruction set torch's kernels use and what pins MKL's and oneDNN's. A chaotic run (CLIP-Lite's
+    JSD at one seed) trained on features computed another way gives other numbers, so features computed
+    under other conditions are never read back as these."""
+    rec = {"batch": max(64, config.batch_size), "device": accelerator.device.type}
+    if accelerator.device.type == "cpu":
+        rec |= {"threads": torch.get_num_threads(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                **{k.lower(): os.environ[k] for k in CPU_MATH_ENV if os.environ.get(k)}}
+    return rec
 
 
 def model_inputs(batch: dict, features: FrozenFeatures, tokenizer, image_size: int, device) -> dict:

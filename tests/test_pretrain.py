@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -722,3 +723,44 @@ def test_eval_split_selects_a_split_of_eval_data(tmp_path, pairs, cli):
     assert evals and all(m["val_rows"] == 8 for m in evals)  # the test split, not the 32 training rows
     r = cli("pretrain", pairs, "--arch", "vltool-micro", "--eval-split", "test", "--out", tmp_path / "x")
     assert r.exit_code == 2 and "--eval-split test: it selects a split of --eval-data" in r.stderr
+
+
+LAUNCHED = re.compile(r"accelerate launch(?: +-{1,2}[\w-]+(?:[ =][\w.:/$=-]+)?)*? +(-m +|\$\(which +)?vltool\b")
+
+
+def _launch_forms() -> list[tuple[str, str, bool]]:
+    """(where, the `accelerate launch ... vltool` text, whether it names vltool so that it runs from any directory:
+    `-m vltool` or `$(which vltool)`) of every such command in the README, docs/, the recipes and `vltool pretrain --help`."""
+    from vltool.commands.pretrain import HELP
+
+    repo = Path(__file__).resolve().parent.parent
+    texts = {p.relative_to(repo).as_posix(): p.read_text() for p in [repo / "README.md", *sorted((repo / "docs").glob("*.md")),
+                                                                     *sorted((repo / "recipes").glob("*.sh"))]}
+    texts["vltool pretrain --help"] = HELP
+    return [(where, m.group(0), m.group(1) is not None)
+            for where, text in texts.items() for m in LAUNCHED.finditer(re.sub(r"\\\n\s*", " ", text))]
+
+
+def test_the_documented_accelerate_launch_runs_from_any_directory(tmp_path):
+    """issue 8: `accelerate launch vltool pretrain ...` ran only from the repository root (accelerate takes a bare
+    word as a script file: ./vltool, the package there; elsewhere "can't open file .../vltool"). Every launch
+    the README, docs, recipes and --help give names vltool as a module (`-m vltool`) or by its file, and
+    docs/pretrain.md's two-process command trains from a directory outside the repository."""
+    forms = _launch_forms()
+    assert any(where == "docs/pretrain.md" for where, _, _ in forms) and any(where == "vltool pretrain --help" for where, _, _ in forms)
+    bare = [(where, text) for where, text, anywhere in forms if not anywhere]
+    assert not bare, f"launches that run only from the repository root: {bare}"
+    doc = next(line for line in (Path(__file__).resolve().parent.parent / "docs" / "pretrain.md").read_text().splitlines()
+               if line.startswith("accelerate launch") and " pretrain " in line)
+    args = doc.split()[2:]  # the launcher's options and the command, as documented
+    args = [a for a in args if a != "..."]
+    args[args.index("--out") + 1] = str(tmp_path / "ddp")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           "--main_process_port", "0", *args, "--arch", "vltool-tiny", "--steps", "1", "--batch-size", "4", "--precision", "no", "--no-progress"]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    r = subprocess.run(cmd, cwd=elsewhere, env={**env, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    stats = json.loads((tmp_path / "ddp" / "vltool.json").read_text())["stats"]
+    assert stats["num_processes"] == 2 and stats["global_batch"] == 8

@@ -9,6 +9,7 @@ import os
 import resource
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -185,3 +186,75 @@ def test_every_logged_step_records_its_wait_for_data_and_auto_precision_is_float
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
     assert native_precision("cpu") == "no"
+
+
+# A dead or failing data-loader worker (issue 5): `vltool pretrain` stops with one line naming the cause, exit 1,
+# never a hang and never a traceback. The trainer runs in a subprocess (python -c WORKER_FAULT) whose data code is
+# changed first; its workers are forked from it, so they run the change too.
+WORKER_FAULT = """
+import errno, os, resource, signal, sys
+import vltool.pretrain.data as data, vltool.pretrain.loop as loop
+fault = sys.argv.pop(1)
+if fault == "kill":  # every item read in a worker kills that worker
+    def killed(self, key):
+        os.kill(os.getpid(), signal.SIGKILL)
+    data.PairDataset.__getitem__ = killed
+elif fault == "emfile":  # the worker's shard reading runs out of descriptors
+    def no_descriptors(self, epoch, raw):
+        raise OSError(errno.EMFILE, os.strerror(errno.EMFILE), self.shards[raw[0]])
+    data.ShardStream.item = no_descriptors
+elif fault == "limit":  # the real limit: ten descriptors more than the trainer holds when it starts its loader
+    inner = loop.stream_micro_batches
+    def limited(*args, **kwargs):
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 10, hard))
+        return inner(*args, **kwargs)
+    loop.stream_micro_batches = limited
+from vltool.cli import main
+sys.argv[0] = "vltool"
+main()
+"""
+
+
+def _failing_pretrain(fault: str, data_args: list, tmp_path) -> tuple[str, float]:
+    """Run pretrain with one worker under `fault`; returns its one line of stderr and the seconds it took, after
+    asserting exit 1 and no traceback (a hang fails at the timeout)."""
+    cmd = [sys.executable, "-c", WORKER_FAULT, fault, "pretrain", *data_args, "--out", str(tmp_path / "run"), "--arch", "vltool-micro",
+           "--steps", "2", "--batch-size", "4", "--workers", "1", "--precision", "no", "--device", "cpu", "--no-progress"]
+    t = time.monotonic()
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=150, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"pretrain hung after its worker failed ({fault}): {(e.stderr or b'')[-1500:]!r}")
+    lines = [line for line in r.stderr.splitlines() if line.strip() and "WebDataset shards, indexed into" not in line]  # (the first run's index)
+    assert r.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: "), r.stderr[-3000:]
+    return lines[0], time.monotonic() - t
+
+
+def test_a_worker_killed_by_a_signal_stops_the_run_in_one_line(tmp_path):
+    """A worker killed (SIGKILL, as the out-of-memory killer kills) while the trainer reads a dataset on disk:
+    one line naming the signal, exit 1, within seconds (it was 'internal error ... this is a bug')."""
+    line, took = _failing_pretrain("kill", ["emoji", "--where", "split=train"], tmp_path)
+    assert "data-loader worker" in line and "killed by SIGKILL" in line and "out-of-memory" in line, line
+    assert "internal error" not in line and took < 120
+
+
+def test_too_many_open_files_in_a_worker_names_the_limit(tmp_path):
+    """OSError EMFILE raised in a worker's shard reading: one line with the limit (`ulimit -n`) and how to raise it."""
+    import resource
+
+    pattern = make_shards(tmp_path / "s", shards=2, per_shard=8)
+    line, _ = _failing_pretrain("emfile", [pattern], tmp_path)
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    assert line.startswith("error: too many open files") and f"the limit is {soft} (`ulimit -n`)" in line and "--workers" in line, line
+
+
+def test_a_worker_out_of_open_files_while_sending_a_batch_does_not_hang(tmp_path):
+    """The hang: under a low open-file limit a worker could not pass its batch's shared memory to the trainer
+    (its queue's feeder thread printed a traceback and dropped the batch, or its resource-sharer thread could not
+    accept the trainer's connection) and the trainer waited for ever. Now the worker ends and the run stops with
+    one line naming the limit."""
+    pattern = make_shards(tmp_path / "s", shards=2, per_shard=8)
+    line, took = _failing_pretrain("limit", [pattern], tmp_path)
+    assert line.startswith("error: too many open files") and "(`ulimit -n`)" in line and "ulimit -n " in line, line
+    assert took < 120

@@ -1,4 +1,5 @@
-"""`python -m vltool`, `accelerate launch -m vltool` and `accelerate launch vltool` (from the repo root)."""
+"""`python -m vltool` and `accelerate launch -m vltool` (any directory); a bare vltool as accelerate's script runs
+this file only from the repository root, where ./vltool is the package (docs/pretrain.md)."""
 
 if __package__ in (None, ""):  # run as a file path: make the package importable by absolute name
     import os

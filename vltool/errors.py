@@ -56,3 +56,32 @@ def disk_full_cause(e: BaseException) -> BaseException | None:
 def disk_full_message(where: str | os.PathLike | None, advice: str = "free some space there or choose another --out") -> str:
     """One line saying the disk is full, naming what was being written."""
     return f"the disk is full (no space left on device){f' writing {where}' if where else ''}; {advice}"
+
+
+OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOMEM)  # this machine's limits, not a bad file
+
+
+def out_of_resources(e: BaseException) -> bool:
+    """An OSError that says the process ran out of descriptors or memory: never a damaged file or a bad
+    image to skip (every later one would be "bad" too), so it is raised."""
+    return isinstance(e, OSError) and e.errno in OUT_OF_RESOURCES
+
+
+def open_files_message(where: str = "", advice: str = "") -> str:
+    """One line for "Too many open files" (EMFILE): the limit of open files of this process (`ulimit -n`) and
+    how to raise it; `advice` is added as another way out (e.g. "or lower --workers")."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return f"too many open files{f' {where}' if where else ''}; raise the limit of open files (`ulimit -n`){f' {advice}' if advice else ''}"
+    unlimited = resource.RLIM_INFINITY
+    shown = "unlimited" if hard == unlimited else str(hard)
+    if hard == unlimited or soft < hard:
+        target = 65536 if hard == unlimited else min(hard, max(4096, 4 * soft))
+        how = f"raise it in the shell that starts the run (`ulimit -n {target}`; the hard limit is {shown})"
+    else:
+        how = (f"the hard limit is {shown} too: raise it (`nofile` in /etc/security/limits.conf, systemd's LimitNOFILE, "
+               "or docker run --ulimit nofile=65536:65536), then `ulimit -n 65536`")
+    return f"too many open files{f' {where}' if where else ''}: the limit is {soft} (`ulimit -n`); {how}{f', {advice}' if advice else ''}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import sys
@@ -12,7 +13,7 @@ import click
 import typer
 
 from vltool.console import progress_setting
-from vltool.errors import UsageError, VltoolError
+from vltool.errors import UsageError, VltoolError, open_files_message
 from vltool.io.locks import output_scope
 from vltool.topology import DEVICES
 
@@ -163,7 +164,9 @@ def one_line(text: str) -> str:
 
 
 def os_error(e: OSError) -> str:
-    """An OSError as one line: what failed, on which file."""
+    """An OSError as one line: what failed, on which file (too many open files: the limit and how to raise it)."""
     what = e.strerror or one_line(str(e)) or type(e).__name__
     files = [f for f in (e.filename, getattr(e, "filename2", None)) if f]
+    if e.errno == errno.EMFILE or f"[Errno {errno.EMFILE}]" in what:
+        return open_files_message(f"opening {' -> '.join(map(str, files))}" if files else "")
     return f"{what}: {' -> '.join(map(str, files))}" if files else what

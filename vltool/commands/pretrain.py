@@ -38,7 +38,8 @@ Examples:
       --loss sigmoid --lock-image --unfreeze-image-last 1 --epochs 1
   vltool export runs/siglip-ft --to hf --out siglip-ft     (back to transformers' layout)
 
-  accelerate launch --multi_gpu --num_processes 2 -m vltool pretrain emoji --out runs/ddp ...  (2 CPU processes)
+  accelerate launch --multi_gpu --num_processes 2 -m vltool pretrain emoji --out runs/ddp ...  (2 CPU processes;
+      -m vltool from any directory: accelerate takes a bare word as a script file)
 
   vltool pretrain --resume runs/tiny        (continue an interrupted run with its own options)
 """

@@ -12,6 +12,7 @@ import io
 import warnings
 
 from vltool.checks import require_decoded
+from vltool.errors import out_of_resources
 from vltool.shards import parse_tar_url, read_member
 
 # datasets, pyarrow and PIL are imported inside the functions that use them, not here: `vltool --help` loads this
@@ -66,7 +67,9 @@ def decode_image(value, rgb: bool = True):
         im = opened[1]
         im.load()
         return im.convert("RGB") if rgb else im
-    except Exception:
+    except Exception as e:
+        if out_of_resources(e):  # out of open files or memory: not a bad image (every later one would be "bad")
+            raise
         return None
 
 
@@ -131,7 +134,9 @@ def decode_pixels(value, composite: bool = False):
         from torchvision.transforms.functional import pil_to_tensor
 
         return pil_to_tensor(im.convert("RGB"))
-    except Exception:
+    except Exception as e:
+        if out_of_resources(e):  # out of open files or memory: not a bad image (every later one would be "bad")
+            raise
         return None
 
 
@@ -143,7 +148,9 @@ def jpeg_for_device(value):
         opened = _opened(value)
         if opened is not None and _jpeg_that_decode_jpeg_takes(opened[1]):
             return opened[0], (opened[1].height, opened[1].width)
-    except Exception:
+    except Exception as e:
+        if out_of_resources(e):  # out of open files or memory: not a bad image (every later one would be "bad")
+            raise
         return None
     return None
 

@@ -30,7 +30,7 @@ from vltool.cache import row_filter
 from vltool.checks import has_text, text_column
 from vltool.derived import add_columns
 from vltool.distinct import duplicate
-from vltool.errors import UsageError, VltoolError
+from vltool.errors import UsageError, VltoolError, out_of_resources
 from vltool.io.atomic import atomic_file
 from vltool.io.digests import arrow_column, column_values
 from vltool.io.images import decode_image, decode_pixels, jpeg_for_device
@@ -38,6 +38,7 @@ from vltool.io.index import default_cache_dir, shard_index
 from vltool.io.loading import load_dataset, read_from_disk
 from vltool.io.records import read_provenance
 from vltool.pretrain.config import PretrainConfig
+from vltool.pretrain.workers import guarded, worker_init
 from vltool.shards import DUPLICATE_ID, iter_samples, load_shards, sample_id, sample_image, sample_text
 from vltool.templates import load_templates
 from vltool.topology import is_local_main, warn
@@ -714,6 +715,8 @@ class ShardStream(torch.utils.data.IterableDataset):
                 for j, (key, files) in enumerate(iter_samples(self.shards[shard]), start=1):
                     yield int(shard), j - 1, key, files
             except (tarfile.TarError, OSError, EOFError) as e:
+                if out_of_resources(e):  # the machine's limit (open files), not the shard's damage
+                    raise
                 if shard not in self.damaged:
                     self.damaged.add(shard)
                     print(f"warning: {self.shards[shard]}: unreadable after {j} sample(s) ({type(e).__name__}: {e}); "
@@ -785,8 +788,10 @@ def shard_batches(loader, collate: Collate, streams: int, positions: dict):
 
 
 def loader_options(workers: int, pin: bool) -> dict:
-    """The DataLoader options of the trainer (both kinds of data): `workers` processes, 4 batches each ahead."""
-    return dict(num_workers=workers, pin_memory=pin, persistent_workers=workers > 0, prefetch_factor=4 if workers > 0 else None)
+    """The DataLoader options of the trainer (both kinds of data): `workers` processes, 4 batches each ahead,
+    each ending at once when it cannot send a batch (vltool.pretrain.workers: read them with `guarded`)."""
+    return dict(num_workers=workers, pin_memory=pin, persistent_workers=workers > 0, prefetch_factor=4 if workers > 0 else None,
+                worker_init_fn=worker_init if workers > 0 else None)
 
 
 def stream_micro_batches(stream: ShardStream, workers: int, pin: bool = False, positions: dict | None = None):
@@ -794,12 +799,12 @@ def stream_micro_batches(stream: ShardStream, workers: int, pin: bool = False, p
     this process is the next B samples of worker (rotate + j) mod W, built and collated in that worker and
     received whole (one image tensor and one token tensor; pinned by the DataLoader with `pin`). `positions`
     receives each worker's stream position as its micro-batches are taken. The trainer does no per-sample
-    work and no copy of its own."""
+    work and no copy of its own. A worker that fails ends it with one VltoolError (vltool.pretrain.workers)."""
     loader = torch.utils.data.DataLoader(stream, batch_size=None, **loader_options(workers, pin))
     w = len(stream.sizes)
     positions = {} if positions is None else positions
     j = 0
-    for sub in loader:
+    for sub in guarded(loader):
         expected = (stream.rotate + j) % w
         assert sub["stream"] == expected, f"data-loader worker {sub['stream']} out of turn (expected {expected})"
         positions[sub["stream"]] = tuple(sub["position"])

@@ -60,6 +60,7 @@ from vltool.pretrain.features import FrozenFeatures, frozen_features, model_inpu
 from vltool.pretrain.logs import MetricsLog, plot_curves
 from vltool.pretrain.objectives import Objective, build_objective, cached_backward
 from vltool.pretrain.optim import GradientSync, apply_freezing, build_optimizer, local_parameters, lr_at, set_train_mode
+from vltool.pretrain.workers import guarded, one_line_failures
 from vltool.topology import is_main, launch_token, shutdown_at_exit, warn
 from vltool.transforms import Pixels, eval_transform, train_pixels
 
@@ -299,7 +300,7 @@ def train(run: RunState, stop_after_steps: int | None = None) -> bool:
         loader = torch.utils.data.DataLoader(run.dataset, batch_sampler=sampler, collate_fn=run.collate,
                                              generator=torch.Generator().manual_seed(run.config.seed),
                                              **loader_options(workers, pin))
-        micro_batches = iter(loader)
+        micro_batches = guarded(loader)  # a failed worker: one line, not a hang (vltool.pretrain.workers)
     stopped = False
     # Adam's second moments of rarely-used rows (token embeddings) decay into denormal floats, which
     # are ~10x slower on CPU; flushing them to zero changes nothing measurable in training.
@@ -309,12 +310,13 @@ def train(run: RunState, stop_after_steps: int | None = None) -> bool:
     try:
         batches = micro_batches
         set_train_mode(run.model)
-        while run.step < run.total_steps:
-            if stop_after_steps is not None and run.step - run.start_step >= stop_after_steps:
-                stopped = True
-                break
-            stats, lr = step(run, batches)
-            _after_step(run, stats, lr)
+        with one_line_failures():  # a worker's death noticed during a step (torch's SIGCHLD handler): one line too
+            while run.step < run.total_steps:
+                if stop_after_steps is not None and run.step - run.start_step >= stop_after_steps:
+                    stopped = True
+                    break
+                stats, lr = step(run, batches)
+                _after_step(run, stats, lr)
         if run.pending:
             _read_metrics(run)
         run.train_seconds = time.perf_counter() - t0

@@ -93,8 +93,14 @@ DEVICE_OPTS=()
 if [ "${DEVICE:-auto}" != "auto" ]; then DEVICE_OPTS=(--device "$DEVICE"); fi
 # PRECISION unset: float32 (no) where the runs train on a CPU, as the committed results were made (pretrain's
 # --precision auto is bf16 on a CPU with AVX-512 BF16 or AMX, which would change their bits); auto on a GPU.
-if [ -z "${PRECISION:-}" ]; then
-    if [ "${DEVICE:-auto}" = cpu ] || ! python -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2> /dev/null; then PRECISION=no; fi
+ON_CPU=0
+if [ "${DEVICE:-auto}" = cpu ] || ! python -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2> /dev/null; then ON_CPU=1; fi
+if [ -z "${PRECISION:-}" ] && [ "$ON_CPU" = 1 ]; then PRECISION=no; fi
+# On a CPU, torch's, MKL's and oneDNN's kernels are pinned to AVX2's (the committed results were made on AVX2
+# machines): an AVX-512 machine then computes the same float32 bits, where a chaotic run (CLIP-Lite's JSD at
+# seed 1) otherwise ends elsewhere. Each may be set to another value, or to "" for the machine's own kernels.
+if [ "$ON_CPU" = 1 ]; then
+    export MKL_CBWR=${MKL_CBWR-AVX2} ATEN_CPU_CAPABILITY=${ATEN_CPU_CAPABILITY-avx2} DNNL_MAX_CPU_ISA=${DNNL_MAX_CPU_ISA-AVX2}
 fi
 if [ -n "${PRECISION:-}" ]; then DEVICE_OPTS+=(--precision "$PRECISION"); fi
 if [ -n "${WORKERS:-}" ]; then DEVICE_OPTS+=(--workers "$WORKERS"); fi

@@ -18,12 +18,14 @@ if [ "$(basename "$0")" = vltool ] && [ "${1:-}" = evaluate ]; then   # a plan: 
         eval "words=($line)"
         printf '%q ' vltool "${words[@]}" >> "$SHIM_LOG"; echo >> "$SHIM_LOG"
         echo "${OMP_NUM_THREADS:-unset}" >> "$SHIM_LOG.threads"
+        echo "${MKL_CBWR:-unset} ${ATEN_CPU_CAPABILITY:-unset} ${DNNL_MAX_CPU_ISA:-unset}" >> "$SHIM_LOG.isa"
     done < "$2"
     echo "$2" >> "$SHIM_LOG.plans"
     exit 0
 fi
 printf '%q ' "$(basename "$0")" "$@" >> "$SHIM_LOG"; echo >> "$SHIM_LOG"
 echo "${OMP_NUM_THREADS:-unset}" >> "$SHIM_LOG.threads"
+echo "${MKL_CBWR:-unset} ${ATEN_CPU_CAPABILITY:-unset} ${DNNL_MAX_CPU_ISA:-unset}" >> "$SHIM_LOG.isa"
 prev=""; for a in "$@"; do
   if [ "$prev" = "--out" ] && [[ " $* " == *" pretrain "* ]]; then mkdir -p "$a" && echo '{"stats": {"steps": 7}}' > "$a/vltool.json"; fi
   prev=$a
@@ -44,7 +46,9 @@ def run_recipe(tmp_path: Path, recipe: str, **env) -> tuple[subprocess.Completed
     log = tmp_path / f"{recipe}.log"
     log.write_text("")
     Path(f"{log}.threads").write_text("")  # each command's OMP_NUM_THREADS, a line each
-    inherited = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}  # what the recipe sets, not pytest's
+    Path(f"{log}.isa").write_text("")  # each command's MKL_CBWR, ATEN_CPU_CAPABILITY, DNNL_MAX_CPU_ISA
+    pins = ("OMP_NUM_THREADS", "MKL_CBWR", "ATEN_CPU_CAPABILITY", "DNNL_MAX_CPU_ISA")
+    inherited = {k: v for k, v in os.environ.items() if k not in pins}  # what the recipe sets, not pytest's
     full = {**inherited, "PATH": f"{bin_}{os.pathsep}{os.environ['PATH']}", "SHIM_LOG": str(log), "OUT": str(tmp_path / "out"), **env}
     proc = subprocess.run(["bash", str(ROOT / "recipes" / f"{recipe}.sh")], cwd=tmp_path, env=full, capture_output=True, text=True)
     return proc, [shlex.split(line) for line in log.read_text().splitlines()]
@@ -260,6 +264,23 @@ def test_training_on_a_cpu_is_float32_unless_precision_is_set(tmp_path):
     proc, cmds = run_recipe(tmp_path / "b", "quickstart", PRECISION="bf16")
     assert proc.returncode == 0, proc.stderr
     assert all(option(c, "--precision") == "bf16" for c in cmds if "pretrain" in c)
+
+
+def test_on_a_cpu_every_command_runs_on_avx2s_kernels_unless_told(tmp_path):
+    """JSD at seed 1 ended elsewhere on an AVX-512 machine than on the AVX2 ones that made the committed results
+    (issue 52): on a CPU the recipes pin torch's, MKL's and oneDNN's kernels to AVX2's; a value set, even "",
+    is the user's."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA GPU (the pins are for CPU runs)")
+    proc, cmds = run_recipe(tmp_path / "a", "quickstart")
+    assert proc.returncode == 0, proc.stderr
+    isa = Path(f"{tmp_path / 'a' / 'quickstart'}.log.isa").read_text().splitlines()
+    assert len(isa) == len(cmds) > 0 and set(isa) == {"AVX2 avx2 AVX2"}
+    proc, cmds = run_recipe(tmp_path / "b", "quickstart", MKL_CBWR="", ATEN_CPU_CAPABILITY="avx512")
+    assert proc.returncode == 0, proc.stderr
+    assert set(Path(f"{tmp_path / 'b' / 'quickstart'}.log.isa").read_text().splitlines()) == {"unset avx512 AVX2"}
 
 
 @pytest.mark.parametrize("recipe", [r for r in RECIPES if r != "quickstart"])  # (quickstart prints its evaluations' tables)

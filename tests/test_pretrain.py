@@ -764,3 +764,15 @@ def test_the_documented_accelerate_launch_runs_from_any_directory(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     stats = json.loads((tmp_path / "ddp" / "vltool.json").read_text())["stats"]
     assert stats["num_processes"] == 2 and stats["global_batch"] == 8
+
+
+def test_a_bad_init_is_named_before_the_data_is_judged_too_small(tmp_path, pairs, cli):
+    """A bad INIT with a small TRAIN_DATA was hidden behind "6 rows per epoch, fewer than one step needs"
+    (issue 53): --init is checked first; `--eval-split` on a single dataset names --eval-split (it said --split)."""
+    r = cli("pretrain", str(pairs), "--init", str(tmp_path / "no-such-model"), "--batch-size", "64", "--steps", "1",
+            "--out", tmp_path / "run", "--no-progress")
+    assert r.exit_code in (1, 2) and "no-such-model" in r.stderr and "rows per epoch" not in r.stderr, r.stderr
+    assert not (tmp_path / "run").exists()
+    r = cli("pretrain", str(pairs), "--arch", "vltool-micro", "--eval-data", str(pairs), "--eval-split", "test", "--steps", "1",
+            "--out", tmp_path / "run", "--no-progress")
+    assert r.exit_code == 2 and "so --eval-split does not apply; select rows with --eval-where" in r.stderr, r.stderr

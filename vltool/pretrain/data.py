@@ -95,7 +95,8 @@ def load_train_data(
     needed = [C.ID, C.IMAGE, text_col]
     if config.mined_positives and what == "input":
         needed.append(C.POSITIVES)
-    loaded = [load_dataset(spec, split=split, where=where, required=needed) for spec in data]
+    split_option = "--eval-split" if what == "--eval-data" else "--split"
+    loaded = [load_dataset(spec, split=split, where=where, required=needed, split_option=split_option) for spec in data]
     for src in loaded:
         if src.index is not None:  # shards read through their index, which left out the samples repeating an id
             refuse_repeated_ids(src.spec, src.index.path)

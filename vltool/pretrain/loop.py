@@ -256,6 +256,8 @@ def setup(spec: RunSpec, run_dir: Path, config: PretrainConfig, *, overwrite: bo
     if config.sync_bn and world > 1 and accelerator.device.type == "cpu":
         raise UsageError("--sync-bn needs GPUs: torch's SyncBatchNorm does not run on CPU (freeze BatchNorm with --lock-image instead)")
     train, evald = _load_data(spec, config, run_dir, overwrite, resumed)
+    if config.init and not resumed:  # resolved (fetched where it names a Hub id) and checked before RUN_DIR is made, and
+        spec.init_revision = check_init(config.init)  # before the data's size is judged: a bad --init is named as such
     if isinstance(train, ShardData):
         streams = world * max(1, config.workers)
         if len(train.shards) < streams:
@@ -677,8 +679,6 @@ def _is_shards(data: Sequence[str], config: PretrainConfig) -> bool:
 
 def _start_run_dir(run: RunState) -> None:
     """A new run: RUN_DIR made anew with run.json (what --resume reads)."""
-    if run.config.init:  # resolved (fetched from the Hub where it names a Hub id) and checked before RUN_DIR is made
-        run.spec.init_revision = check_init(run.config.init)
     acc = run.accelerator
     acc.wait_for_everyone()
     if acc.is_main_process:

@@ -5,6 +5,15 @@
 
 die() { printf 'error: %s\n' "$*" >&2; exit 2; }   # one line, exit 2: a variable the recipe cannot use
 
+# ---- Every study variable the user set, checked in seconds before anything runs (`vltool check-study`: paths
+# exist and hold the data their task needs, benchmarks have their splits, INIT / CAPTIONER resolve, numbers
+# parse, LAUNCH's program is installed); a mistake is one line naming the variable, exit 2.
+STUDY_VARIABLES=(TRAIN_DATA TRAIN_WHERE ZEROSHOT_BENCH RETRIEVAL_BENCH PROBE_BENCH EVAL_SPLIT PROBE_TRAIN_SPLIT LABEL_DATA CONCEPT_DATA
+                 INIT CAPTIONER TRAINABLE THREADS BATCH BATCH_SIZES BOOTSTRAP LAUNCH)
+study_args=()
+for v in "${STUDY_VARIABLES[@]}"; do if [ -n "${!v:-}" ]; then study_args+=("$v=${!v}"); fi; done
+if [ ${#study_args[@]} -gt 0 ]; then vltool check-study "${study_args[@]}" > /dev/null || exit $?; fi
+
 # ---- Model: INIT (a whole model, every spelling `pretrain --init` takes), else ARCH (from scratch), else two
 # pretrained unimodal towers, IMAGE_TOWER (+ IMAGE_WEIGHTS) and TEXT_TOWER (a directory or hf:ORG/NAME).
 INIT=${INIT:-}
@@ -40,7 +49,7 @@ fi
 TRAINABLE=${TRAINABLE:-projections}
 case $TRAINABLE in
     projections) LOCKED=(--lock-image --lock-text) ;;   # features of the locked towers computed once; projections train
-    image-last-[0-9]*) LOCKED=(--lock-image --unfreeze-image-last "${TRAINABLE#image-last-}" --lock-text) ;;
+    image-last-[1-9]*) LOCKED=(--lock-image --unfreeze-image-last "${TRAINABLE#image-last-}" --lock-text) ;;   # (N checked by check-study)
     all) LOCKED=() ;;
     *) die "TRAINABLE=$TRAINABLE: use projections, image-last-N or all" ;;
 esac

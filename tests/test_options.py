@@ -36,6 +36,7 @@ CONFIGS = {
     "pick-caption": "vltool.pick_caption:PickConfig",
     "benchmark": "vltool.benchmark:BenchmarkConfig",
     "evaluate": "vltool.commands.evaluate:EvaluateConfig",
+    "check-study": "vltool.study:CheckStudyConfig",
 }
 
 # A field is the option of the same name (text_column <-> --text-column), except these, each for a reason.

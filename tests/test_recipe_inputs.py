@@ -13,6 +13,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIM = """#!/usr/bin/env bash
+if [ "$(basename "$0")" = vltool ] && [ "${1:-}" = check-study ]; then   # not logged: the real check, or (fake paths) none
+    if [ "${SHIM_REAL_CHECK:-0}" = 1 ]; then exec python -m vltool "$@"; fi
+    exit 0
+fi
 if [ "$(basename "$0")" = vltool ] && [ "${1:-}" = evaluate ]; then   # a plan: the commands it runs, each as run alone
     while IFS= read -r line; do
         eval "words=($line)"
@@ -120,6 +124,37 @@ def test_inputs_a_recipe_cannot_use_are_refused_in_one_line(tmp_path):
         proc, cmds = run_recipe(tmp_path, recipe, **env)
         assert proc.returncode == 2 and variable in proc.stderr, (recipe, proc.stderr)
         assert len(proc.stderr.strip().splitlines()) == 1 and not [c for c in cmds if "pretrain" in c], recipe
+
+
+def test_every_bad_study_variable_is_refused_before_anything_runs(tmp_path):
+    """Each of these passed the recipes' checks and failed only later, some after training (issue 52): now
+    `vltool check-study` refuses it first, in one line naming the variable, before any command runs."""
+    from tests._clip_benchmark import make_cb_classification, make_cb_retrieval
+
+    cls, ret = make_cb_classification(tmp_path / "cb_cls"), make_cb_retrieval(tmp_path / "cb_ret")
+    (tmp_path / "cb_test_only").mkdir()
+    import shutil
+
+    shutil.copytree(cls / "test", tmp_path / "cb_test_only" / "test")
+    shutil.copy(cls / "classnames.txt", tmp_path / "cb_test_only")
+    cases = [
+        ("quickstart", {"ZEROSHOT_BENCH": "/nonexistent"}, "ZEROSHOT_BENCH=/nonexistent"),
+        ("quickstart", {"ZEROSHOT_BENCH": str(ret)}, "is a retrieval set"),
+        ("clip-lite", {"PROBE_BENCH": str(tmp_path / "cb_test_only")}, "PROBE_TRAIN_SPLIT"),
+        ("quickstart", {"ZEROSHOT_BENCH": str(cls), "EVAL_SPLIT": "nosuch"}, "EVAL_SPLIT"),
+        ("quickstart", {"TRAIN_DATA": "emoji-openmoji"}, "TRAIN_DATA=emoji-openmoji: test-only"),
+        ("caption-worth", {"CAPTIONER": "/nonexistent"}, "CAPTIONER=/nonexistent"),
+        ("quickstart", {"TRAINABLE": "image-last-2x"}, "TRAINABLE=image-last-2x"),
+        ("quickstart", {"LAUNCH": "nosuchlauncher --num_processes 2"}, "LAUNCH=nosuchlauncher"),
+        ("quickstart", {"THREADS": "abc"}, "THREADS=abc"),
+        ("unicl", {"LABEL_DATA": "/nonexistent"}, "LABEL_DATA=/nonexistent: dataset '/nonexistent' does not exist"),
+        ("debias", {"CONCEPT_DATA": "/nonexistent"}, "CONCEPT_DATA=/nonexistent: dataset '/nonexistent' does not exist"),
+        ("quickstart", {"TRAIN_DATA": str(tmp_path / "no-shards" / "{000..003}.tar")}, "TRAIN_DATA="),
+    ]
+    for recipe, env, says in cases:
+        proc, cmds = run_recipe(tmp_path / "r", recipe, SHIM_REAL_CHECK="1", **env)
+        assert proc.returncode == 2 and says in proc.stderr, (recipe, env, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()) == 1 and cmds == [], (recipe, env, cmds)
 
 
 def test_model_and_data_variables_reach_every_training_command(tmp_path):

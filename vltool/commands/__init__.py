@@ -27,6 +27,7 @@ TABLE: dict[str, tuple[str, str]] = {  # command -> (module in vltool.commands, 
     "pick-caption": ("pick_caption", "One caption per image from a list column (CLIP's single caption)."),
     "benchmark": ("benchmark", "Zero-shot, retrieval and linear probe over many datasets: one table."),
     "evaluate": ("evaluate", "Several zeroshot, retrieve and probe commands in one process."),
+    "check-study": ("check_study", "Check a study's variables before its first expensive step."),
 }
 
 

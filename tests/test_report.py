@@ -641,3 +641,12 @@ def test_a_seed_missing_one_evaluation_of_one_variant_is_left_out_and_named(runs
     assert all(s["seeds"] == 2 for v in r["variants"] for s in v["summary"].values())
     md = render_markdown(r)
     assert "over 2 seeds" in md and "Seed 1 left out" in md and "bow/seed1: retrieve:image_to_text_R@1" in md
+
+
+def test_a_metric_no_run_has_is_left_out_and_said(runs):
+    """A study without a retrieval benchmark has no retrieve*.json: the report leaves the metric out and says so,
+    rather than a column of "-" (issue 52: no task a study did not name)."""
+    metrics = [parse_metric("zeroshot:top1"), parse_metric("R@1=retrieve:image_to_text_R@1")]
+    r = build_report(runs, ReportConfig(metrics=metrics, baseline="base"))
+    assert [m["name"] for m in r["metrics"]] == ["zeroshot:top1"] and r["metrics_without_results"] == ["R@1"]
+    assert "No run has results for R@1: left out of the tables." in render_markdown(r)

@@ -338,6 +338,10 @@ def build_report(runs_dir: str | Path, config: ReportConfig) -> dict:
     found, order = find_variants(runs_dir, config)
     config = replace(config, metrics=add_style_twins(config.metrics, config.styles, found))
     variants, sources = read_runs(found, order, config)
+    present = {m for v in variants for r in v["runs"].values() for m in r}
+    left_out = [m.label for m in config.metrics if m.name not in present]  # (a task the study has no data for: no column of "-")
+    if present:
+        config = replace(config, metrics=[m for m in config.metrics if m.name in present])
     incomplete, gaps = keep_complete_seeds(variants, runs_dir, order, config)
     base = next((v for v in variants if v["name"] == config.baseline), None)
     for v in variants:
@@ -347,7 +351,9 @@ def build_report(runs_dir: str | Path, config: ReportConfig) -> dict:
         style_verdicts(variants, base, config)
     contrasts = [contrast(variants, a, b, config, sources, paired_notes) for a, b in config.pairs]
     units = sorted({u for _, r, *_ in sources.values() if (u := _bootstrap_unit(r))})
-    return report_record(runs_dir, config, variants, incomplete, paired_notes, units, contrasts, gaps)
+    record = report_record(runs_dir, config, variants, incomplete, paired_notes, units, contrasts, gaps)
+    record["metrics_without_results"] = left_out
+    return record
 
 
 def contrast(variants: list[dict], name: str, ref: str, config: ReportConfig, sources: dict, notes: list[str]) -> dict:

@@ -66,6 +66,8 @@ def _md_intro(report: dict) -> list[str]:
     lines.append(f"Seeds {', '.join(map(str, report['seeds']))}: each cell is the mean ± standard deviation over "
                  f"{n} seed{'s' if n != 1 else ''}; below it, ±h is the mean half-width of one run's 95% bootstrap interval "
                  f"over {_units_in_words(report.get('bootstrap_units') or [])}. Percent unless the metric is a rank or a count.")
+    if report.get("metrics_without_results"):
+        lines.append(f"No run has results for {', '.join(report['metrics_without_results'])}: left out of the tables.")
     if report.get("incomplete_seeds"):
         gaps = report.get("incomplete_runs") or []
         lines.append(f"Seed{'s' if len(report['incomplete_seeds']) > 1 else ''} {', '.join(map(str, report['incomplete_seeds']))} "

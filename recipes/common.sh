@@ -46,6 +46,7 @@ else
 fi
 # TRAINABLE: projections (both towers locked, LiT-style: a whole CLIP's projections train too) | image-last-N
 # (the image tower's last N blocks and the projections) | all. A recipe may set its own default.
+TRAINABLE_GIVEN=${TRAINABLE:+1}   # (SMOKE trains every parameter of its tiny model unless TRAINABLE is given)
 TRAINABLE=${TRAINABLE:-projections}
 case $TRAINABLE in
     projections) LOCKED=(--lock-image --lock-text) ;;   # features of the locked towers computed once; projections train
@@ -91,7 +92,8 @@ vl_pretrain() {
         fi
         args+=("$a"); prev=$a
     done
-    if [ -n "$LAUNCH" ]; then $LAUNCH -m vltool pretrain "${args[@]}"; else vltool pretrain "${args[@]}"; fi
+    # under LAUNCH, pretrain refuses a launch that started another number of processes than PROCESSES
+    if [ -n "$LAUNCH" ]; then $LAUNCH -m vltool pretrain "${args[@]}" --processes "$PROCESSES"; else vltool pretrain "${args[@]}"; fi
 }
 LAUNCH_NOTE=()   # the report's record of the launch (none on one process, as before)
 if [ -n "$LAUNCH" ]; then
@@ -139,6 +141,9 @@ TRAIN_DATA=${TRAIN_DATA:-}
 TRAIN_WHERE=${TRAIN_WHERE:-}
 EVAL_SPLIT=${EVAL_SPLIT:-test}
 PROBE_TRAIN_SPLIT=${PROBE_TRAIN_SPLIT:-train}
+if [ -n "$TRAIN_DATA" ] && [ -z "${ZEROSHOT_BENCH:-}${RETRIEVAL_BENCH:-}${PROBE_BENCH:-}" ]; then
+    die "TRAIN_DATA=$TRAIN_DATA: name the benchmarks your study is scored on (ZEROSHOT_BENCH, RETRIEVAL_BENCH, PROBE_BENCH); the built-in emoji test set is not one of them"
+fi
 if [ -n "$TRAIN_DATA" ]; then
     case $TRAIN_DATA in *.tar|*\{*\}*) TRAIN_SHARDS=1 ;; *) if compgen -G "$TRAIN_DATA/*.tar" > /dev/null; then TRAIN_SHARDS=1; else TRAIN_SHARDS=0; fi ;; esac
 else
@@ -187,7 +192,7 @@ if [ "${SMOKE:-0}" = "1" ]; then
     # (INIT, when given, is kept: the smoke check is then of that model). TRAIN_DATA is used whole.
     SEEDS=${SMOKE_SEEDS:-0}
     if [ -z "$INIT" ]; then TOWERS=(--arch vltool-micro); fi
-    LOCKED=()
+    if [ -z "$TRAINABLE_GIVEN" ]; then LOCKED=(); TRAINABLE=all; fi   # a given TRAINABLE is honoured (and the note says what trained)
     BATCH=8
     BOOTSTRAP=20
     RESULTS="$OUT/results"
@@ -207,7 +212,17 @@ if [ -n "$TRAIN_DATA" ]; then
 fi
 # the report's caption names the study's own data and model (the emoji study's titles already do)
 if [ -n "$TRAIN_DATA$INIT$ARCH${ZEROSHOT_BENCH:-}${RETRIEVAL_BENCH:-}${PROBE_BENCH:-}" ] || [ "${default_towers:-1}" = 0 ]; then
-    LAUNCH_NOTE+=(--note "Study: trained on ${TRAIN[*]}; model $MODEL_NAME (${TOWERS[*]}; TRAINABLE=$TRAINABLE); evaluated on ${ZEROSHOT_BENCH:-$DATA} (zero-shot), ${RETRIEVAL_BENCH:-$DATA} (retrieval), ${PROBE_BENCH:-$DATA} (probe), split $EVAL_SPLIT.")
+    if [ -n "$TRAIN_DATA" ]; then   # only the benchmarks named: a task without one is left out (never the built-in data)
+        scored=()
+        for t in "ZEROSHOT_BENCH:zero-shot" "RETRIEVAL_BENCH:retrieval" "PROBE_BENCH:probe"; do
+            v=${t%%:*}; if [ -n "${!v:-}" ]; then scored+=("${!v} (${t#*:})"); fi
+        done
+        where="evaluated on ${scored[*]}, split $EVAL_SPLIT; a task without a benchmark named is left out"
+    else
+        where="evaluated on ${ZEROSHOT_BENCH:-$DATA} (zero-shot), ${RETRIEVAL_BENCH:-$DATA} (retrieval), split $EVAL_SPLIT"
+        if [ -n "${PROBE_BENCH:-}" ]; then where+=", ${PROBE_BENCH} (probe)"; fi
+    fi
+    LAUNCH_NOTE+=(--note "Study: trained on ${TRAIN[*]}; model $MODEL_NAME (${TOWERS[*]}; TRAINABLE=$TRAINABLE); $where.")
 fi
 
 # each_style FIRST FUNCTION ARGS...: the two-style loop. `FUNCTION DATA SUFFIX ARGS...` on FIRST (the training
@@ -269,8 +284,9 @@ evaluate() {
         each_style "$DATA" evaluate_style "$model" "$dir" "$@"
         return
     fi
-    bench_eval zeroshot "${ZEROSHOT_BENCH:-$DATA}" "$model" "$dir"
-    bench_eval retrieve "${RETRIEVAL_BENCH:-$DATA}" "$model" "$dir"
+    # with TRAIN_DATA, only the benchmarks named (a task without one is left out); else DATA's test split stands in
+    if [ -n "${ZEROSHOT_BENCH:-}" ] || [ -z "$TRAIN_DATA" ]; then bench_eval zeroshot "${ZEROSHOT_BENCH:-$DATA}" "$model" "$dir"; fi
+    if [ -n "${RETRIEVAL_BENCH:-}" ] || [ -z "$TRAIN_DATA" ]; then bench_eval retrieve "${RETRIEVAL_BENCH:-$DATA}" "$model" "$dir"; fi
 }
 # evaluate_style DATA SUFFIX MODEL DIR [extra --where clauses...]: evaluate's two commands on one style's test rows
 evaluate_style() {
@@ -288,7 +304,9 @@ bench_eval() {
     for b in $benches; do
         suffix=""; [ "$first" = 1 ] || suffix="-$(basename "$b")"; first=0
         mapfile -t rows < <(rows_of "$b" "$EVAL_SPLIT")
-        vl_eval "$task" "$b" "${rows[@]}" --model "$model" --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" \
+        texts=()   # retrieval on a benchmark: every caption of an image, as CLIP_benchmark scores it
+        if [ "$task" = retrieve ] && [ "$b" != emoji ] && [ "$b" != emoji-openmoji ] && has_column "$b" captions; then texts=(--text-column captions); fi
+        vl_eval "$task" "$b" "${rows[@]}" "${texts[@]}" --model "$model" --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" \
             --out "$dir/$task$suffix.json" --overwrite --no-progress > /dev/null
     done
     for shift in "${SHIFTS[@]}"; do

@@ -776,3 +776,16 @@ def test_a_bad_init_is_named_before_the_data_is_judged_too_small(tmp_path, pairs
     r = cli("pretrain", str(pairs), "--arch", "vltool-micro", "--eval-data", str(pairs), "--eval-split", "test", "--steps", "1",
             "--out", tmp_path / "run", "--no-progress")
     assert r.exit_code == 2 and "so --eval-split does not apply; select rows with --eval-where" in r.stderr, r.stderr
+
+
+def test_a_launch_that_started_another_number_of_processes_is_refused(tmp_path, pairs, cli):
+    """`LAUNCH="accelerate launch --num_processes 2"` without --multi_gpu on a CPU machine starts one process; the
+    recipe still divided the batch by 2 and the report said 2 processes (issue 52). With --processes the run
+    refuses in one line, before anything is read or written."""
+    r = cli("pretrain", str(pairs), "--arch", "vltool-micro", "--steps", "1", "--batch-size", "4", "--processes", "2",
+            "--out", tmp_path / "run", "--no-progress")
+    assert r.exit_code == 2 and "--processes 2: the launch started 1 process, not 2" in r.stderr and "--multi_gpu" in r.stderr, r.stderr
+    assert not (tmp_path / "run").exists()
+    r = cli("pretrain", str(pairs), "--arch", "vltool-micro", "--steps", "1", "--batch-size", "4", "--processes", "1", "--precision", "no",
+            "--out", tmp_path / "run", "--no-progress")
+    assert r.exit_code == 0, r.stderr

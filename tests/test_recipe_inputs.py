@@ -70,7 +70,7 @@ def test_batch_variables_are_global_batches_divided_among_launched_processes(tmp
     assert proc.returncode == 0, proc.stderr
     (train,) = [c for c in cmds if "pretrain" in c]
     assert train[:7] == ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "-m", "vltool"]
-    assert option(train, "--batch-size") == "32"
+    assert option(train, "--batch-size") == "32" and option(train, "--processes") == "2"  # (pretrain refuses a launch of another number)
     report = next(c for c in cmds if c[:2] == ["vltool", "report"])
     assert any("2 processes" in a and "global batch" in a for a in report)  # the report records the launch
     assert not [c for c in cmds if c[0] == "vltool" and c[1] == "pretrain"]  # nothing trains outside LAUNCH
@@ -112,13 +112,14 @@ def test_default_command_lines_are_unchanged(tmp_path):
 
 def test_inputs_a_recipe_cannot_use_are_refused_in_one_line(tmp_path):
     cases = [
-        ("unicl", {"TRAIN_DATA": str(tmp_path)}, "LABEL_DATA"),
-        ("debias", {"TRAIN_DATA": str(tmp_path)}, "CONCEPT_DATA"),
+        ("unicl", {"TRAIN_DATA": str(tmp_path), "ZEROSHOT_BENCH": "/bench/cls"}, "LABEL_DATA"),
+        ("debias", {"TRAIN_DATA": str(tmp_path), "ZEROSHOT_BENCH": "/bench/cls"}, "CONCEPT_DATA"),
+        ("quickstart", {"TRAIN_DATA": str(tmp_path)}, "TRAIN_DATA="),  # (no benchmark named: not scored on the built-in data)
         ("quickstart", {"TRAINABLE": "some"}, "TRAINABLE=some"),
         ("quickstart", {"INIT": "hf:you/tiny-clip", "ARCH": "vltool-micro"}, "INIT=hf:you/tiny-clip and ARCH=vltool-micro"),
-        ("fff", {"TRAIN_DATA": str(tmp_path / "shards/{0..3}.tar")}, "TRAIN_DATA="),
+        ("fff", {"TRAIN_DATA": str(tmp_path / "shards/{0..3}.tar"), "ZEROSHOT_BENCH": "/bench/cls"}, "TRAIN_DATA="),
         ("caption-worth", {"CAPTIONS_COLUMN": "texts"}, "CAPTIONS_COLUMN=texts"),
-        ("clip-lite", {"TRAIN_DATA": str(tmp_path)}, "PROBE_BENCH"),
+        ("clip-lite", {"TRAIN_DATA": str(tmp_path), "ZEROSHOT_BENCH": "/bench/cls"}, "PROBE_BENCH"),
     ]
     for recipe, env, variable in cases:
         proc, cmds = run_recipe(tmp_path, recipe, **env)
@@ -230,6 +231,8 @@ def test_every_training_command_runs_under_launch_with_its_batch_divided_and_eve
         two = two[len(prefix):]
         batch = one.index("--batch-size") + 1
         assert int(two[batch]) * 2 == int(one[batch])
+        assert two[-2:] == ["--processes", "2"]  # (pretrain refuses a launch that started another number)
+        two = two[:-2]
         assert two[:batch] + two[batch + 1:] == one[:batch] + one[batch + 1:]
 
 
@@ -329,3 +332,30 @@ def test_each_trained_model_is_evaluated_in_one_process(tmp_path, recipe):
     assert len(plans) == len(trains) > 0
     evals = [i for i, c in enumerate(cmds) if c[0] == "vltool" and c[1] in ("zeroshot", "retrieve", "probe")]
     assert evals and all(any(t < i for t in trains) for i in evals)  # each evaluates a model trained before it
+
+
+def test_an_own_study_is_scored_on_the_benchmarks_it_names_and_smoke_honours_trainable(tmp_path):
+    """Issue 52: TRAIN_DATA with ZEROSHOT_BENCH but no RETRIEVAL_BENCH ran `retrieve emoji` into the same report;
+    a retrieval benchmark with several captions per image was scored on one; SMOKE=1 trained every parameter
+    whatever TRAINABLE said while the note said TRAINABLE=projections."""
+    from tests._eval_helpers import make_colors
+
+    caps = make_colors(tmp_path / "caps")  # (a captions column: every caption of an image is scored)
+    proc, cmds = run_recipe(tmp_path / "a", "fistful-of-words", SEEDS="0", TRAIN_DATA="/data/my-ds", ZEROSHOT_BENCH="/bench/cls")
+    assert proc.returncode == 0, proc.stderr
+    assert [c for c in cmds if c[1] == "zeroshot"] and not [c for c in cmds if c[1] == "retrieve"]
+    notes = [a for c in cmds if c[1] == "report" for a in c if a.startswith("Study:")]
+    assert notes and all("evaluated on /bench/cls (zero-shot), split test; a task without a benchmark named is left out" in n
+                         and "emoji" not in n for n in notes), notes
+    proc, cmds = run_recipe(tmp_path / "b", "fistful-of-words", SEEDS="0", TRAIN_DATA="/data/my-ds", RETRIEVAL_BENCH=caps)
+    assert proc.returncode == 0, proc.stderr
+    rets = [c for c in cmds if c[1] == "retrieve"]
+    assert rets and all(option(c, "--text-column") == "captions" for c in rets) and not [c for c in cmds if c[1] == "zeroshot"]
+    for given, locks, says in ((None, [], "TRAINABLE=all"), ("projections", ["--lock-image", "--lock-text"], "TRAINABLE=projections")):
+        proc, cmds = run_recipe(tmp_path / f"smoke-{given}", "quickstart", SMOKE="1", ARCH="vltool-micro",
+                                **({"TRAINABLE": given} if given else {}))
+        assert proc.returncode == 0, proc.stderr
+        (train,) = [c for c in cmds if c[1] == "pretrain"]
+        assert [a for a in train if a in ("--lock-image", "--lock-text")] == locks, train
+        report = next(c for c in cmds if c[1] == "report")
+        assert any(says in a for a in report), report

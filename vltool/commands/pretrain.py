@@ -128,6 +128,7 @@ def pretrain_command(
     seed: SeedOpt = 0,
     device: DeviceOpt = "auto",
     threads: ThreadsOpt = None,
+    processes: Annotated[Int, typer.Option("--processes", min=1, show_default=False, help="The number of processes the launcher is meant to start (the recipes pass PROCESSES): a launch that started another number is refused in one line before anything is read, e.g. accelerate on a machine without GPUs without --multi_gpu, which starts one.")] = None,
     cpu: Annotated[bool, typer.Option("--cpu", hidden=True)] = False,
     # logging
     log_every: Annotated[int, typer.Option("--log-every", help="Steps between lines of metrics.jsonl.", rich_help_panel="Logging")] = 10,

@@ -106,6 +106,7 @@ class PretrainConfig:
     eval_every: int = 0
     device: str = "auto"
     threads: int | None = None  # torch intra-op threads of each process (None: torch's default, OMP_NUM_THREADS or the cores)
+    processes: int | None = None  # the processes the launch is meant to have (None: whatever it has); another number is refused
 
     def model_spec(self):
         return ModelSpec(

@@ -243,6 +243,10 @@ def setup(spec: RunSpec, run_dir: Path, config: PretrainConfig, *, overwrite: bo
                          "(use --decode cpu)")
     _tune_device(accelerator)  # before the run's record, which says what the run does (TF32 included)
     world = accelerator.num_processes
+    if config.processes is not None and world != config.processes:
+        raise UsageError(
+            f"--processes {config.processes}: the launch started {world} process{'es' if world != 1 else ''}, not {config.processes} "
+            "(accelerate launch on a machine without GPUs starts one unless given --multi_gpu; check --num_processes)")
     if config.workers is None:  # chosen once, from this machine, and recorded in run.json (resume uses it)
         config.workers = default_workers(accelerator.device.type, world)
         spec.config["workers"] = config.workers

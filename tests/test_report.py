@@ -650,3 +650,22 @@ def test_a_metric_no_run_has_is_left_out_and_said(runs):
     r = build_report(runs, ReportConfig(metrics=metrics, baseline="base"))
     assert [m["name"] for m in r["metrics"]] == ["zeroshot:top1"] and r["metrics_without_results"] == ["R@1"]
     assert "No run has results for R@1: left out of the tables." in render_markdown(r)
+
+
+def test_seeds_trained_differently_are_not_averaged(runs):
+    """A rerun into a finished OUT with a new INIT, killed after its first seed, left seed0 trained from the new
+    model and seed1 from the old; REPORT_ONLY=1 averaged them without a word (issue 52). The seeds' training
+    records must agree on every option but the seed (paths compared without their seed<N>)."""
+    def trained(seed, init):
+        d = runs / "base" / f"seed{seed}" / "run"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "vltool.json").write_text(json.dumps({"command": "pretrain", "command_line": "vltool pretrain", "options": {
+            "init": init, "seed": seed, "lr": 1e-3, "data": [f"runs/base/seed{seed}/data"], "threads": seed + 1}}))
+
+    for seed in range(3):
+        trained(seed, "hf:you/clip-a")
+    r = build_report(runs, ReportConfig(metrics=[parse_metric("zeroshot:top1")], baseline="base"))
+    assert r["seeds"] == [0, 1, 2]
+    trained(0, "hf:you/clip-b")
+    with pytest.raises(VltoolError, match=r"base: seed0 and seed1 were trained differently \(init: 'hf:you/clip-b' against 'hf:you/clip-a'\)"):
+        build_report(runs, ReportConfig(metrics=[parse_metric("zeroshot:top1")], baseline="base"))

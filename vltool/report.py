@@ -230,6 +230,50 @@ def find_runs(runs_dir: Path) -> dict[str, dict[int, Path]]:
     return found
 
 
+# Training options that may differ between the seeds of one variant: the seed itself, and how a run was carried
+# out rather than what it trained (its data's paths are compared with the seed's number taken out).
+PER_SEED_OPTIONS = {"seed", "workers", "threads", "device", "log_every", "checkpoint_every", "keep_checkpoints", "eval_every",
+                    "shuffle_buffer", "processes"}
+
+
+def check_trained_alike(variant: str, seeds: dict[int, Path]) -> None:
+    """The seeds of a variant were trained alike (their `pretrain` records, RUN_DIR/**/vltool.json with
+    command pretrain, agree on every option but PER_SEED_OPTIONS, paths compared without their seed<N>):
+    a rerun into a finished OUT with another INIT, stopped after its first seed, would otherwise be
+    averaged with the old seeds without a word."""
+    seen: tuple[int, dict] | None = None
+    for seed, d in sorted(seeds.items()):
+        for f in _provenance_files(d):
+            try:
+                rec = _read_json(f) if f.name == "vltool.json" else None
+            except (OSError, VltoolError):
+                rec = None  # (a damaged record is named where the report reads it)
+            if not isinstance(rec, dict) or rec.get("command") != "pretrain" or not isinstance(rec.get("options"), dict):
+                continue
+            opts = {k: _without_seed(v) for k, v in rec["options"].items() if k not in PER_SEED_OPTIONS}
+            if seen is None:
+                seen = (seed, opts)
+                continue
+            first, theirs = seen
+            differ = sorted(k for k in opts.keys() | theirs.keys() if opts.get(k) != theirs.get(k))
+            if differ:
+                k = differ[0]
+                raise VltoolError(f"{variant}: seed{first} and seed{seed} were trained differently ({k}: {theirs.get(k)!r} against "
+                                  f"{opts.get(k)!r}{f', and {len(differ) - 1} more' if len(differ) > 1 else ''}); a report averages "
+                                  "seeds of one setting: rerun the recipe so that every seed is trained alike")
+            break  # (one training record per seed: its run)
+
+
+def _without_seed(v):
+    if isinstance(v, str):
+        return re.sub(r"seed\d+", "seed*", v)
+    if isinstance(v, list):
+        return [_without_seed(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _without_seed(x) for k, x in v.items()}
+    return v
+
+
 def _provenance_files(root: Path) -> list[Path]:
     out = []
     for dirpath, dirnames, filenames in os.walk(root):
@@ -337,6 +381,8 @@ def build_report(runs_dir: str | Path, config: ReportConfig) -> dict:
     runs_dir = Path(runs_dir)
     found, order = find_variants(runs_dir, config)
     config = replace(config, metrics=add_style_twins(config.metrics, config.styles, found))
+    for name, _ in order:
+        check_trained_alike(name, found[name])
     variants, sources = read_runs(found, order, config)
     present = {m for v in variants for r in v["runs"].values() for m in r}
     left_out = [m.label for m in config.metrics if m.name not in present]  # (a task the study has no data for: no column of "-")

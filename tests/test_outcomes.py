@@ -94,8 +94,13 @@ def test_cli_group_column_errors_and_the_examples_file_is_never_clobbered(cli, m
     examples_path(out).write_bytes(b"someone else's file")
     r = cli("zeroshot", grouped, "--where", "split=test", "--model", models[0], "--no-progress", "--out", out)
     assert r.exit_code == 2 and "zs.examples.npz" in r.stderr and "--overwrite" in r.stderr
-    r = cli("zeroshot", grouped, "--where", "split=test", "--model", models[0], "--group-column", "base_id", "--bootstrap", "20",
-            "--no-progress", "--out", out, "--overwrite")
+    args = ["zeroshot", grouped, "--where", "split=test", "--model", models[0], "--group-column", "base_id", "--bootstrap", "20",
+            "--no-progress", "--out", out, "--overwrite"]
+    r = cli(*args)  # a file of someone else's at the outcomes path: not replaced, even with --overwrite (issue 53)
+    assert r.exit_code == 2 and "is not a per-example outcomes file vltool wrote" in r.stderr, r.stderr
+    assert examples_path(out).read_bytes() == b"someone else's file"
+    examples_path(out).unlink()
+    r = cli(*args)
     assert r.exit_code == 0, r.output
     assert json.loads(out.read_text())["protocol"]["bootstrap"]["group_column"] == "base_id"
     assert Outcomes.read(examples_path(out)).group_column == "base_id"

@@ -714,7 +714,7 @@ def test_eval_split_selects_a_split_of_eval_data(tmp_path, pairs, cli):
     args = ["pretrain", pairs, "--arch", "vltool-micro", "--steps", "2", "--batch-size", "4", "--eval-every", "1",
             "--eval-data", tmp_path / "dd", "--no-progress"]
     r = cli(*args, "--out", tmp_path / "no-split")
-    assert r.exit_code == 2 and "choose one with --split" in r.stderr
+    assert r.exit_code == 2 and "choose one with --eval-split" in r.stderr
     r = cli(*args, "--eval-split", "test", "--out", tmp_path / "run")
     assert r.exit_code == 0, r.stderr
     rec = json.loads((tmp_path / "run" / "vltool.json").read_text())

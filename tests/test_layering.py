@@ -15,10 +15,7 @@ to its parent package (Python imports the parent first, but the parent does not 
 Nothing is left out of the graph: `vltool/cli.py` and `vltool/commands/*` are nodes like the others
 (they are the top layer; nothing below imports them).
 
-While `pretrain` is being rebuilt as a package (vltool/pretrain/, the old module kept as
-vltool/_pretrain_old.py or vltool/pretrain.py), a cycle through it is tolerated: the full-graph test is
-an expected failure (non-strict) exactly when every cycle passes through a pretrain module. A cycle
-elsewhere fails `test_no_import_cycle_outside_pretrain` whatever pretrain does.
+A cycle anywhere fails `test_no_import_cycle`.
 """
 
 from __future__ import annotations
@@ -26,15 +23,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1] / "vltool"
 ROOT = "vltool"
-
-
-def is_pretrain(module: str) -> bool:
-    """The pretrain rebuild's modules: the package and its submodules, and the old module while it exists."""
-    return module in ("vltool.pretrain", "vltool._pretrain_old") or module.startswith("vltool.pretrain.")
 
 
 def module_files() -> dict[str, Path]:
@@ -171,22 +162,11 @@ def test_every_vltool_import_names_a_module_of_vltool():
 # ------------------------------------------------------------------------------------------------ the layering
 
 
-def test_no_import_cycle_outside_pretrain():
-    """No cycle among the modules other than pretrain's (which are being rebuilt)."""
-    graph, files = import_graph()
-    cycle = find_cycle(graph, skip=is_pretrain)
-    assert cycle is None, describe(cycle, graph, files)
-
-
 def test_no_import_cycle():
-    """No cycle at all. Tolerated (xfail, non-strict) only while every cycle passes through pretrain."""
+    """No cycle at all (the pretrain package's rebuild, once tolerated here, is done)."""
     graph, files = import_graph()
     cycle = find_cycle(graph)
-    if cycle is None:
-        return
-    if find_cycle(graph, skip=is_pretrain) is None:
-        pytest.xfail("a cycle through pretrain, which is being rebuilt as a package: " + describe(cycle, graph, files))
-    pytest.fail(describe(cycle, graph, files))
+    assert cycle is None, describe(cycle, graph, files)
 
 
 def test_leaf_modules_import_no_other_vltool_module_but_leaves():

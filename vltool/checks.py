@@ -4,7 +4,6 @@ text, and results that would be meaningless (docs/conventions.md, "Bad input").
     text_column(ds, "caption", spec)          # a string column (or, with allow_list, a list of strings)
     image_column(ds, "image", spec)           # a datasets.Image column; path strings are named as such
     clean_text(value) / clean_texts(values)   # None, "" and whitespace are all "no text"
-    require_rows(n, "...")                    # an error with the reason when nothing is left to compute on
     require_unique_ids(ids, spec)             # an error naming a repeated id (ids identify rows)
     finite(x, "...")                          # an error instead of a NaN metric
     read_json(path, "...")                    # a JSON object a command reads (a model config, run.json):
@@ -168,12 +167,6 @@ def require_texts(n_with_text: int, n: int, column: str, what: str) -> None:
     """An error when no row has text: every caption empty gives no meaningful result."""
     if n_with_text == 0:
         raise UsageError(f"no row of {what!r} has text in {column!r} ({n} rows; every one is empty, whitespace or missing)")
-
-
-def require_rows(n: int, message: str, error: type[VltoolError] = VltoolError) -> None:
-    """An error with `message` when `n` is zero: nothing to compute a result on."""
-    if n == 0:
-        raise error(message)
 
 
 def require_unique_ids(ids, what: str) -> None:

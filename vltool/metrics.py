@@ -241,13 +241,6 @@ class QueryRanks:
         return expected_rank(self.greater, self.tied, self.tied_pos)
 
 
-def _csr(owner: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray]:
-    """owner (T,) group of each item -> (indptr (G+1,), items (T,) sorted by group)."""
-    order = np.argsort(owner, kind="stable")
-    counts = np.bincount(owner, minlength=n_groups)
-    return np.concatenate([[0], np.cumsum(counts)]), order
-
-
 def retrieval_ranks(
     images: np.ndarray,
     texts: np.ndarray,
@@ -845,8 +838,3 @@ def topk_chance(num_classes: int, k: int) -> float:
     return min(k, num_classes) / num_classes
 
 
-def retrieval_metric_names(ks: Sequence[int]) -> list[str]:
-    names = []
-    for d in ("image_to_text", "text_to_image"):
-        names += [f"{d}_R@{k}" for k in ks] + [f"{d}_mean_rank", f"{d}_median_rank"]
-    return names

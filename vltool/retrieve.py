@@ -30,7 +30,6 @@ from vltool.metrics import RetrievalItems  # (defined in vltool.metrics; still i
 from vltool.outcomes import base_arrays, example_ids, read_groups
 from vltool.topology import computes, is_main, process_state, warn
 
-DIRECTIONS = ("image_to_text", "text_to_image")
 
 
 def parse_recall_k(text: str | Sequence[int]) -> list[int]:

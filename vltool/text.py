@@ -23,11 +23,6 @@ def tokenize(text: str) -> list[str]:
     return TOKEN_RE.findall(text.lower())
 
 
-def is_word(token: str) -> bool:
-    """Purely alphabetic (RmStopNalpha keeps only these)."""
-    return token.isalpha()
-
-
 class StopWords(NamedTuple):
     """The English stop-word list: its words, how outputs name it, and the SHA-256 of the shipped file."""
 

@@ -52,7 +52,6 @@ CacheDirOpt = Annotated[
 NoProgressOpt = Annotated[bool, typer.Option("--no-progress", help="No progress bars on stderr.")]
 AllowTestDataOpt = Annotated[bool, typer.Option(
     "--allow-test-data", help="Use built-in test-only data (emoji-openmoji, or data made from it) as training input anyway; recorded in the options.")]
-ModelOpt = Annotated[Path, typer.Option("--model", help="A trained vltool model (RUN_DIR or RUN_DIR/model).")]
 DataArg = Annotated[str, typer.Argument(help="A dataset saved with save_to_disk, or 'emoji' (the built-in data).", show_default=False)]
 
 # The options of every command that computes with torch (docs/conventions.md, "Options"): where, and on how many

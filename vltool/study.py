@@ -116,7 +116,6 @@ def describe_data(spec: str) -> Data:
             raise Refused(str(e)) from None
         return Data(spec, "shards", None, {None: {"image", "caption"}}, False)
     try:
-        resolve_dataset_path(spec)
         obj = read_from_disk(resolve_dataset_path(spec), spec)
     except VltoolError as e:
         raise Refused(str(e)) from None

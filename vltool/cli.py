@@ -17,7 +17,7 @@ import typer.core
 from rich.markup import escape
 
 from vltool import __version__
-from vltool.commands import TABLE
+from vltool.commands import TABLE, click_exceptions
 
 
 def as_markup(text: str) -> str:
@@ -79,12 +79,6 @@ def _parse_refusing_empty_values(command, parse_args, ctx, args):
         raise click_exceptions().UsageError(f"{opt} is empty (''); an empty value is not taken as \"not given\": give a "
                                             f"value, or leave {opt} out for its default", ctx=ctx)
     return parse_args(command, ctx, args)
-
-
-def click_exceptions():
-    """The click exceptions typer raises (typer >= 0.24 carries its own click)."""
-    exceptions = getattr(typer.core, "_click", None)
-    return exceptions.exceptions if exceptions is not None else __import__("click").exceptions
 
 
 class LazyCommands(MutableMapping):

@@ -34,3 +34,11 @@ TABLE: dict[str, tuple[str, str]] = {  # command -> (module in vltool.commands, 
 def short_help(command: str) -> str:
     """The one-line help of `command` (its line of TABLE)."""
     return TABLE[command][1]
+
+
+def click_exceptions():
+    """The click exceptions typer raises (typer >= 0.24 carries its own click)."""
+    import typer.core
+
+    exceptions = getattr(typer.core, "_click", None)
+    return exceptions.exceptions if exceptions is not None else __import__("click").exceptions

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import shlex
 import sys
 from dataclasses import dataclass
@@ -11,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from vltool.commands import short_help
+from vltool.commands import click_exceptions, short_help
 from vltool.commands.common import NoProgressOpt, handle_errors
 from vltool.errors import UsageError
 
@@ -46,8 +45,9 @@ class Line:
     words: list[str]  # the command and its arguments, as after `vltool`
 
 
-def read_plan(path: Path, config: EvaluateConfig) -> list[Line]:
-    """PLAN's commands; each checked: an evaluation command whose arguments parse, one --out per line."""
+def read_plan(group, path: Path, config: EvaluateConfig) -> list[Line]:
+    """PLAN's commands; each checked against `group` (vltool's click group): an evaluation command whose
+    arguments parse, one --out per line."""
     if str(path) == "-":
         text = sys.stdin.read()
     else:
@@ -72,24 +72,14 @@ def read_plan(path: Path, config: EvaluateConfig) -> list[Line]:
         lines.append(Line(number, words))
     if not lines:
         raise UsageError(f"PLAN {path}: no command in it")
-    _check(lines, path)
+    _check(group, lines, path)
     return lines
 
 
-@functools.cache
-def _group():
-    """vltool's click group (built once: the plan is checked, then run, with it)."""
-    from vltool.cli import app  # (the command table; vltool.cli imports this module only when `evaluate` runs)
-
-    return typer.main.get_command(app)
-
-
-def _check(lines: list[Line], plan: Path) -> None:
-    """Parse every line as its command would (types, ranges, the option checks) and refuse two lines writing
-    one file, before anything runs."""
-    from vltool.cli import click_exceptions
-
-    group, written, ClickException = _group(), {}, click_exceptions().ClickException
+def _check(group, lines: list[Line], plan: Path) -> None:
+    """Parse every line as its command of `group` (vltool's click group) would (types, ranges, the option
+    checks) and refuse two lines writing one file, before anything runs."""
+    written, ClickException = {}, click_exceptions().ClickException
     if str(plan) != "-":
         written[Path(plan).expanduser().resolve()] = 0
     for line in lines:
@@ -109,13 +99,12 @@ def _check(lines: list[Line], plan: Path) -> None:
             written[path] = line.number
 
 
-def run_plan(lines: list[Line]) -> int:
-    """Run the lines in order, each as `vltool WORDS` would (its record's command line is that command);
-    the exit code of the first that fails, else 0."""
-    from vltool.cli import click_exceptions
+def run_plan(group, lines: list[Line]) -> int:
+    """Run the lines in order, each as `vltool WORDS` of `group` (vltool's click group) would (its record's
+    command line is that command); the exit code of the first that fails, else 0."""
     from vltool.encode import shared_models
 
-    group, argv, ClickException = _group(), sys.argv, click_exceptions().ClickException
+    argv, ClickException = sys.argv, click_exceptions().ClickException
     with shared_models():
         for i, line in enumerate(lines):
             sys.argv = ["vltool", *line.words]
@@ -135,12 +124,14 @@ def run_plan(lines: list[Line]) -> int:
 
 
 def evaluate_command(
+    ctx: typer.Context,
     plan: Annotated[Path, typer.Argument(help="A file of evaluation commands, one a line (as after `vltool`); - reads stdin.", show_default=False)],
     model: Annotated[Optional[str], typer.Option("--model", help="The model of every line that gives no --model of its own (any spelling the commands take).", show_default=False)] = None,
     no_progress: NoProgressOpt = False,
 ) -> None:
     config = EvaluateConfig(model=model, progress=not no_progress)
-    code = run_plan(read_plan(plan, config))
+    group = ctx.find_root().command  # vltool's own group, which is running this command (no import of vltool.cli)
+    code = run_plan(group, read_plan(group, plan, config))
     if code:
         raise typer.Exit(code)
 

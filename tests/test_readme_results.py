@@ -82,9 +82,10 @@ def _anchor(heading: str) -> str:
 
 
 def test_links_between_the_pages_resolve():
-    """Every relative Markdown link in README.md and docs/*.md names a file that exists and, with #anchor,
-    one of its headings; every docs/NAME.md the pages mention exists (sections moved off the README)."""
-    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+    """Every relative Markdown link in README.md, CHANGELOG.md and docs/*.md names a file that exists and,
+    with #anchor, one of its headings; every docs/NAME.md the pages mention exists (sections moved off the
+    README, details the CHANGELOG's entries link)."""
+    for page in [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]:
         text = page.read_text()
         for target in re.findall(r"\]\(([^)\s]+)\)", text):
             if re.match(r"[a-z]+:", target):
@@ -261,3 +262,29 @@ def test_reproductions_page_claims_where_the_differences_hold():
     assert eq["verdict"] == "neither style" and quoted == "−2.6 [−6.1, +0.1]"
     assert f"at equal data (JSD, 25% − InfoNCE, 25%) zero-shot is {quoted}, within noise in both styles" in page
     assert "JSD, 25% − InfoNCE, 25% is within noise on zero-shot in both styles" in _where_it_holds_paragraph()
+
+
+def test_a_page_states_the_reports_captions_once_and_keeps_what_varies_under_each_table():
+    """The captions every report repeats (DIFFERENCE, ACROSS) are on the page once, in "How to read the
+    tables"; under each table the short form keeps the baseline, seeds, resamples and styles, so the
+    report's own caption is rebuilt from it exactly."""
+    module = _module()
+    page = (ROOT / "docs" / "reproductions.md").read_text()
+    stated = {module.DIFFERENCE: dict(base="B", seeds="S", union="", resamples="R"), module.ACROSS: dict(styles="STYLES")}
+    for template, fields in stated.items():
+        assert page.count(template.format(**fields)) == 1, template[:40]
+    assert "\n## How to read the tables\n" in page
+    shortened = 0
+    for md in sorted((ROOT / "results").glob("*.md")):
+        for line in md.read_text().splitlines():
+            if not line.startswith(("Difference from **", "Across styles (")):
+                continue
+            short = module.shorten(line)
+            assert short != line, f"{md.name}: a caption the page does not state: {line[:60]}"
+            (template, short_form), = [(t, s) for t, s in ((module.DIFFERENCE, module.DIFFERENCE_SHORT),
+                                                            (module.ACROSS, module.ACROSS_SHORT)) if line.startswith(t[:10])]
+            assert template.format(**module._pattern(short_form).match(short).groupdict()) == line, md.name
+            shortened += 1
+    assert shortened >= 28
+    for line in page.splitlines():  # no table on the page repeats a caption in full
+        assert not any(pattern.match(line) for pattern, _ in module.SHORTEN), line[:60]

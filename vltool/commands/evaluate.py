@@ -126,7 +126,7 @@ def run_plan(group, lines: list[Line]) -> int:
 def evaluate_command(
     ctx: typer.Context,
     plan: Annotated[Path, typer.Argument(help="A file of evaluation commands, one a line (as after `vltool`); - reads stdin.", show_default=False)],
-    model: Annotated[Optional[str], typer.Option("--model", help="The model of every line that gives no --model of its own (any spelling the commands take).", show_default=False)] = None,
+    model: Annotated[Optional[str], typer.Option("--model", help="The model of every line that gives no --model of its own (any spelling the commands take).", show_default=False)] = EvaluateConfig.model,
     no_progress: NoProgressOpt = False,
 ) -> None:
     config = EvaluateConfig(model=model, progress=not no_progress)

@@ -57,9 +57,10 @@ def export_command(
     from vltool.export import ExportConfig, export, export_hf_model
 
     if to == "hf":
-        dataset_only = [o for o, given in (("--where", bool(where)), ("--split", split is not None), ("--shard-size", shard_size != 10_000),
-                                           ("--image-format", image_format != "jpg"), ("--jpeg-quality", jpeg_quality != 95),
-                                           ("--num-proc", num_proc != 1)) if given]
+        d = ExportConfig  # the options' defaults: an option at its default was not given
+        dataset_only = [o for o, given in (("--where", bool(where)), ("--split", split is not None), ("--shard-size", shard_size != d.shard_size),
+                                           ("--image-format", image_format != d.image_format), ("--jpeg-quality", jpeg_quality != d.jpeg_quality),
+                                           ("--num-proc", num_proc != d.num_proc)) if given]
         if dataset_only:
             raise UsageError(f"--to hf writes a model: {', '.join(dataset_only)} apply to datasets only")
         prov = export_hf_model(data, out, overwrite=overwrite)

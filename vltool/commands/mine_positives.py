@@ -14,9 +14,9 @@ from vltool.topology import is_main
 from vltool.commands import short_help
 from vltool.commands.common import (
     NoProgressOpt,
-    CacheDirOpt, DataArg, JsonOpt, OldNumProcOpt, OldWorkersOpt, DeviceOpt, ThreadsOpt, decode_threads_option, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors,
+    CacheDirOpt, DataArg, JsonOpt, OldNumProcOpt, OldWorkersOpt, DecodeThreadsOpt, DeviceOpt, ThreadsOpt, decode_threads_option, OverwriteOpt, SeedOpt, SplitOpt, WhereOpt, handle_errors,
 )
-from vltool.commands.evaluation import EvalModelOpt, PretrainedOpt
+from vltool.commands.evaluation import EncodeBatchOpt, EvalModelOpt, PretrainedOpt
 from vltool.mine_positives import (  # vltool.mine_positives keeps datasets lazy: light to import
     P_II, P_IT, P_IT_TT, P_TT, MinePositivesConfig, mine_positives,
 )
@@ -63,8 +63,8 @@ def mine_positives_command(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Statistics for a grid of thresholds; write nothing.")] = MinePositivesConfig.dry_run,
     where: WhereOpt = None,
     split: SplitOpt = None,
-    batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Images per encoding batch.")] = MinePositivesConfig.batch_size,
-    decode_threads: Annotated[int, typer.Option("--decode-threads", min=1, help="Threads decoding and preprocessing images ahead of the model.")] = MinePositivesConfig.decode_threads,
+    batch_size: EncodeBatchOpt = MinePositivesConfig.batch_size,
+    decode_threads: DecodeThreadsOpt = MinePositivesConfig.decode_threads,
     device: DeviceOpt = MinePositivesConfig.device,
     threads: ThreadsOpt = MinePositivesConfig.threads,
     cache_dir: CacheDirOpt = MinePositivesConfig.cache_dir,

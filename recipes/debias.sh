@@ -36,7 +36,7 @@ CONCEPT_DATA=${CONCEPT_DATA:-$DATA}
 if [ "$CONCEPT_VALUES" != "man woman" ]; then
     die "CONCEPT_VALUES=$CONCEPT_VALUES: the subspace comes from vltool's shipped gender word pairs, whose query groups are man and woman"
 fi
-if [ "$CONCEPT_DATA" = "$DATA" ] && [ -z "$TRAIN_DATA" ]; then CONCEPT_ROWS=(--where split=test); else mapfile -t CONCEPT_ROWS < <(rows_of "$CONCEPT_DATA" "$EVAL_SPLIT"); fi
+if [ "$CONCEPT_DATA" = "$DATA" ] && [ -z "$TRAIN_DATA" ]; then CONCEPT_ROWS=(--where split=test); else rows_of CONCEPT_ROWS "$CONCEPT_DATA" "$EVAL_SPLIT"; fi
 ZS_LABEL=(--zeroshot-label label)
 if [ -n "$OWN_CONCEPT_DATA" ] && ! has_column "$CONCEPT_DATA" label; then ZS_LABEL=(--zeroshot-label ""); fi
 LENGTH=(--epochs "$EPOCHS"); if [ -n "$STEPS" ]; then LENGTH=(--steps "$STEPS"); fi

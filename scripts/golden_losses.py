@@ -14,19 +14,17 @@ Regenerate the goldens only when a change is meant to alter the arithmetic, and 
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import sys
 import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # `python scripts/golden_losses.py`: the images are the tests' (tests/fixtures/squares.py)
+from tests.fixtures.squares import COLORS, WORDS, png  # noqa: E402
 GOLDEN = REPO / "tests" / "golden" / "losses.json"
 STEPS = 4
 ROWS = 16  # rows of each dataset; the batch of most variants is all of them
-
-WORDS = ["red", "green", "blue", "yellow", "cyan", "magenta", "white", "black"]
-COLORS = [(255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 0), (0, 255, 255), (255, 0, 255), (255, 255, 255), (0, 0, 0)]
 
 # variant -> (dataset kind, PretrainConfig fields on top of BASE)
 VARIANTS: dict[str, tuple[str, dict]] = {
@@ -50,24 +48,13 @@ BASE = dict(arch="vltool-micro", batch_size=ROWS, steps=STEPS, lr=1e-2, log_ever
             augment="none", seed=0, device="cpu", precision="no")  # float32: auto is bf16 on a CPU with AVX-512 BF16
 
 
-def _png(color, seed: int, size: int = 24) -> bytes:
-    import numpy as np
-    from PIL import Image
-
-    rng = np.random.default_rng(seed)
-    a = np.clip(np.array(color)[None, None] + rng.integers(-30, 30, (size, size, 3)), 0, 255).astype(np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(a).save(buf, format="PNG")
-    return buf.getvalue()
-
-
 def _rows(n: int, prefix: str, start: int = 0) -> dict:
     """Coloured squares (colour i % 8, seeded noise) with a caption and a `captions` list."""
     rows = {"id": [], "image": [], "caption": [], "captions": []}
     for i in range(start, start + n):
         w = WORDS[i % len(WORDS)]
         rows["id"].append(f"{prefix}{i}")
-        rows["image"].append({"bytes": _png(COLORS[i % len(COLORS)], seed=i), "path": None})
+        rows["image"].append({"bytes": png(COLORS[i % len(COLORS)], seed=i), "path": None})
         rows["caption"].append(f"a {w} square")
         rows["captions"].append([f"a {w} square", w, f"the colour {w}"])
     return rows
@@ -123,7 +110,7 @@ def build_data(kind: str, root: Path, empty_positives: bool = False) -> dict:
         # every label row has two other rows of its label, so UniCL's targets are not the identity
         n_lab, n_cls = 3 * ROWS // 4, 4
         lab = {"id": [f"s{i}" for i in range(n_lab)],
-               "image": [{"bytes": _png(COLORS[i % n_cls], seed=100 + i), "path": None} for i in range(n_lab)],
+               "image": [{"bytes": png(COLORS[i % n_cls], seed=100 + i), "path": None} for i in range(n_lab)],
                "label": [i % n_cls for i in range(n_lab)]}
         lab_feats = datasets.Features({"id": datasets.Value("string"), "image": datasets.Image(),
                                        "label": datasets.ClassLabel(names=WORDS)})

@@ -12,6 +12,9 @@ A document marks a generated table with two HTML comments; everything between th
 `<!-- options: pretrain --panel Loss -->` keeps only the options of one help panel (rich_help_panel);
 "Options" is the panel of the options that name none. A table lists the visible options in their order
 of declaration: hidden ones (old spellings kept for a release) and --help are left out.
+
+`<!-- objectives -->` ... `<!-- /objectives -->` marks the table of `vltool pretrain`'s training objectives,
+generated from their declarations (vltool.objective_specs).
 tests/test_options.py checks every marked table in docs/ (python scripts/options_docs.py --check docs/*.md).
 """
 
@@ -23,6 +26,7 @@ import sys
 from pathlib import Path
 
 MARK = re.compile(r"(<!-- options: (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(<!-- /options -->)", re.S)
+OBJECTIVES_MARK = re.compile(r"(<!-- objectives -->\n)(?P<body>.*?)(<!-- /objectives -->)", re.S)
 DEFAULT_PANEL = "Options"
 
 
@@ -81,6 +85,17 @@ def table(name: str, panel: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def objectives_table() -> str:
+    """The Markdown table of the training objectives (vltool.objective_specs), ending in a newline."""
+    from vltool.objective_specs import SPECS, _opt
+
+    lines = ["| objective | selected by | what | paper | its options | command (emoji data) |", "|---|---|---|---|---|---|"]
+    for s in SPECS.values():
+        options = ", ".join(f"`{_opt(o)}`" for o in s.options)
+        lines.append(f"| {s.name} | `{s.selector}` | {_cell(s.help)} | {_cell(s.paper)} | {options} | `{_cell(s.example)}` |")
+    return "\n".join(lines) + "\n"
+
+
 def _table_for(spec: str) -> str:
     parts = spec.split()
     if len(parts) == 1:
@@ -92,7 +107,8 @@ def _table_for(spec: str) -> str:
 
 def render(text: str) -> str:
     """`text` with every marked table regenerated."""
-    return MARK.sub(lambda m: m.group(1) + _table_for(m.group("spec")) + m.group(4), text)
+    text = MARK.sub(lambda m: m.group(1) + _table_for(m.group("spec")) + m.group(4), text)
+    return OBJECTIVES_MARK.sub(lambda m: m.group(1) + objectives_table() + m.group(3), text)
 
 
 def main(argv=None) -> int:

@@ -2,6 +2,10 @@ import os
 
 import pytest
 
+# the fixtures of tests/fixtures/ that several test files take: world and captioners (every command's inputs),
+# small_disk, rows_formatted
+pytest_plugins = ["tests.fixtures.command_inputs", "tests.fixtures.disk", "tests.fixtures.formatting"]
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from tests._clip_benchmark import make_cb_classification, make_cb_retrieval
-from tests._eval_helpers import make_colors, make_model
+from tests.fixtures.clip_benchmark import make_cb_classification, make_cb_retrieval
+from tests.fixtures.eval_data import make_colors, make_model
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,9 @@ import json
 
 import numpy as np
 import pytest
-from _launch import launch
 
-from tests._eval_helpers import make_colors, make_model
+from tests.fixtures.eval_data import make_colors, make_model
+from tests.fixtures.launch import launch
 from vltool.cache import CacheKey, EmbeddingCache, row_filter
 
 
@@ -212,7 +212,7 @@ def test_a_tokenizer_or_processor_only_change_misses_the_cache(tmp_path, monkeyp
     import gzip
 
     import vltool.encode as enc
-    from tests._hf_models import make_hf_clip, put_in_hub_cache
+    from tests.fixtures.hf_models import make_hf_clip, put_in_hub_cache
     from vltool.model import load_model
 
     cache = EmbeddingCache(tmp_path / "cache")

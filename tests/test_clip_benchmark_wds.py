@@ -1,5 +1,5 @@
 """CLIP_benchmark's WebDataset layout through `vltool import`, and zero-shot / retrieval on it with the
-dataset's own class names and templates (fixture shards written in tests/_clip_benchmark.py)."""
+dataset's own class names and templates (fixture shards written in tests/fixtures/clip_benchmark.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import tarfile
 
 import datasets
 
-from tests._clip_benchmark import TEMPLATES, _tar, make_cb_classification, make_cb_retrieval
-from tests._eval_helpers import COLORS, make_model
+from tests.fixtures.clip_benchmark import TEMPLATES, _tar, make_cb_classification, make_cb_retrieval
+from tests.fixtures.eval_data import COLORS, make_model
 
 
 def _written(root, split):
@@ -139,7 +139,7 @@ def test_multilabel(tmp_path, cli):
     (root / "classnames.txt").write_text("cat\ndog\nbird\n")
     buf = io.BytesIO()
     np.save(buf, np.array([1, 0, 1], dtype=np.int64))
-    from tests._eval_helpers import _png
+    from tests.fixtures.eval_data import _png
 
     _tar(root / "test" / "0.tar", [("k.png", _png((1, 2, 3), np.random.default_rng(0))), ("k.npy", buf.getvalue())])
     (root / "test" / "nshards.txt").write_text("1\n")

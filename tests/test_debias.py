@@ -1,8 +1,12 @@
 """Concept subspace and hard-debias editing on hand-made embeddings with a planted direction."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
+from tests.fixtures.messages import error_line
+from tests.fixtures.training import finished_micro_run
 from vltool.debias import (
     DEFAULT_PAIRS,
     DEFAULT_TEMPLATES,
@@ -15,6 +19,12 @@ from vltool.debias import (
     read_templates,
 )
 from vltool.errors import UsageError
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    """A finished micro run."""
+    return finished_micro_run(tmp_path_factory.mktemp("messages_run"))
 
 
 def planted(n=40, d=16, seed=0):
@@ -108,7 +118,7 @@ def test_bad_pair_files(tmp_path):
 def _setup(tmp_path):
     import datasets
 
-    from tests._eval_helpers import make_colors, make_model
+    from tests.fixtures.eval_data import make_colors, make_model
 
     data = make_colors(tmp_path / "colors", per_class=4)
     ds = datasets.load_from_disk(data)
@@ -205,3 +215,11 @@ def test_the_gap_is_reported_by_its_size_and_top_by_the_images_there_are(tmp_pat
     s = vltool.debias.gap_change(-0.0001, 0.0003)
     assert s["abs_gap_change"] == 0.0002 and s["gap_reduction"] == -2.0  # its size tripled
     assert vltool.debias.gap_change(0.06, 0.0001)["gap_reduction"] == pytest.approx(0.9983, abs=1e-4)
+
+
+def test_a_subspace_option_given_empty_is_named(cli, tmp_path, run_dir):
+    """`debias --subspace ''` named --debias."""
+    r = cli("debias", "--model", run_dir, "--subspace", "", "--eval-data", "emoji")
+    assert r.exit_code == 2
+    line = error_line(r)
+    assert line.startswith("error: --subspace is empty") and "--debias" not in line, line

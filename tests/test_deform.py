@@ -1,13 +1,19 @@
-"""`vltool deform`: each operation on hand-made captions, base rows, rmtopfreq, keep-last, num_proc, errors."""
+"""`vltool deform`: each operation on hand-made captions, base rows, rmtopfreq, keep-last, num_proc, errors; the
+operations' registry (vltool.deform.OPS) against the parser, the record, help, docs and the two implementations."""
 
+import itertools
 import json
 import random
+import re
+from collections import Counter
+from pathlib import Path
 
 import datasets
 import pytest
 
 from vltool import deform as D
-from vltool.deform import DeformConfig, Ops, Vocabulary, deform, deform_batch, deform_caption, fit_vocabulary, row_seed
+from vltool.deform import (OPS, CutOp, DeformConfig, FilterOp, Ops, Parts, Vocabulary, deform, deform_batch, deform_caption, fit_vocabulary,
+                           ops_markdown, row_seed)
 from vltool.text import english_stopwords, tokenize
 
 STOP = frozenset({"the", "a", "on", "of", "and", "is"})
@@ -97,20 +103,122 @@ def _random_captions(n, rng):
     return [" ".join(rng.choice(words) for _ in range(rng.randint(0, 14))) for _ in range(n)]
 
 
-@pytest.mark.parametrize("ops", ["default", "shuffle", "shuffle,rmstop,keep4", "rmstop,basevocab", "rmtopfreq3,keep2"])
-def test_deform_batch_equals_reference(ops):
-    rng = random.Random(0)
-    texts = _random_captions(300, rng)
-    ops = Ops.parse(ops)
-    v = fit_vocabulary(texts[:30], ops, STOP)
-    ids = [f"id{i}" for i in range(len(texts))]
-    seeds = [row_seed(7, i) for i in ids]
-    fast, removed = deform_batch(texts, ids, 7, ops, v)
-    ref = [deform_caption(t, ops, v, s) for t, s in zip(texts, seeds)]
-    assert fast == [r[0] for r in ref]
-    from collections import Counter
+def _values(op):
+    """Parameters to try an operation with: None for a plain word, else its minimum, 3 and its example."""
+    return [None] if op.param is None else sorted({op.minimum, 3, op.example})
 
-    assert removed == Counter(w for r in ref for w in r[1])
+
+ONE_OP = [op.spell(v) for op in OPS for v in _values(op)]  # every registered operation alone
+ALL_OPS = ",".join(op.spell(3 if op.param else None) for op in OPS)
+
+
+def _same_as_reference(texts, ops, base, seed=7):
+    """deform_batch (the fast forms) gives deform_caption's (the reference forms') texts and removed words."""
+    v = fit_vocabulary(base, ops, STOP)
+    ids = [f"id{i}" for i in range(len(texts))]
+    fast, removed = deform_batch(texts, ids, seed, ops, v)
+    ref = [deform_caption(t, ops, v, row_seed(seed, i)) for t, i in zip(texts, ids)]
+    assert fast == [r[0] for r in ref], str(ops)
+    assert removed == Counter(w for r in ref for w in r[1]), str(ops)
+    return fast
+
+
+@pytest.mark.parametrize("ops", ["default", "shuffle,rmstop,keep4", "rmstop,basevocab", "rmtopfreq3,keep2", *ONE_OP, ALL_OPS])
+def test_deform_batch_equals_reference(ops):
+    texts = _random_captions(300, random.Random(0))
+    _same_as_reference(texts, Ops.parse(ops), texts[:30])
+
+
+HAND_MADE = [
+    "The dog runs on the grass.", "A cat, a dog and 3 birds!", "the the the", "", "   ", "dog", "Don't stop-now 5kg",
+    "zebra quokka near the old red tree by the sea", "Dog DOG dog cat cat", "2nd place: a small blue car",
+]
+HAND_BASE = ["the dog runs", "a cat sleeps on the grass", "the red car", "a small dog and the old tree"]
+
+
+@pytest.mark.parametrize("combo", [(op,) for op in OPS] + list(itertools.combinations(OPS, 2)) + [OPS], ids=lambda c: "+".join(o.name for o in c))
+def test_fast_and_reference_forms_agree_on_hand_made_captions(combo):
+    """Every registered operation, alone, in pairs and all together, at each of its parameters' values: the fast
+    forms give the reference forms' output on captions with stop words, punctuation, digits, words in and out of
+    the base vocabulary, repeated words, empty texts. (A new operation in OPS is covered without a new test.)"""
+    for values in itertools.product(*(_values(op) for op in combo)):
+        ops = Ops.parse(",".join(op.spell(v) for op, v in zip(combo, values)))
+        out = _same_as_reference(HAND_MADE, ops, HAND_BASE)
+        assert out != [" ".join(tokenize(t)) for t in HAND_MADE], f"{ops} changes none of the hand-made captions"
+
+
+def test_every_op_round_trips_alone_and_in_combinations():
+    """What deform records (`stats.ops`, str(Ops)) parses back to the same operations: each registered
+    operation alone at several parameters, every combination in any order, the default cascade."""
+    for op in OPS:
+        for v in _values(op):
+            ops = Ops.parse(op.spell(v))
+            assert str(ops) == op.spell(v) and Ops.parse(str(ops)) == ops and op.name in ops and ops.param(op.name) == v
+    for r in range(1, len(OPS) + 1):
+        for combo in itertools.combinations(OPS, r):
+            words = [op.spell(op.example) for op in combo]
+            ops = Ops.parse(",".join(words))
+            assert str(ops) == ",".join(words)  # recorded in OPS's order
+            assert Ops.parse(str(ops)) == ops == Ops.parse(",".join(reversed(words)))
+            assert [n for n, _ in ops.chosen] == [op.name for op in combo]
+    default = Ops.parse("default")
+    assert Ops.parse(str(default)) == default and str(default) == D.DEFAULT_OPS
+
+
+def test_each_word_names_one_op():
+    for op in OPS:
+        for v in _values(op):
+            assert [o.name for o in OPS if o.match(op.spell(v))] == [op.name]
+
+
+def test_every_op_is_in_help_docs_and_errors(cli):
+    """`vltool deform --help`, docs/deform.md's table and the unknown-operation error list every registered
+    operation, from OPS."""
+    r = cli("deform", "--help")
+    assert r.exit_code == 0
+    helped = " ".join(r.stdout.split())
+    with pytest.raises(D.UsageError) as e:
+        Ops.parse("nope")
+    for op in OPS:
+        line = f"{op.usage()} {op.paper}: {op.help}"
+        assert " ".join(line.split()) in helped, f"vltool deform --help does not list {op.name!r}: {line!r}"
+        assert op.usage() in str(e.value), f"the unknown-operation error does not list {op.name!r}"
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "deform.md").read_text()
+    m = re.search(r"<!-- deform-ops:[^>]*-->\n(.*?)<!-- /deform-ops -->", doc, re.S)
+    assert m, "docs/deform.md has lost its <!-- deform-ops --> markers"
+    assert m.group(1) == ops_markdown(), (
+        "docs/deform.md's operations table is not vltool.deform.OPS's: put the output of\n"
+        "  python -c 'from vltool.deform import ops_markdown; print(ops_markdown(), end=\"\")'\nbetween its markers")
+    for op in OPS:
+        assert f"| `{op.usage()}` | {op.paper} | {op.help} |" in m.group(1)
+
+
+def test_an_op_without_help_or_example_is_refused_naming_the_registry():
+    ref, fast = (lambda t, v: True), (lambda v: Parts())
+    with pytest.raises(ValueError, match=r"'rmnum' \(vltool/deform.py OPS\) needs a name, a paper name and a help line"):
+        FilterOp("rmnum", "RmNum", "", reference=ref, fast=fast)
+    with pytest.raises(ValueError, match=r"'keepx' \(vltool/deform.py OPS\): a parameter needs an example"):
+        CutOp("keepx", "KeepX", "keeps x", param="N", reference=lambda toks, n: toks, fast=lambda n, v: n)
+    with pytest.raises(TypeError, match="reference"):
+        FilterOp("rmnum", "RmNum", "drops numbers", fast=fast)
+
+
+def test_a_new_op_declared_once_is_parsed_recorded_helped_and_run(monkeypatch):
+    """The issue's contributor change: one declaration in OPS, and `--ops rmnum,keep3` is parsed, recorded as
+    "rmnum,keep3", listed by help and errors, and runs the same in both implementations."""
+    rmnum = FilterOp("rmnum", "RmNum", "drops tokens with a digit",
+                     reference=lambda t, v: not any(c.isdigit() for c in t),
+                     fast=lambda v: Parts(test=lambda t: not any(c.isdigit() for c in t)))
+    ops_list = (*OPS[:-1], rmnum, OPS[-1])
+    monkeypatch.setattr(D, "OPS", ops_list)
+    monkeypatch.setattr(D, "OP", {op.name: op for op in ops_list})
+    ops = Ops.parse("keep3,rmnum")
+    assert str(ops) == "rmnum,keep3" and Ops.parse(str(ops)) == ops
+    assert "rmnum " in D.ops_help() and "`rmnum`" in D.ops_markdown()
+    with pytest.raises(D.UsageError, match=r"rmtopfreq1000\), rmnum, keepN"):
+        Ops.parse("nope")
+    assert _same_as_reference(["a 2nd car 3 4x dog", "9"], ops, ["a car"]) == ["a car dog", ""]
+    assert _same_as_reference(HAND_MADE, Ops.parse("rmnum,rmstop,shuffle"), HAND_BASE)
 
 
 # --- whole datasets -----------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import datasets
 import pytest
 from PIL import Image
 
-from tests._eval_helpers import make_model
+from tests.fixtures.eval_data import make_model
 
 ROOT = Path(__file__).resolve().parent.parent
 ASSETS = ROOT / "vltool" / "assets"

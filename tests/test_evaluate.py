@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests._eval_helpers import make_colors, make_model
+from tests.fixtures.eval_data import make_colors, make_model
 
 LINES = [
     "zeroshot {data} --where split=test --bootstrap 20 --out zs.json --no-progress",

@@ -1,5 +1,5 @@
 """Hugging Face CLIPModel / SiglipModel as vltool models (--model hf:DIR, pretrain --init hf:DIR, export --to hf):
-vltool's embeddings and logits equal transformers' own, on tiny random models saved locally (tests/_hf_models.py)."""
+vltool's embeddings and logits equal transformers' own, on tiny random models saved locally (tests/fixtures/hf_models.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests._eval_helpers import COLORS, make_colors
-from tests._hf_models import make_hf_clip, make_hf_siglip
+from tests.fixtures.eval_data import COLORS, make_colors
+from tests.fixtures.hf_models import make_hf_clip, make_hf_siglip
 
 MAKERS = {"clip": make_hf_clip, "siglip": make_hf_siglip}
 
@@ -187,7 +187,7 @@ def test_init_one_step_export_roundtrip(kind, loss, hf_dirs, colors, cli, tmp_pa
 
 
 def test_export_hf_refuses_other_models(tmp_path, cli):
-    from tests._eval_helpers import make_model
+    from tests.fixtures.eval_data import make_model
 
     run = make_model(tmp_path / "run")
     r = cli("export", run, "--to", "hf", "--out", tmp_path / "o")

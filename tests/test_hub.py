@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests._hf_models import make_hf_clip_v5, make_hf_siglip_sp, put_in_hub_cache
+from tests.fixtures.hf_models import make_hf_clip_v5, make_hf_siglip_sp, put_in_hub_cache
 
 SHA = {"clip": "c1" * 20, "siglip": "51" * 20, "oc": "0c" * 20}
 OLD = "01d" * 13 + "0"
@@ -440,7 +440,7 @@ def test_out_may_not_touch_the_hub_cache_a_model_is_read_from(hub, cli):
 def test_resume_of_a_branch_started_run_reads_the_pinned_commit(hub, built, tmp_path):
     """issue 40: --init hf:ORG/NAME@BRANCH records the commit the branch resolved to, and --resume reads that
     commit after the branch has moved (to a commit with another projection size: a size mismatch before)."""
-    from tests._hf_models import make_hf_clip_v5
+    from tests.fixtures.hf_models import make_hf_clip_v5
     from vltool.model import pinned_spec
     from vltool.pretrain import PretrainConfig, pretrain
 

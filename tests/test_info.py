@@ -229,3 +229,94 @@ def test_info_names_the_damage_of_a_cache_entry(cli, tmp_path):
     assert "holds float32 [64, 8], its description says float32 [64, 16]" in cli("info", meta).stdout
     npy.unlink()
     assert "its array" in cli("info", meta).stdout and "is missing" in cli("info", meta).stdout
+
+
+# ---- one answer each, for scripts (recipes/common.sh asks these instead of running Python of its own)
+
+
+def test_select_prints_the_arguments_that_select_a_split(cli, tmp_path):
+    from tests.fixtures.clip_benchmark import make_cb_classification
+
+    dd = tmp_path / "dd"
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"id": ["a"]}), "test": datasets.Dataset.from_dict({"id": ["b"]})}).save_to_disk(str(dd))
+    datasets.Dataset.from_dict({"id": ["a"], "caption": ["x"]}).save_to_disk(str(tmp_path / "whole"))
+    cb = make_cb_classification(tmp_path / "cb")
+    for path, split, expect in (("emoji", "test", "--where\nsplit=test\n"), (str(dd), "test", "--split\ntest\n"),
+                                (str(cb), "train", "--split\ntrain\n"), (str(tmp_path / "whole"), "test", "")):
+        r = cli("info", path, "--select", split)
+        assert r.exit_code == 0 and r.stdout == expect, (path, r.stdout, r.stderr)
+    r = cli("info", str(cb), "--select", "val")
+    assert r.exit_code == 2 and r.stderr.strip() == f"error: {cb} has no 'val' split (its splits: test, train)"
+    r = cli("info", str(tmp_path / "nothing"), "--select", "test")
+    assert r.exit_code == 2 and "does not exist" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_require_column_answers_by_the_exit_status(cli, tmp_path):
+    from tests.fixtures.clip_benchmark import make_cb_classification, make_cb_retrieval
+
+    cls, ret = make_cb_classification(tmp_path / "cls"), make_cb_retrieval(tmp_path / "ret")
+    for path, column in (("emoji", "label"), ("emoji", "captions"), (str(cls), "label"), (str(ret), "captions"), (str(ret), "caption")):
+        r = cli("info", path, "--require", f"column={column}")
+        assert r.exit_code == 0 and r.stdout == "", (path, column, r.stderr)
+    r = cli("info", str(ret), "--require", "column=label")
+    assert r.exit_code == 1 and r.stderr.strip() == f"error: {ret} has no column 'label' (its columns: caption, captions, image)"
+    r = cli("info", "emoji", "--require", "column=label", "--require", "column=nosuch")  # every one must hold
+    assert r.exit_code == 1 and "no column 'nosuch'" in r.stderr
+    r = cli("info", "emoji", "--require", "label")
+    assert r.exit_code == 2 and r.stderr.strip() == "error: --require label: expected column=NAME"
+
+
+def test_get_prints_a_value_of_the_record(cli, tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "vltool.json").write_text(json.dumps({"stats": {"steps": 7, "loss": 0.25, "name": "a b", "frozen": {"image": True}}}))
+    for key, expect in (("stats.steps", "7\n"), ("stats.loss", "0.25\n"), ("stats.name", "a b\n"), ("stats.frozen", '{"image": true}\n')):
+        r = cli("info", str(tmp_path / "run"), "--get", key)
+        assert r.exit_code == 0 and r.stdout == expect, (key, r.stdout, r.stderr)
+    r = cli("info", str(tmp_path / "run"), "--get", "stats.nosuch")
+    assert r.exit_code == 1 and r.stderr.strip() == f"error: {tmp_path / 'run'}/vltool.json has no stats.nosuch"
+
+
+def test_shipped_towers_and_the_auto_device_take_no_path(cli, monkeypatch):
+    import importlib.util
+    import os
+
+    import torch
+
+    from vltool.info import SHIPPED
+
+    for name, (package, inner) in SHIPPED.items():
+        r = cli("info", "--shipped", name)
+        assert r.exit_code == 0, r.stderr
+        assert r.stdout == os.path.join(os.path.dirname(importlib.util.find_spec(package).origin), *inner.split("/")) + "\n"
+        assert Path(r.stdout.strip()).exists()
+    r = cli("info", "--shipped", "resnet50")
+    assert r.exit_code == 2 and r.stderr.strip() == "error: --shipped resnet50: not a shipped tower (they are: mobilenet_v2, all-MiniLM-L6-v2)"
+    assert cli("info", "--auto-device").stdout == ("cuda\n" if torch.cuda.is_available() else "cpu\n")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert cli("info", "--auto-device").stdout == "cuda\n"
+    r = cli("info", "emoji", "--auto-device")
+    assert r.exit_code == 2 and r.stderr.strip() == "error: --auto-device takes no PATH (got emoji)"
+    r = cli("info", "emoji", "--select", "test", "--get", "stats.steps")
+    assert r.exit_code == 2 and r.stderr.strip() == "error: --select and --get: give one question at a time"
+    r = cli("info")
+    assert r.exit_code == 2 and "give PATH" in r.stderr
+
+
+def test_the_clip_benchmark_layout_is_recognised_in_one_place(tmp_path, monkeypatch):
+    """describe_data (check-study, info --select), retrieve's default texts and the evaluations' import of a
+    layout given directly all ask importer.clip_benchmark.clip_benchmark_layout."""
+    from tests.fixtures.clip_benchmark import make_cb_retrieval
+    from vltool.importer import clip_benchmark
+    from vltool.retrieve import default_text_column
+    from vltool.study import describe_data
+
+    ret = make_cb_retrieval(tmp_path / "ret")
+    assert describe_data(str(ret)).kind == "clip_benchmark" and default_text_column(str(ret)) == "captions"
+    assert clip_benchmark.clip_benchmark_input(str(tmp_path / "nothing"), tmp_path / "cache") == str(tmp_path / "nothing")
+    monkeypatch.setattr(clip_benchmark, "clip_benchmark_layout", lambda spec: None)  # the one test says no: all three agree
+    assert default_text_column(str(ret)) == "caption"
+    assert clip_benchmark.clip_benchmark_input(str(ret), tmp_path / "cache") == str(ret)
+    from vltool.study import Refused
+
+    with pytest.raises(Refused):
+        describe_data(str(ret))

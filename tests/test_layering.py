@@ -1,4 +1,5 @@
-"""vltool's modules import one another without a cycle.
+"""vltool's modules import one another without a cycle, and only downward through the layers that
+docs/where-things-are.md draws (its "Layers" block, read here) and the orders the packages' docstrings state.
 
 The graph is read from the source, not from an import: every `vltool/**/*.py` is parsed with `ast`, and
 every `import vltool.x`, `from vltool.x import y`, `from vltool import x` and relative import is an edge,
@@ -21,11 +22,12 @@ A cycle anywhere fails `test_no_import_cycle`.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
-
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1] / "vltool"
 ROOT = "vltool"
+MAP = PACKAGE_DIR.parent / "docs" / "where-things-are.md"
 
 
 def module_files() -> dict[str, Path]:
@@ -182,8 +184,12 @@ def test_leaf_modules_import_no_other_vltool_module_but_leaves():
     assert "vltool.debias" not in graph["vltool.evaluation"]
 
 
+def package_doc(package: str) -> str:
+    return ast.get_docstring(ast.parse((PACKAGE_DIR / package / "__init__.py").read_text(encoding="utf-8"))) or ""
+
+
 # vltool/io/: one module per concern, in the order its __init__'s docstring states (each imports only those before it)
-IO_ORDER = ["images", "records", "builtin", "locks", "outputs", "atomic", "index", "loading", "heldout", "digests"]
+IO_ORDER = re.search(r"^Import order inside the package[^:]*: ([\w, ]+)\.$", package_doc("io"), re.M).group(1).split(", ")
 
 
 def test_io_modules_import_only_the_io_modules_before_them():
@@ -194,14 +200,11 @@ def test_io_modules_import_only_the_io_modules_before_them():
         inside = {t for t in graph[f"vltool.io.{short}"] if t == "vltool.io" or t.startswith("vltool.io.")}
         assert inside <= {f"vltool.io.{m}" for m in IO_ORDER[:i]}, f"vltool.io.{short} imports {sorted(inside)}"
         assert ast.get_docstring(ast.parse(files[f"vltool.io.{short}"].read_text(encoding="utf-8"))), f"vltool.io.{short}: no docstring saying its concern"
-    doc = ast.get_docstring(ast.parse(files["vltool.io"].read_text(encoding="utf-8")))
-    assert ", ".join(IO_ORDER) in doc  # the order the package's docstring states
 
 
-# The vltool.model package, bottom to top (its __init__'s docstring states the same order): a module imports
-# only modules before it, never the package's __init__ (which re-exports them all).
-MODEL_LAYERS = ["format", "checkpointing", "torchvision_tower", "hf_towers", "architecture", "tokenizer", "pinning", "configs",
-                "create", "model_dir", "open_clip_source", "hf_source", "export", "load"]
+# The vltool.model package, bottom to top, as its __init__'s docstring lists it ("    name.py   concern"): a module
+# imports only modules before it, never the package's __init__ (which re-exports them all).
+MODEL_LAYERS = re.findall(r"^    (\w+)\.py  ", package_doc("model"), re.M)
 
 
 def test_the_model_package_imports_only_downward():
@@ -214,3 +217,68 @@ def test_the_model_package_imports_only_downward():
         inside = {t for t in graph[module] if t == "vltool.model" or t.startswith("vltool.model.")}
         assert inside <= below, f"{module} imports {sorted(inside - below)}, which are not below it in MODEL_LAYERS"
         assert ast.get_docstring(ast.parse(files[module].read_text(encoding="utf-8"))), f"{module} opens with no docstring of its concern"
+
+
+# ------------------------------------------------------------------------------------------------ the map's layers
+
+
+def map_layers(text: str) -> list[list[str]]:
+    """The module names of each layer of the map's "Layers" block, top to bottom: the left column of the
+    block (as wide as its first line's), layers split by a line holding only `|`."""
+    block = re.search(r"^## Layers\n\n```\n(.*?)\n```", text, re.S | re.M)
+    assert block, f"{MAP.name}: no ```-fenced block under '## Layers'"
+    lines = block.group(1).splitlines()
+    width = re.search(r"\S\s{2,}", lines[0]).end()
+    layers: list[list[str]] = [[]]
+    for line in lines:
+        if line.strip() == "|":
+            layers.append([])
+        else:
+            layers[-1] += [t.strip() for t in line[:width].split(",") if t.strip()]
+    return layers
+
+
+COMMAND = "vltool/<command>.py"  # the map's name for every top-level module it places nowhere else
+
+
+def layer_of(layers: list[list[str]], files: dict[str, Path]) -> dict[str, int]:
+    """Module -> its layer's index (0 = top). A name is `vltool/x.py` or, after the first, `x.py`; `vltool/p/`
+    or `vltool/p/*.py` is a package with its modules. Every name must be a module of vltool."""
+    where: dict[str, int] = {}
+    wildcard = None
+    for i, names in enumerate(layers):
+        for name in names:
+            if name == COMMAND:
+                wildcard = i
+                continue
+            path = name if name.startswith("vltool/") else f"vltool/{name}"
+            dotted = re.sub(r"(/\*\.py|/|\.py)$", "", path).replace("/", ".").removesuffix(".__init__")
+            covered = [m for m in files if m == dotted or (not name.endswith(".py") or name.endswith("*.py")) and m.startswith(dotted + ".")]
+            assert covered, f"{MAP.name} places {name!r}, which is no module of vltool"
+            for m in covered:
+                where[m] = i
+    for m in files:
+        if m not in where and wildcard is not None and m.count(".") == 1:
+            where[m] = wildcard
+    return where
+
+
+def test_the_maps_layers_are_read_as_drawn():
+    layers = map_layers(MAP.read_text(encoding="utf-8"))
+    assert len(layers) >= 3 and "vltool/commands/*.py" in layers[0] and any(COMMAND in names for names in layers), layers
+    files = {m: Path() for m in ("vltool", "vltool.cli", "vltool.commands", "vltool.commands.zeroshot", "vltool.zeroshot", "vltool.io", "vltool.io.images")}
+    where = layer_of([["vltool/cli.py", "vltool/commands/*.py"], [COMMAND], ["vltool/io/"], ["vltool/__init__.py"]], files)
+    assert where == {"vltool.cli": 0, "vltool.commands": 0, "vltool.commands.zeroshot": 0, "vltool.zeroshot": 1, "vltool.io": 2,
+                     "vltool.io.images": 2, "vltool": 3}
+
+
+def test_every_module_imports_only_its_own_layer_or_below():
+    """docs/where-things-are.md, "Layers": a module imports only from its own layer or below. Every module has a
+    layer there (a top-level one the map names nowhere is the work of a command, `vltool/<command>.py`)."""
+    graph, files = import_graph()
+    layers = map_layers(MAP.read_text(encoding="utf-8"))
+    where = layer_of(layers, files)
+    assert not set(files) - set(where), f"{MAP.name} gives no layer to {sorted(set(files) - set(where))}"
+    up = [f"{a} ({files[a].relative_to(PACKAGE_DIR.parent)}:{line}, layer {where[a]}) imports {b} (layer {where[b]})"
+          for a in sorted(graph) for b, line in sorted(graph[a].items()) if where[b] < where[a]]
+    assert not up, f"imports up the layers of {MAP.name} (move the module in the map, or the import):\n  " + "\n  ".join(up)

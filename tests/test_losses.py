@@ -5,21 +5,19 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
-from _launch import launch
 import torch
 from torch.nn import functional as F
 
+from tests.fixtures.launch import launch
+from tests.fixtures.training import assert_same_weights, make_pairs, metrics, micro, weights
 from vltool.errors import UsageError
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_pretrain import assert_same_weights, make_pairs, metrics, micro, weights  # noqa: E402
 
 
 def unit(n, d, seed):
@@ -163,8 +161,9 @@ def test_trainer_bias_search_finds_the_brute_force_minimum_inside_the_logged_bra
     minimum of the summed loss over the same encoded search batches, inside the bracket metrics.jsonl logs.
     (Below -20 is covered on random features by test_bias_search_widens_the_bracket_until_the_minimum_is_interior.)"""
     from vltool.losses import LossInput, SigmoidLoss
-    from vltool.pretrain.loop import resolve_run, setup
+    from vltool.pretrain.setup import setup
     from vltool.pretrain.objectives import SigmoidObjective
+    from vltool.pretrain.rundir import resolve_run
 
     calls = []
     real = SigmoidObjective.loss_input
@@ -278,7 +277,7 @@ def labelled(tmp_path_factory):
     """The pairs with a ClassLabel `label` (the colour): one dataset for --label-data, one for --text-data."""
     import datasets
 
-    from _squares import WORDS
+    from tests.fixtures.squares import WORDS
 
     base = datasets.load_from_disk(make_pairs(tmp_path_factory.mktemp("lb") / "base", n=32))
     ds = base.add_column("label", [i % 8 for i in range(32)]).cast_column("label", datasets.ClassLabel(names=WORDS))
@@ -613,7 +612,8 @@ def test_ema_momentum_rule_follows_the_run_length():
 
 
 def _setup_run(tmp_path, data, cfg):
-    from vltool.pretrain.loop import resolve_run, setup
+    from vltool.pretrain.setup import setup
+    from vltool.pretrain.rundir import resolve_run
 
     spec, run_dir, config = resolve_run([data], tmp_path, cfg, (), None, (), (), None)
     return setup(spec, run_dir, config, overwrite=False, resumed=False, progress=False)

@@ -610,3 +610,114 @@ def test_a_bootstrap_just_over_the_limit_gives_the_reason_that_holds():
     line = resamples_problem(1_000_001)
     assert "GiB" not in line and "recomputes every metric" in line and "give 1000" in line, line
     assert "7.5 GiB per metric" in resamples_problem(10**9)
+
+
+# ----------------------------------------------------------------------------------------------------
+# the metrics' registry (vltool.metrics.ALL_METRICS): one declaration per metric
+# ----------------------------------------------------------------------------------------------------
+
+
+def _retrieval_items(greater_i, greater_t, owner, ks):
+    """RetrievalItems from per-query counts of wrong items above (no ties)."""
+    from vltool.metrics import QueryRanks, RetrievalItems
+
+    n_i, n_t = len(greater_i), len(greater_t)
+    per_image = np.bincount(owner, minlength=n_i)
+    z_i, z_t = np.zeros(n_i, dtype=np.int64), np.zeros(n_t, dtype=np.int64)
+    i2t = QueryRanks(np.asarray(greater_i), z_i, z_i + 1, n_t, per_image)
+    t2i = QueryRanks(np.asarray(greater_t), z_t, z_t + 1, n_i, np.ones(n_t, dtype=np.int64))
+    return RetrievalItems.from_ranks(ks, i2t, t2i, owner)
+
+
+def test_every_metric_declares_its_direction_chance_and_meaning():
+    from vltool.metrics import ALL_METRICS
+
+    names = [m.name for m in ALL_METRICS]
+    assert len(set(names)) == len(names)
+    for m in ALL_METRICS:
+        assert isinstance(m.higher_is_better, bool), f"{m.name}: no direction (vltool.metrics)"
+        assert callable(m.value) and callable(m.chance), f"{m.name}: no value or chance level (vltool.metrics)"
+        assert m.chance_doc.strip() and m.meaning.strip(), f"{m.name}: its chance level is not described (vltool.metrics)"
+
+
+def test_retrieval_results_and_chance_levels_name_the_registered_metrics_in_order():
+    """The metrics RetrievalItems computes and the chance levels are both RETRIEVAL_METRICS, K by K, in its order."""
+    from vltool.metrics import RETRIEVAL_METRICS, retrieval_chance_levels
+
+    ks = [1, 2, 5]
+    owner = np.array([0, 0, 1, 2, 3, 3, 4])
+    items = _retrieval_items([0, 3, 1, 5, 0], [0, 1, 2, 0, 4, 1, 0], owner, ks)
+    names = [name for m in RETRIEVAL_METRICS for name, _ in m.at(ks)]
+    assert list(items.metrics()) == names == list(retrieval_chance_levels(ks, 5, 7, np.bincount(owner)))
+    assert names[:5] == ["image_to_text_R@1", "image_to_text_R@2", "image_to_text_R@5", "image_to_text_mean_rank",
+                         "image_to_text_median_rank"]
+    w = np.array([2.0, 0, 1, 1, 1])
+    assert list(items.metrics(w)) == names and all(np.isfinite(v) for v in items.metrics(w).values())
+
+
+def test_classification_results_and_chance_levels_name_the_registered_metrics():
+    from vltool.evaluation import classification_chance
+    from vltool.metrics import CLASSIFICATION_METRICS
+
+    rng = np.random.default_rng(0)
+    for c in (3, 6):
+        target = rng.integers(0, c, 40)
+        items = ClassificationItems.from_scores(rng.normal(size=(40, c)), target)
+        got = items.metrics()
+        assert list(got) == [m.name for m in CLASSIFICATION_METRICS if m.applies(items)]
+        assert ("top5" in got) == (c >= 5)
+        chance = classification_chance(target, c)
+        assert list(chance) == [m.name for m in CLASSIFICATION_METRICS] + ["majority_class"]
+        assert all(chance[k] is not None for k in got)
+
+
+def test_each_direction_puts_a_perfect_ranking_above_chance_and_the_worst_below():
+    """A metric's direction is the side of its chance level a perfect ranking is on: every correct item first
+    (better than chance), every correct item last (worse)."""
+    from vltool.metrics import CLASSIFICATION_METRICS, MAP, RETRIEVAL_METRICS, ClassCounts, RetrievalCounts
+
+    ks = [1, 3]
+    owner = np.repeat(np.arange(6), 2)  # (12,) two texts an image
+    n_i, n_t = 6, 12
+    best = _retrieval_items(np.zeros(n_i, int), np.zeros(n_t, int), owner, ks).metrics()
+    worst = _retrieval_items(np.full(n_i, n_t - 2), np.full(n_t, n_i - 1), owner, ks).metrics()
+    counts = RetrievalCounts(n_i, n_t, np.bincount(owner))
+    target = np.arange(8) % 6
+    cls_best = ClassificationItems.from_ranks(np.zeros(8, int), np.zeros(8, int), target, 6)
+    cls_worst = ClassificationItems.from_ranks(np.full(8, 5), np.zeros(8, int), target, 6)
+    cases = [(m, name, k, best[name], worst[name], counts) for m in RETRIEVAL_METRICS for name, k in m.at(ks)]
+    cases += [(m, m.name, None, cls_best.metrics()[m.name], cls_worst.metrics()[m.name], ClassCounts(target, 6))
+              for m in CLASSIFICATION_METRICS]
+    y = np.eye(6, dtype=bool)[np.arange(60) % 6]  # (60, 6): 10 positives a class
+    jitter = np.random.default_rng(0).uniform(0, 0.1, y.shape)  # no ties: positives first, or last one by one
+    cases.append((MAP, "mAP", None, MAP.value(AveragePrecision(y + jitter, y), None, None),
+                  MAP.value(AveragePrecision(1.0 - y + jitter, y), None, None), y))
+    for m, name, k, good, bad, data in cases:
+        c = m.chance(data, k)
+        sign = 1 if m.higher_is_better else -1
+        assert sign * (good - c) > 0 and sign * (bad - c) < 0, f"{name}: higher_is_better={m.higher_is_better} is wrong"
+
+
+def test_the_metrics_table_in_docs_is_the_registry():
+    import re
+    from pathlib import Path
+
+    from vltool.metrics import ALL_METRICS, metrics_markdown
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "evaluation.md").read_text()
+    m = re.search(r"<!-- metrics:[^>]*-->\n(.*?)<!-- /metrics -->", doc, re.S)
+    assert m, "docs/evaluation.md has lost its <!-- metrics --> markers"
+    assert m.group(1) == metrics_markdown(), (
+        "docs/evaluation.md's metrics table is not vltool.metrics.ALL_METRICS's: put the output of\n"
+        "  python -c 'from vltool.metrics import metrics_markdown; print(metrics_markdown(), end=\"\")'\nbetween its markers")
+    for metric in ALL_METRICS:
+        assert f"| `{metric.name.replace('{k}', 'K')}` | {'higher' if metric.higher_is_better else 'lower'} |" in m.group(1)
+
+
+def test_benchmark_headlines_are_registered_metrics():
+    from vltool.benchmark import HEADLINE
+    from vltool.metrics import ALL_METRICS
+
+    names = {name for m in ALL_METRICS for name, _ in m.at([1, 5, 10])}
+    for task, headline in HEADLINE.items():
+        assert set(headline) <= names, f"vltool.benchmark.HEADLINE[{task!r}] names an unregistered metric"

@@ -2,8 +2,8 @@
 
 import numpy as np
 import pytest
-from _launch import launch
 
+from tests.fixtures.launch import launch
 from vltool.mine_positives import Thresholds, _normalise, calibrate, dense_reference, mine, summarise
 
 D = 16
@@ -191,7 +191,7 @@ def test_command_writes_positives_and_provenance(tmp_path, monkeypatch):
 
     monkeypatch.setattr(datasets.Dataset, "flatten_indices", refuse)
 
-    from tests._eval_helpers import make_colors, make_model
+    from tests.fixtures.eval_data import make_colors, make_model
     from vltool.mine_positives import MinePositivesConfig, mine_positives
 
     data = make_colors(tmp_path / "colors", per_class=4)
@@ -229,7 +229,7 @@ def test_command_writes_positives_and_provenance(tmp_path, monkeypatch):
 
 
 def test_command_errors(tmp_path, cli):
-    from tests._eval_helpers import make_colors, make_model
+    from tests.fixtures.eval_data import make_colors, make_model
 
     data = make_colors(tmp_path / "colors", per_class=2)
     model = make_model(tmp_path / "run")
@@ -253,7 +253,7 @@ def test_duplicate_ids_are_refused(tmp_path, cli):
     before any encoding, as pretrain refuses them."""
     import datasets
 
-    from tests._eval_helpers import make_colors, make_model
+    from tests.fixtures.eval_data import make_colors, make_model
 
     ds = datasets.load_from_disk(make_colors(tmp_path / "colors", per_class=2))
     ds.remove_columns("id").add_column("id", ["same"] * len(ds)).save_to_disk(str(tmp_path / "dup"))
@@ -268,7 +268,7 @@ def test_the_command_under_two_processes_writes_once(tmp_path):
     the output written once (by the main process) and equal to one process's, with --overwrite too."""
     import datasets
 
-    from tests._eval_helpers import make_colors, make_model
+    from tests.fixtures.eval_data import make_colors, make_model
 
     data = make_colors(tmp_path / "colors", per_class=4)
     model = make_model(tmp_path / "run")

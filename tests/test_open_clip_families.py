@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests._hf_models import emoji_words, put_in_hub_cache, train_sentencepiece
+from tests.fixtures.hf_models import emoji_words, put_in_hub_cache, train_sentencepiece
 
 COMMIT = "0c" * 20
 TEXTS = ["a photo of a red heart.", "grinning face", "a photo of the flag of france."]

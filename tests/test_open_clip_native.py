@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests._hf_models import emoji_words, put_in_hub_cache, train_sentencepiece
+from tests.fixtures.hf_models import emoji_words, put_in_hub_cache, train_sentencepiece
 
 ARCH, TAG, REPO, COMMIT = "test-SigLIP", "webli", "testorg/test-siglip", "5e" * 20
 
@@ -159,11 +159,10 @@ def test_init_from_a_tag_vltool_does_not_rebuild_is_refused_before_fetching(hub,
 
 def test_docs_list_the_tags_open_clips_registry_holds():
     """docs/models.md's list of open_clip tags is the one scripts/open_clip_tags.py makes from open_clip's registry."""
-    import sys
     from pathlib import Path
 
+    from scripts import open_clip_tags
+
     root = Path(__file__).resolve().parents[1]
-    sys.path.insert(0, str(root / "scripts"))
-    import open_clip_tags
 
     assert open_clip_tags.main(["--check", str(root / "docs" / "models.md")]) == 0

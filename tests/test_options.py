@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import re
-import sys
 import types
 import typing
 from pathlib import Path
@@ -276,11 +275,8 @@ def test_zeroshot_help_keeps_brackets_and_braces(cli, monkeypatch):
 
 
 def test_options_tables_in_docs_are_generated():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        import options_docs
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
+    from scripts import options_docs
+
     docs = sorted((ROOT / "docs").glob("*.md"))
     assert options_docs.main(["--check", *map(str, docs)]) == 0
     assert "<!-- options: recaption -->" in (ROOT / "docs" / "recaption-filter.md").read_text()
@@ -293,11 +289,8 @@ def test_options_tables_in_docs_are_generated():
 
 
 def test_options_docs_prints_one_table(capsys):
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        import options_docs
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
+    from scripts import options_docs
+
     assert options_docs.main(["split"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("| option | default | meaning |\n|---|---|---|\n")
@@ -352,11 +345,9 @@ def test_an_empty_value_is_refused_not_read_as_not_given(cli, tmp_path, command,
 
 
 def test_every_option_that_may_be_empty_is_an_option():
-    from vltool.cli import EMPTY_MEANS_SOMETHING
-
     import typer.main
 
-    from vltool.cli import app
+    from vltool.cli import EMPTY_MEANS_SOMETHING, app
 
     opts = {o for c in typer.main.get_command(app).commands.values() for p in c.params for o in getattr(p, "opts", ())}
     assert EMPTY_MEANS_SOMETHING <= opts

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from _eval_helpers import make_colors, make_model
+from tests.fixtures.eval_data import make_colors, make_model
 from vltool.metrics import bootstrap
 from vltool.outcomes import FORMAT, Outcomes, examples_path, resampling_of
 

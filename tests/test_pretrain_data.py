@@ -10,13 +10,11 @@ import resource
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from wds_fixtures import make_shards  # noqa: E402
+from tests.fixtures.wds import make_shards
 
 PP = {"size": 16, "mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25], "interpolation": "bicubic", "resize_mode": "shortest"}
 
@@ -171,7 +169,7 @@ def test_every_logged_step_records_its_wait_for_data_and_auto_precision_is_float
     import torch
 
     from vltool.pretrain import PretrainConfig, pretrain
-    from vltool.pretrain.loop import native_precision
+    from vltool.pretrain.runtime import native_precision
 
     pattern = make_shards(tmp_path / "s", shards=2, per_shard=8)
     pretrain([pattern], tmp_path / "run", PretrainConfig(arch="vltool-micro", batch_size=4, steps=3, log_every=1), progress=False)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests._eval_helpers import make_colors
+from tests.fixtures.eval_data import make_colors
 
 
 @pytest.fixture(scope="module")

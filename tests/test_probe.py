@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from tests._eval_helpers import make_colors, make_model
+from tests.fixtures.eval_data import make_colors, make_model
 from vltool.errors import UsageError, VltoolError
 from vltool.probe import WD_COARSE, WD_GRID, ProbeConfig, cosine_lr, probe, train_linear
 
@@ -192,7 +192,7 @@ def test_cli(cli, model_dir, colors):
 def test_clip_benchmark_splits_numbered_alike_are_not_one_set(tmp_path, cli):
     """CLIP_benchmark's converter numbers every split from s0000000: its train and test splits share every id
     and no image, so the probe trains on one and evaluates on the other; the same split twice is refused."""
-    from tests._clip_benchmark import make_cb_classification
+    from tests.fixtures.clip_benchmark import make_cb_classification
 
     root = make_cb_classification(tmp_path / "cb")
     model = make_model(tmp_path / "run")
@@ -216,7 +216,7 @@ def test_rows_in_both_compares_images_across_splits_of_one_dataset(tmp_path):
         return datasets.Dataset.from_dict({"id": ["x", "y"], "image": [{"bytes": b, "path": None} for b in images], "label": [0, 1]},
                                           features=feats)
 
-    from tests._eval_helpers import _png
+    from tests.fixtures.eval_data import _png
 
     rng = np.random.default_rng(0)
     same, a, b = _png((1, 2, 3), rng), _png((200, 0, 0), rng), _png((0, 200, 0), rng)

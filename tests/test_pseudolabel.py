@@ -68,7 +68,7 @@ def test_unknown_strategy(aligned):
 # --- the command, end to end with a tiny model --------------------------------------------------------
 
 def _colors(tmp_path, bad_rows=()):
-    from tests._eval_helpers import make_colors, make_model
+    from tests.fixtures.eval_data import make_colors, make_model
 
     data = make_colors(tmp_path / "colors", per_class=3, bad_rows=bad_rows)
     return data, make_model(tmp_path / "run")
@@ -155,7 +155,7 @@ def test_emoji_halves_end_to_end_beats_permutation_baseline(tmp_path, cli):
     share a word with the withheld caption far more often than shuffled images do; the union trains."""
     import json
 
-    from tests.test_pretrain import MINILM, MOBILENET
+    from tests.fixtures.training import MINILM, MOBILENET
 
     if not (MINILM.is_dir() and MOBILENET.is_file()):
         pytest.skip("needs the packaged MobileNetV2 and MiniLM (scripts/install.sh)")

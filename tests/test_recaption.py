@@ -42,7 +42,6 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    sys.path.insert(0, str(REPO))
     from bench.tiny_models import make_bert, make_blip, make_blip2, make_gpt2
 
     root = tmp_path_factory.mktemp("models")
@@ -463,7 +462,7 @@ def test_cli_runs_and_prints(images, models, tmp_path):
 def test_a_captioner_from_the_hub_cache(images, models, tmp_path, monkeypatch):
     """--model hf:ORG/NAME reads the captioner from huggingface_hub's cache (HF_HUB_OFFLINE=1) and the output
     names the commit it resolved to; an id missing from the cache is one line."""
-    from tests._hf_models import put_in_hub_cache
+    from tests.fixtures.hf_models import put_in_hub_cache
     from vltool.errors import UsageError
 
     commit = "b1" * 20
@@ -487,7 +486,7 @@ def test_truncated_weights_are_one_line_and_leave_nothing_that_blocks_the_rerun(
     Hub id as given, not its snapshot folder."""
     import shutil
 
-    from tests._hf_models import put_in_hub_cache
+    from tests.fixtures.hf_models import put_in_hub_cache
 
     commit = "b2" * 20
     snap = put_in_hub_cache(tmp_path / "home", "testorg/tiny-blip", models["blip"], commit)

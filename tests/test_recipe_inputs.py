@@ -17,6 +17,9 @@ if [ "$(basename "$0")" = vltool ] && [ "${1:-}" = check-study ]; then   # not l
     if [ "${SHIM_REAL_CHECK:-0}" = 1 ]; then exec python -m vltool "$@"; fi
     exit 0
 fi
+if [ "$(basename "$0")" = vltool ] && [ "${1:-}" = info ]; then   # a question about the data or the machine: answered, not logged
+    exec python -m vltool "$@"
+fi
 if [ "$(basename "$0")" = vltool ] && [ "${1:-}" = evaluate ]; then   # a plan: the commands it runs, each as run alone
     while IFS= read -r line; do
         eval "words=($line)"
@@ -64,13 +67,15 @@ def option(cmd: list[str], name: str) -> str:
 
 def test_batch_variables_are_global_batches_divided_among_launched_processes(tmp_path):
     """BATCH was per process: under `accelerate launch --num_processes 2` every run trained at twice the batch the
-    recipe names. Now LAUNCH prefixes every training command and BATCH is the global batch (issue 39)."""
+    recipe names. Now LAUNCH prefixes every training command and BATCH is the global batch (issue 39), which
+    pretrain divides among the processes it started (--global-batch-size, issue 55)."""
     launch = "accelerate launch --multi_gpu --num_processes 2"
     proc, cmds = run_recipe(tmp_path, "quickstart", LAUNCH=launch, BATCH="64")
     assert proc.returncode == 0, proc.stderr
     (train,) = [c for c in cmds if "pretrain" in c]
     assert train[:7] == ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "-m", "vltool"]
-    assert option(train, "--batch-size") == "32" and option(train, "--processes") == "2"  # (pretrain refuses a launch of another number)
+    assert option(train, "--global-batch-size") == "64" and "--batch-size" not in train
+    assert option(train, "--processes") == "2"  # (pretrain refuses a launch of another number)
     report = next(c for c in cmds if c[:2] == ["vltool", "report"])
     assert any("2 processes" in a and "global batch" in a for a in report)  # the report records the launch
     assert not [c for c in cmds if c[0] == "vltool" and c[1] == "pretrain"]  # nothing trains outside LAUNCH
@@ -130,7 +135,7 @@ def test_inputs_a_recipe_cannot_use_are_refused_in_one_line(tmp_path):
 def test_every_bad_study_variable_is_refused_before_anything_runs(tmp_path):
     """Each of these passed the recipes' checks and failed only later, some after training (issue 52): now
     `vltool check-study` refuses it first, in one line naming the variable, before any command runs."""
-    from tests._clip_benchmark import make_cb_classification, make_cb_retrieval
+    from tests.fixtures.clip_benchmark import make_cb_classification, make_cb_retrieval
 
     cls, ret = make_cb_classification(tmp_path / "cb_cls"), make_cb_retrieval(tmp_path / "cb_ret")
     (tmp_path / "cb_test_only").mkdir()
@@ -161,8 +166,11 @@ def test_every_bad_study_variable_is_refused_before_anything_runs(tmp_path):
 def test_model_and_data_variables_reach_every_training_command(tmp_path):
     """INIT replaces the towers (TRAINABLE=projections keeps both locked: a whole CLIP's projections train, see
     tests/test_hf.py), TRAIN_DATA the training rows, and the report's title names both."""
+    from tests.fixtures.clip_benchmark import make_cb_classification, make_cb_retrieval
+
+    cls, ret = str(make_cb_classification(tmp_path / "cb_cls")), str(make_cb_retrieval(tmp_path / "cb_ret"))  # (vltool info reads them)
     proc, cmds = run_recipe(tmp_path, "fistful-of-words", INIT="hf:you/tiny-clip", TRAIN_DATA="/data/my-shards",
-                            TRAIN_WHERE="lang=en", SEEDS="0", ZEROSHOT_BENCH="/bench/cb_cls", RETRIEVAL_BENCH="/bench/cb_ret")
+                            TRAIN_WHERE="lang=en", SEEDS="0", ZEROSHOT_BENCH=cls, RETRIEVAL_BENCH=ret)
     assert proc.returncode == 0, proc.stderr
     trains = [c for c in cmds if "pretrain" in c]
     assert trains and all(option(c, "--init") == "hf:you/tiny-clip" and "--image-tower" not in c for c in trains)
@@ -172,7 +180,7 @@ def test_model_and_data_variables_reach_every_training_command(tmp_path):
     halves = next(c for c in cmds if c[1] == "split")
     assert halves[2:5] == ["/data/my-shards", "--where", "lang=en"] and option(halves, "--by") == "id"
     evals = [c for c in cmds if c[1] in ("zeroshot", "retrieve")]
-    assert {c[2] for c in evals if c[1] == "zeroshot"} == {"/bench/cb_cls"} and {c[2] for c in evals if c[1] == "retrieve"} == {"/bench/cb_ret"}
+    assert {c[2] for c in evals if c[1] == "zeroshot"} == {cls} and {c[2] for c in evals if c[1] == "retrieve"} == {ret}
     assert all("--group-column" not in c for c in evals)  # GROUP_COLUMN empty: images are the bootstrap unit
     reports = [c for c in cmds if c[1] == "report"]
     assert reports and all("my-shards" in option(c, "--title") for c in reports)
@@ -186,9 +194,9 @@ def test_unicl_takes_label_data_beside_train_data(tmp_path):
     labels = tmp_path / "labels"
     datasets.Dataset.from_dict({"id": ["a"], "label": [0]}, features=datasets.Features(
         {"id": datasets.Value("string"), "label": datasets.ClassLabel(names=["red heart"])})).save_to_disk(str(labels))
-    bench = tmp_path / "wds_cls"  # CLIP_benchmark's layout: a folder per split
-    for split in ("train", "test"):
-        (bench / split).mkdir(parents=True)
+    from tests.fixtures.clip_benchmark import make_cb_classification
+
+    bench = make_cb_classification(tmp_path / "wds_cls")  # CLIP_benchmark's layout: a folder per split
     proc, cmds = run_recipe(tmp_path, "unicl", TRAIN_DATA="/data/pairs", LABEL_DATA=str(labels), PROBE_BENCH=str(bench),
                             ZEROSHOT_BENCH=str(bench), SEEDS="0")
     assert proc.returncode == 0, proc.stderr
@@ -207,7 +215,8 @@ def test_unicl_takes_label_data_beside_train_data(tmp_path):
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_every_training_command_runs_under_launch_with_its_batch_divided_and_every_evaluation_in_both_styles(tmp_path, recipe):
     """Under LAUNCH every recipe runs the command lines it runs on one process, each training command prefixed by
-    LAUNCH and its --batch-size halved (a global batch over 2 processes), and nothing else changes. The smoke runs
+    LAUNCH and its --batch-size given as --global-batch-size (pretrain divides it among the 2 processes), and
+    nothing else changes. The smoke runs
     of tests/test_recipes.py launch 2 real processes for one recipe; this covers the rest in seconds."""
     launch = "accelerate launch --multi_gpu --num_processes 2"
     proc, alone = run_recipe(tmp_path / "alone", recipe, SEEDS="0")
@@ -229,8 +238,8 @@ def test_every_training_command_runs_under_launch_with_its_batch_divided_and_eve
             continue
         assert two[:len(prefix)] == prefix and two[len(prefix):len(prefix) + 2] == ["vltool", "pretrain"]
         two = two[len(prefix):]
-        batch = one.index("--batch-size") + 1
-        assert int(two[batch]) * 2 == int(one[batch])
+        batch = one.index("--batch-size")
+        assert two[batch] == "--global-batch-size" and "--batch-size" not in two
         assert two[-2:] == ["--processes", "2"]  # (pretrain refuses a launch that started another number)
         two = two[:-2]
         assert two[:batch] + two[batch + 1:] == one[:batch] + one[batch + 1:]
@@ -269,9 +278,9 @@ def test_clip_lite_on_shards_trains_on_nested_quarters_and_probes_on_the_benchma
     """A study of one's own in clip-lite.sh (its real run is left out of tests/test_recipes.py for time): the shards
     are split by id into quarters, the k-th fraction trains on the first k, and the probe fits on the benchmark's
     train split and scores its test split."""
-    bench = tmp_path / "wds_cls"  # CLIP_benchmark's layout: a folder per split
-    for split in ("train", "test"):
-        (bench / split).mkdir(parents=True)
+    from tests.fixtures.clip_benchmark import make_cb_classification
+
+    bench = make_cb_classification(tmp_path / "wds_cls")  # CLIP_benchmark's layout: a folder per split
     shards = "/data/shards/{00000..00001}.tar"
     proc, cmds = run_recipe(tmp_path, "clip-lite", TRAIN_DATA=shards, PROBE_BENCH=str(bench), ZEROSHOT_BENCH=str(bench),
                             RETRIEVAL_BENCH=str(bench), SEEDS="0")
@@ -338,14 +347,16 @@ def test_an_own_study_is_scored_on_the_benchmarks_it_names_and_smoke_honours_tra
     """Issue 52: TRAIN_DATA with ZEROSHOT_BENCH but no RETRIEVAL_BENCH ran `retrieve emoji` into the same report;
     a retrieval benchmark with several captions per image was scored on one; SMOKE=1 trained every parameter
     whatever TRAINABLE said while the note said TRAINABLE=projections."""
-    from tests._eval_helpers import make_colors
+    from tests.fixtures.clip_benchmark import make_cb_classification
+    from tests.fixtures.eval_data import make_colors
 
     caps = make_colors(tmp_path / "caps")  # (a captions column: every caption of an image is scored)
-    proc, cmds = run_recipe(tmp_path / "a", "fistful-of-words", SEEDS="0", TRAIN_DATA="/data/my-ds", ZEROSHOT_BENCH="/bench/cls")
+    cls = str(make_cb_classification(tmp_path / "cls"))
+    proc, cmds = run_recipe(tmp_path / "a", "fistful-of-words", SEEDS="0", TRAIN_DATA="/data/my-ds", ZEROSHOT_BENCH=cls)
     assert proc.returncode == 0, proc.stderr
     assert [c for c in cmds if c[1] == "zeroshot"] and not [c for c in cmds if c[1] == "retrieve"]
     notes = [a for c in cmds if c[1] == "report" for a in c if a.startswith("Study:")]
-    assert notes and all("evaluated on /bench/cls (zero-shot), split test; a task without a benchmark named is left out" in n
+    assert notes and all(f"evaluated on {cls} (zero-shot), split test; a task without a benchmark named is left out" in n
                          and "emoji" not in n for n in notes), notes
     proc, cmds = run_recipe(tmp_path / "b", "fistful-of-words", SEEDS="0", TRAIN_DATA="/data/my-ds", RETRIEVAL_BENCH=caps)
     assert proc.returncode == 0, proc.stderr
@@ -359,3 +370,12 @@ def test_an_own_study_is_scored_on_the_benchmarks_it_names_and_smoke_honours_tra
         assert [a for a in train if a in ("--lock-image", "--lock-text")] == locks, train
         report = next(c for c in cmds if c[1] == "report")
         assert any(says in a for a in report), report
+
+
+def test_common_sh_runs_no_python_of_its_own():
+    """recipes/common.sh asks vltool (`vltool info --shipped/--auto-device/--require/--select/--get`) what it
+    needs to know, rather than running inline Python that re-implements what vltool reads (issue 55)."""
+    import re
+
+    code = [line.split("#")[0] for line in (ROOT / "recipes" / "common.sh").read_text().splitlines()]
+    assert not [line for line in code if re.search(r"\bpython3?\b|<<\s*'?PY", line)]

@@ -128,9 +128,9 @@ CHECKS = {"fistful-of-words": _check_fistful, "unicl": _check_unicl, "caption-wo
 def own_study(tmp_path_factory):
     import datasets
 
-    from tests._clip_benchmark import make_cb_classification, make_cb_retrieval
-    from tests._hf_models import make_hf_clip, put_in_hub_cache
-    from tests._launch import launch_command
+    from tests.fixtures.clip_benchmark import make_cb_classification, make_cb_retrieval
+    from tests.fixtures.hf_models import make_hf_clip, put_in_hub_cache
+    from tests.fixtures.launch import launch_command
 
     root = tmp_path_factory.mktemp("own_study")
     shards = _emoji_shards(root / "shards", rows=96, per_shard=48)

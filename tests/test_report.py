@@ -669,3 +669,9 @@ def test_seeds_trained_differently_are_not_averaged(runs):
     trained(0, "hf:you/clip-b")
     with pytest.raises(VltoolError, match=r"base: seed0 and seed1 were trained differently \(init: 'hf:you/clip-b' against 'hf:you/clip-a'\)"):
         build_report(runs, ReportConfig(metrics=[parse_metric("zeroshot:top1")], baseline="base"))
+
+
+def test_report_has_overwrite(cli):
+    """`report --overwrite` was "No such option"."""
+    r = cli("report", "--help")
+    assert r.exit_code == 0 and "--overwrite" in r.stdout

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from tests._eval_helpers import make_colors, make_model
+from tests.fixtures.eval_data import make_colors, make_model
 from vltool.errors import UsageError
 from vltool.retrieve import RetrieveConfig, parse_recall_k, retrieval_chance_levels, retrieve
 
@@ -60,6 +60,30 @@ def test_chance_levels():
     assert c["image_to_text_R@1"] == pytest.approx(2 / 20)
     assert c["image_to_text_R@5"] == pytest.approx(1 - (18 * 17 * 16 * 15 * 14) / (20 * 19 * 18 * 17 * 16))
     assert c["text_to_image_mean_rank"] == pytest.approx(5.5) and c["image_to_text_mean_rank"] == pytest.approx(21 / 3)
+
+
+def test_every_registered_metric_is_in_the_results_with_its_chance(model_dir, colors, tmp_path):
+    from vltool.metrics import RETRIEVAL_METRICS
+
+    r = retrieve(colors, cfg(model_dir, recall_k="1,3", cache_dir=str(tmp_path)), where=["split=test"])
+    names = [name for m in RETRIEVAL_METRICS for name, _ in m.at([1, 3])]
+    assert list(r["metrics"]) == names == list(r["chance"])
+    assert all(r["metrics"][n]["chance"] == r["chance"][n] is not None for n in names)
+
+
+def test_a_metric_declared_once_reaches_the_results(model_dir, colors, tmp_path, monkeypatch):
+    """The issue's contributor change: one declaration in vltool.metrics.RETRIEVAL_METRICS (a mean reciprocal
+    rank), and retrieve reports it with its interval and chance level; no second list of names to edit."""
+    from vltool import metrics
+
+    mrr = metrics.Metric("image_to_text_mrr", True, lambda it, qw, k: float(qw.image @ (1 / it.i2t_rank) / qw.image_sum),
+                         lambda c, k: float(np.mean(1 / ((c.n_texts + 1) / (c.per_image + 1.0)))), "1/rank at random", "mean of 1/rank")
+    monkeypatch.setattr(metrics, "RETRIEVAL_METRICS", (*metrics.RETRIEVAL_METRICS, mrr))
+    r = retrieve(colors, cfg(model_dir, cache_dir=str(tmp_path)), where=["split=test"])
+    e = r["metrics"]["image_to_text_mrr"]
+    assert 0 < e["value"] <= 1 and e["ci_low"] <= e["value"] + 1e-12 <= e["ci_high"] + 2e-12
+    assert e["chance"] == r["chance"]["image_to_text_mrr"] == pytest.approx(2 / 13)  # 12 images, a caption each: 1 / ((12 + 1) / 2)
+    assert list(r["metrics"])[-1] == "image_to_text_mrr"
 
 
 def test_bad_images_and_empty_caption_lists_are_left_out(model_dir, tmp_path):

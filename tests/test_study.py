@@ -6,7 +6,7 @@ from __future__ import annotations
 import datasets
 import pytest
 
-from tests._clip_benchmark import make_cb_classification, make_cb_retrieval
+from tests.fixtures.clip_benchmark import make_cb_classification, make_cb_retrieval
 from vltool.errors import UsageError
 from vltool.study import VARIABLES, check_study, describe_data, parse_assignments
 

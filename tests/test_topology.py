@@ -5,7 +5,8 @@ launcher then kills the processes still writing: the blocked-mining test failed 
 from __future__ import annotations
 
 import pytest
-from _launch import launch
+
+from tests.fixtures.launch import launch
 
 SCRIPT = """
 import atexit, sys
@@ -19,7 +20,7 @@ if sys.argv[2] == "state":
     RANK = process_state().process_index
 else:
     from vltool.pretrain.config import PretrainConfig
-    from vltool.pretrain.loop import _accelerator
+    from vltool.pretrain.runtime import _accelerator
 
     RANK = _accelerator(PretrainConfig(arch="vltool-micro")).process_index
 assert dist.is_initialized()
@@ -76,7 +77,7 @@ def test_zeroshot_on_one_thread_records_it_and_equals_the_default(cli, tmp_path)
 
     import torch
 
-    from tests._eval_helpers import make_colors, make_model
+    from tests.fixtures.eval_data import make_colors, make_model
 
     model, data = make_model(tmp_path / "run"), make_colors(tmp_path / "colors")
     before = torch.get_num_threads()

@@ -122,13 +122,10 @@ def test_decode_pixels_is_pil_decoding_as_a_uint8_tensor(image):
 def test_a_hugging_face_processor_keeps_its_own_float_pixels(tmp_path):
     """`--augment none` on a Hugging Face CLIP: its image processor's pixel_values, made in the worker and
     passed through by normalise unchanged (bit-equality with transformers is the processor's own)."""
-    import sys
-    from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from _hf_models import make_hf_clip
     from transformers import CLIPImageProcessor
 
+    from tests.fixtures.hf_models import make_hf_clip
     from vltool.io.images import decode_image
     from vltool.transforms import train_pixels
 

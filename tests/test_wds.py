@@ -11,21 +11,20 @@ from __future__ import annotations
 
 import json
 import re
-import sys
-import textwrap
+import shutil
 import tarfile
+import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
-from _launch import launch  # noqa: E402
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_pretrain import metrics, micro, weights  # noqa: E402
-from wds_fixtures import make_shards  # noqa: E402
-
-from vltool.errors import UsageError  # noqa: E402
+from tests.fixtures.launch import launch
+from tests.fixtures.messages import error_line
+from tests.fixtures.training import PRETRAIN, make_pairs, metrics, micro, weights
+from tests.fixtures.wds import make_shards
+from vltool.errors import UsageError
 
 
 @pytest.fixture(scope="module")
@@ -288,3 +287,43 @@ def test_two_processes_equal_one_with_two_streams_and_resume_exactly(tmp_path, s
         assert saved == {"streams": {"0": [0, 8], "1": [0, 4]}}
     stats = json.loads((two / "full" / "vltool.json").read_text())["stats"]
     assert stats["num_processes"] == 2 and stats["global_batch"] == 8
+
+
+def test_streamed_shards_without_text_are_named_so(cli, tmp_path):
+    """A batch of samples without text (the shards have 4 captions in 32 samples) was "not one image of the
+    batch could be decoded ... images are corrupt or missing"."""
+    pattern = make_shards(tmp_path / "few", shards=1, per_shard=32, empty=range(4, 32))
+    r = cli("pretrain", pattern, "--out", tmp_path / "run", "--shuffle-buffer", "1", *PRETRAIN)
+    assert r.exit_code == 1
+    line = error_line(r)
+    assert line.startswith("error: step 2: not one sample of the batch has a text in 'caption' (4 without one"), line
+    assert "corrupt" not in line and not (tmp_path / "run").exists()
+    nothing = make_shards(tmp_path / "none", shards=1, per_shard=8, empty=range(8), stats=False)
+    r = cli("pretrain", nothing, "--out", tmp_path / "run", *PRETRAIN)
+    assert r.exit_code == 1 and "no sample of the 1 shards has an image and a text" in error_line(r)
+
+
+def test_streamed_shards_with_repeated_ids_are_refused_as_a_dataset_is(tmp_path):
+    """One rule for ids, whatever the form of the training data: a dataset whose ids repeat is refused, and so
+    are shards whose samples repeat a key (they trained silently), streamed or read through their index, and an
+    id in two DATA arguments without --prefix-ids."""
+    from vltool.pretrain import pretrain
+
+    pattern = make_shards(tmp_path / "shards", shards=2, per_shard=8, stats=False)
+    twice = tmp_path / "twice"
+    twice.mkdir()
+    shutil.copy(tmp_path / "shards" / "00000.tar", twice / "00000.tar")
+    shutil.copy(tmp_path / "shards" / "00000.tar", twice / "00001.tar")
+    for fmt in ("wds", "hf"):
+        with pytest.raises(UsageError, match=r"'.*twice' has duplicate ids \(8 samples repeat .*\); ids must be unique"):
+            pretrain([str(twice)], tmp_path / "run", micro(steps=1, batch_size=4, data_format=fmt), progress=False)
+    with pytest.raises(UsageError, match="has duplicate ids"):
+        pretrain([make_pairs(tmp_path / "pairs", n=8, ids=["same"] * 8)], tmp_path / "run", micro(steps=1, batch_size=4),
+                 progress=False)
+    with pytest.raises(UsageError, match="pass --prefix-ids"):
+        pretrain([pattern, str(tmp_path / "shards" / "00001.tar")], tmp_path / "run", micro(steps=1, batch_size=4), progress=False)
+    assert not (tmp_path / "run").exists()
+    r = pretrain([pattern, str(tmp_path / "shards" / "00001.tar")], tmp_path / "run", micro(steps=1, batch_size=4, prefix_ids=True),
+                 progress=False)
+    assert r["stats"]["steps"] == 1
+    assert json.loads((tmp_path / "run" / "vltool.json").read_text())["command"] == "pretrain"

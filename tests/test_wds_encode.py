@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import io
 import json
-import sys
 import tarfile
 import threading
 from pathlib import Path
@@ -24,9 +23,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _eval_helpers import make_model  # noqa: E402
-from wds_fixtures import make_shards  # noqa: E402
+from tests.fixtures.eval_data import make_model
+from tests.fixtures.wds import make_shards
 
 
 @pytest.fixture(scope="module")
@@ -249,7 +247,7 @@ def test_retrieve_on_shards_equals_retrieve_on_the_import(cli, shards, imported,
 def test_mine_positives_on_shards_equals_the_import_and_pretrain_trains_on_its_output(cli, shards, imported, model, tmp_path):
     import datasets
 
-    from test_pretrain import micro
+    from tests.fixtures.training import micro
     from vltool.pretrain import pretrain
 
     args = ["--model", model, "--p-it", "-1", "--p-ii", "0.999", "--p-tt", "0.999", "--p-it-tt", "0.999",
@@ -310,8 +308,8 @@ def test_other_commands_take_shards(cli, shards, model, tmp_path):
 
 
 def test_pretrain_streams_a_folder_of_shards_unless_told_hf(shards):
-    from test_pretrain import micro
-    from vltool.pretrain.loop import _is_shards
+    from tests.fixtures.training import micro
+    from vltool.pretrain.setup import _is_shards
 
     folder = str(Path(shards).parent)
     assert _is_shards([folder], micro()) and _is_shards([shards], micro())
@@ -322,7 +320,7 @@ def test_pretrain_streams_a_folder_of_shards_unless_told_hf(shards):
 def test_two_processes_build_the_index_once_and_retrieve_as_one(shards, model, tmp_path):
     """`accelerate launch` with 2 CPU processes on shards no index exists for: the main process builds it,
     the other waits at the barrier, and the metrics equal one process's."""
-    from _launch import launch
+    from tests.fixtures.launch import launch
 
     args = ["-m", "vltool", "retrieve", shards, "--model", model, "--bootstrap", "20", "--json", "--no-progress"]
     one = launch([*args, "--cache-dir", tmp_path / "one"], 1, in_process=False)
@@ -335,7 +333,7 @@ def test_a_cache_that_cannot_be_written_gets_an_index_for_this_run(shards, model
     """A cache directory that cannot be created (a file in its way): the index is built in a temporary
     directory for this run, with one warning, the metrics are those of a run with a cache, and nothing is
     left in the temporary directory afterwards (the process that built it removes it at exit)."""
-    from _launch import launch
+    from tests.fixtures.launch import launch
 
     blocked = tmp_path / "a-file"
     blocked.write_text("not a directory")
@@ -353,7 +351,7 @@ def test_two_processes_share_the_index_built_for_the_run_when_the_cache_cannot_b
     directory that the other finds by name (it reads no cache), and the metrics equal one process's."""
     import tempfile
 
-    from _launch import launch
+    from tests.fixtures.launch import launch
 
     blocked = tmp_path / "a-file"
     blocked.write_text("not a directory")

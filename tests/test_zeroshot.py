@@ -6,9 +6,9 @@ import json
 
 import numpy as np
 import pytest
-from _launch import launch
 
-from tests._eval_helpers import COLORS, make_colors, make_model
+from tests.fixtures.eval_data import COLORS, make_colors, make_model
+from tests.fixtures.launch import launch
 from vltool.errors import UsageError
 from vltool.zeroshot import ZeroshotConfig, class_embeddings, zeroshot
 

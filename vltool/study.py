@@ -90,21 +90,30 @@ class Data:
     spec: str
     kind: str  # "dataset" | "clip_benchmark" | "shards"
     splits: list[str] | None
-    columns: dict[str | None, set[str]]  # split (None: the whole data) -> its columns
+    columns: dict[str | None, set[str]]  # split (None: the whole data, there when the splits are a split column's values) -> its columns
     class_names: bool  # a label column with class names (ClassLabel), or CLIP_benchmark's classnames.txt
     retrieval: bool = False  # CLIP_benchmark's dataset_type.txt says retrieval
+
+    def selection(self, split: str) -> list[str]:
+        """The arguments that select `split` of these rows, as every command takes them: --split SPLIT for a
+        DatasetDict or a CLIP_benchmark folder, --where split=SPLIT for a split column, none for rows without
+        splits (used whole). Refused when there is no such split."""
+        if self.splits is None:
+            return []
+        _has_split(self, split)
+        return ["--where", f"split={split}"] if None in self.columns else ["--split", split]
 
 
 def describe_data(spec: str) -> Data:
     """Data for a saved dataset (or `emoji`), shards, or a CLIP_benchmark folder; Refused when there is none."""
-    from vltool.importer.clip_benchmark import CB_CLASSNAMES, CB_NSHARDS, CB_TYPE, is_clip_benchmark
+    from vltool.importer.clip_benchmark import CB_CLASSNAMES, CB_NSHARDS, CB_TYPE, clip_benchmark_layout
     from vltool.io.index import is_shard_input
     from vltool.io.loading import read_from_disk, resolve_dataset_path
     from vltool.shards import expand_shards
 
     path = Path(spec).expanduser()
     saved = path.is_dir() and any((path / f).is_file() for f in ("state.json", "dataset_dict.json"))
-    if not saved and path.is_dir() and is_clip_benchmark(path):
+    if clip_benchmark_layout(path) is not None:
         splits = sorted(p.name for p in path.iterdir() if p.is_dir() and ((p / CB_NSHARDS).is_file() or any(p.glob("*.tar"))))
         kind = (path / CB_TYPE).read_text().strip() if (path / CB_TYPE).is_file() else "classification"
         cols = {"image", "captions", "caption"} if kind == "retrieval" else {"image", "label" if kind == "classification" else "labels"}
@@ -131,9 +140,10 @@ def describe_data(spec: str) -> Data:
     return Data(spec, "dataset", sorted(parts), columns, named)
 
 
-def _has_split(d: Data, split: str, variable: str) -> None:
+def _has_split(d: Data, split: str, variable: str | None = None) -> None:
     if d.splits is not None and split not in d.splits:
-        raise Refused(f"{d.spec} has no {split!r} split (its splits: {', '.join(d.splits) or 'none'}); set {variable} to one of them")
+        raise Refused(f"{d.spec} has no {split!r} split (its splits: {', '.join(d.splits) or 'none'})"
+                      + (f"; set {variable} to one of them" if variable else ""))
 
 
 def _benches(value: str) -> list[str]:

@@ -28,7 +28,7 @@ from vltool.evaluation import (EvalCommon, Edit, bootstrap_record, check_out, cl
                                encode_eval_images, entry, load_eval_input, open_model, require_selected, write_results)
 from vltool.io.digests import column_values
 from vltool.io.loading import LoadedDataset
-from vltool.metrics import AveragePrecision, ClassificationItems, Resampling, bootstrap, class_ranks, per_class_recall
+from vltool.metrics import MAP, AveragePrecision, ClassificationItems, Resampling, bootstrap, class_ranks, per_class_recall
 from vltool.outcomes import base_arrays, example_ids, read_groups
 from vltool.templates import AUTO, class_prompts, load_class_prompts, load_classnames, load_templates, resolve_templates
 from vltool.topology import computes, process_state, warn
@@ -282,15 +282,15 @@ def score_multilabel(x: np.ndarray, cls64: np.ndarray, target: np.ndarray, class
     scores = x.astype(np.float64) @ cls64.T  # (N, C) cosine similarities: AP needs them all
     ap = AveragePrecision(scores, target)
     per_ap = ap.per_class()
-    value = ap.mean()
-    iv = bootstrap(len(x), lambda w: {"mAP": ap.mean(w)}, config.bootstrap, config.seed, resampling=plan)
-    prevalence = target.mean(axis=0)  # (C,)
-    chance_map = float(np.mean(prevalence[target.any(axis=0)])) if target.any() else float("nan")
+    value = MAP.value(ap, None, None)
+    iv = bootstrap(len(x), lambda w: {MAP.name: MAP.value(ap, w, None)}, config.bootstrap, config.seed, resampling=plan)
+    chance_map = MAP.chance(target, None)
+    chance_map = float("nan") if chance_map is None else chance_map  # (no class with a positive: the record says NaN)
     per_class = [
         {"class": c, "positives": int(target[:, j].sum()), "ap": None if np.isnan(per_ap[j]) else float(per_ap[j])}
         for j, c in enumerate(classnames)
     ]
-    return Scores({"mAP": entry(value, iv["mAP"], chance_map)}, {"mAP": chance_map}, per_class, {"scores": scores, "targets": target})
+    return Scores({MAP.name: entry(value, iv[MAP.name], chance_map)}, {MAP.name: chance_map}, per_class, {"scores": scores, "targets": target})
 
 
 def score_single_label(x: np.ndarray, cls64: np.ndarray, target: np.ndarray, classnames: list[str], plan: Resampling, config: ZeroshotConfig) -> Scores:

@@ -25,15 +25,16 @@ from vltool.commands.common import (
     handle_errors,
     renamed,
 )
-from vltool.deform import DEFAULT_OPS, DeformConfig, deform  # vltool.deform keeps datasets lazy: light to import
+from vltool.deform import DeformConfig, base_ops, deform, ops_help  # vltool.deform keeps datasets lazy: light to import
 
 HELP = f"""Turn captions into bags of words ("A Fistful of Words", section 2.2).
 
 Operations (comma-separated in --ops; Keep is always applied last, the others are filters whose order
-does not matter): shuffle, rmstop (RmStopNalpha), basevocab (LimitToBaseVocab), rmtopfreqT
-(RmTopFreq(t)), keepN (Keep(n)). "default" is the paper's cascade: {DEFAULT_OPS}.
+does not matter):
 
-A seeded --base-frac of the rows (default 10%) stays intact as the base set; basevocab and rmtopfreq
+{ops_help()}
+
+A seeded --base-frac of the rows (default 10%) stays intact as the base set; {base_ops()}
 count words on those rows only. Rows whose caption becomes empty are dropped and counted.
 
 Examples:
@@ -48,15 +49,15 @@ def deform_command(
     ctx: typer.Context,
     data: DataArg,
     out: OutOpt,
-    ops: Annotated[str, typer.Option("--ops", help="Operations, comma-separated, or 'default'.")] = "default",
+    ops: Annotated[str, typer.Option("--ops", help="Operations, comma-separated, or 'default'.")] = DeformConfig.ops,
     base_frac: Annotated[
         float, typer.Option("--base-frac", help="Fraction of rows kept intact as the base set; 0 deforms all rows.")
-    ] = 0.1,
-    text_column: Annotated[str, typer.Option("--text-column", help="The text column to deform.")] = "caption",
+    ] = DeformConfig.base_frac,
+    text_column: Annotated[str, typer.Option("--text-column", help="The text column to deform.")] = DeformConfig.text_column,
     where: WhereOpt = None,
     split: SplitOpt = None,
-    seed: SeedOpt = 0,
-    num_proc: NumProcOpt = 1,
+    seed: SeedOpt = DeformConfig.seed,
+    num_proc: NumProcOpt = DeformConfig.num_proc,
     overwrite: OverwriteOpt = False,
     as_json: JsonOpt = False,
     column: OldColumnOpt = None,

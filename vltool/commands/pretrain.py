@@ -12,6 +12,8 @@ from rich.table import Table
 from vltool.commands import short_help
 from vltool.commands.common import DeviceOpt, JsonOpt, NoProgressOpt, OverwriteOpt, SeedOpt, SplitOpt, ThreadsOpt, WhereOpt, handle_errors, renamed
 from vltool.console import out as stdout, print_json
+from vltool.objective_specs import loss_help
+from vltool.errors import UsageError
 
 HELP = """Train a two-tower image-text model with a contrastive loss (CLIP's symmetric InfoNCE).
 
@@ -67,7 +69,7 @@ def pretrain_command(
     image_size: Annotated[Int, typer.Option("--image-size", help="Input image size [default: the arch's].", rich_help_panel="Model")] = None,
     context_length: Annotated[Int, typer.Option("--context-length", help="Text tokens [default: the arch's; 64 for hf towers].", rich_help_panel="Model")] = None,
     init: Annotated[Str, typer.Option("--init", help="Start from a trained model: a vltool RUN_DIR (or RUN_DIR/model); hf:ORG/NAME[@REVISION] or hf:DIR, a Hugging Face CLIPModel or SiglipModel (with its processor; its logit scale and SigLIP's bias included); open_clip:ARCH/TAG (open_clip's pretrained tag), open_clip:ARCH/FILE, open_clip:hf-hub:ORG/NAME or local-dir:PATH. Hub files come through huggingface_hub's cache; the run records the commit or the weights' sha256.", rich_help_panel="Model")] = None,
-    loss: Annotated[str, typer.Option("--loss", help="Training objective: clip (InfoNCE) | sigmoid (FFF/SigLIP, several positives) | unicl (label-aware soft targets) | jsd (CLIP-Lite, one negative per positive, critic projections) | simclr (image-only views, no text); clip with --memory-bank K: EMA queue. See docs/objectives.md.", rich_help_panel="Model")] = "clip",
+    loss: Annotated[str, typer.Option("--loss", help=loss_help(), rich_help_panel="Model")] = "clip",
     bias_init: Annotated[Str, typer.Option("--bias-init", help="sigmoid: the logit bias's start, a number or 'search' (FFF 4.4: the initial loss's minimum over a grid of step 1 from [-20, 0], widened until the minimum is inside it, then refined to 0.1; logged in metrics.jsonl); default -10 (SigLIP's).", rich_help_panel="Loss")] = None,
     bias_search_batches: Annotated[int, typer.Option("--bias-search-batches", help="sigmoid --bias-init search: global batches of epoch 0 encoded by the fresh model to choose the bias (vltool's choice: 4).", rich_help_panel="Loss")] = 4,
     captions_per_image: Annotated[int, typer.Option("--captions-per-image", help="sigmoid: batch text augmentation (FFF 4.2): k captions of each image from the 'captions' list, all positives (shuffled with --caption-sampling random, else in order; fewer captions repeat; refused when every row has one caption).", rich_help_panel="Loss")] = 1,
@@ -108,6 +110,7 @@ def pretrain_command(
     eval_split: Annotated[Optional[str], typer.Option("--eval-split", help="Split of --eval-data when it is a DatasetDict (or a CLIP_benchmark import).", rich_help_panel="Data")] = None,
     # optimisation
     batch_size: Annotated[int, typer.Option("--batch-size", help="Rows per process per micro-batch; the global batch is batch-size x processes x accum-steps.", rich_help_panel="Optimisation")] = 64,
+    global_batch_size: Annotated[Int, typer.Option("--global-batch-size", min=1, show_default=False, help="The global batch instead of --batch-size (batch-size x processes x accum-steps): divided among the processes the launch started and the accumulation steps, refused unless it divides; the run is the one that --batch-size makes, and records it.", rich_help_panel="Optimisation")] = None,
     epochs: Annotated[Float, typer.Option("--epochs", help="Passes over the data [default: 1 unless --steps].", rich_help_panel="Optimisation")] = None,
     steps: Annotated[Int, typer.Option("--steps", help="Optimizer steps (instead of --epochs).", rich_help_panel="Optimisation")] = None,
     optimizer: Annotated[str, typer.Option("--optimizer", help="adamw | sgd.", rich_help_panel="Optimisation")] = "adamw",
@@ -146,6 +149,8 @@ def pretrain_command(
     from vltool.pretrain import pretrain
 
     device = renamed(ctx, "--cpu", "--device", cpu, device, means="cpu")
+    if global_batch_size is not None and getattr(ctx.get_parameter_source("batch_size"), "name", None) not in ("DEFAULT", "DEFAULT_MAP"):
+        raise UsageError("--batch-size and --global-batch-size: give one (the global batch is divided among the processes)")
     config = pretrain_config(locals())
     result = pretrain(data or [], out, None if resume else config, where=where or [], split=split, eval_data=eval_data or [], eval_where=eval_where or [], eval_split=eval_split,
                       overwrite=overwrite, resume=resume, stop_after_steps=stop_after_steps, progress=not no_progress)

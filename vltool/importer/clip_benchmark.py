@@ -74,6 +74,15 @@ def is_clip_benchmark(d: Path) -> bool:
         any(p.name.endswith(".tar") and p.is_file() for p in sub.iterdir()) for sub in subs)
 
 
+def clip_benchmark_layout(spec: str | Path) -> Path | None:
+    """The folder of a CLIP_benchmark layout given directly as a dataset argument (not a saved dataset, not
+    vltool's import of one), else None."""
+    root = Path(str(spec)).expanduser()
+    if not root.is_dir() or any((root / f).is_file() for f in ("dataset_dict.json", "state.json")):
+        return None
+    return root if is_clip_benchmark(root) else None
+
+
 def _cb_rows(shards: Sequence[Path], kind: str, n_classes: int | None, skipped: Counter) -> Iterator[dict]:
     """Rows of one split: a sample is KEY.<image> with KEY.cls (classification), KEY.npy (multilabel: a 0/1
     vector over the classes) or KEY.txt (retrieval: one caption per line)."""
@@ -258,8 +267,8 @@ def clip_benchmark_input(spec: str, cache_dir: str | Path | None) -> str:
     """A dataset spec as `vltool.io.load_dataset` reads it: a CLIP_benchmark layout given directly is imported
     once into `<cache-dir>/clip_benchmark/<name>-<digest of its files' names, sizes and times>` and that
     copy is read; anything else is returned as is."""
-    root = Path(str(spec)).expanduser()
-    if not root.is_dir() or (root / "dataset_dict.json").is_file() or (root / "state.json").is_file() or not is_clip_benchmark(root):
+    root = clip_benchmark_layout(spec)
+    if root is None:
         return str(spec)
     dest = EmbeddingCache(cache_dir).root / CB_CACHE / f"{root.resolve().name}-{_layout_digest(root)}"
     said = False

@@ -8,15 +8,13 @@ tests/test_options.py keeps the two in step.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
-from vltool import columns as C
+from vltool import columns as C, objective_specs
 from vltool.errors import UsageError
 from vltool.topology import DEVICES
-from vltool.losses import LOSSES
 from vltool.model.configs import _check_open_clip_cfg, arch_config
 from vltool.model.create import ModelSpec
-from vltool.templates import load_templates
 from vltool.transforms import AUGMENTATIONS
 
 RUN_FILE = "run.json"  # what the run was started with; --resume reads it
@@ -24,7 +22,7 @@ METRICS_FILE = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"
 PLOT_FILE = "loss.png"
 OPTIMIZERS = ("adamw", "sgd")
-PRECISIONS = ("auto", "no", "bf16", "fp16")  # auto: bf16 where the device computes it natively, else no (loop.native_precision)
+PRECISIONS = ("auto", "no", "bf16", "fp16")  # auto: bf16 where the device computes it natively, else no (runtime.native_precision)
 SCHEDULES = ("cosine", "constant")
 CAPTION_SAMPLING = ("random", "first")
 DATA_FORMATS = ("auto", "hf", "wds")
@@ -76,11 +74,12 @@ class PretrainConfig:
     allow_test_data: bool = False  # built-in test-only data as training input (io.test_only_inputs)
     augment: str = "clip"
     decode: str = "cpu"  # gpu: JPEGs decoded by nvjpeg in batches on the training device, cropped there (--augment clip)
-    workers: int | None = None  # None: chosen from the machine when the run starts (loop.default_workers), then recorded
+    workers: int | None = None  # None: chosen from the machine when the run starts (runtime.default_workers), then recorded
     data_format: str = "auto"
     shuffle_buffer: int = 2000  # wds: samples held per stream (about 2000 x 30 KB = 60 MB with CC3M-sized JPEGs)
     # The optimisation.
     batch_size: int = 64
+    global_batch_size: int | None = None  # instead of batch_size: divided among the processes started (resolve_global_batch)
     epochs: float | None = None
     steps: int | None = None
     optimizer: str = "adamw"
@@ -97,7 +96,7 @@ class PretrainConfig:
     accum_steps: int = 1
     grad_checkpointing: bool = False
     compile: bool = False
-    precision: str = "auto"  # resolved when the run starts (loop.native_precision), then recorded
+    precision: str = "auto"  # resolved when the run starts (runtime.native_precision), then recorded
     seed: int = 0
     # Logging and checkpoints.
     log_every: int = 10
@@ -159,55 +158,8 @@ def _model_problems(c: PretrainConfig) -> list[str]:
 
 
 def _objective_problems(c: PretrainConfig) -> list[str]:
-    problems = []
-    if c.loss not in LOSSES:
-        problems.append(f"--loss {c.loss!r}: unknown; available: {', '.join(sorted(LOSSES))}")
-    if c.bias_init is not None:
-        if c.loss != "sigmoid":
-            problems.append("--bias-init is an option of --loss sigmoid")
-        elif c.bias_init != "search":
-            try:
-                float(c.bias_init)
-            except ValueError:
-                problems.append(f"--bias-init must be a number or 'search', got {c.bias_init!r}")
-    if c.bias_search_batches < 1:
-        problems.append(f"--bias-search-batches must be >= 1, got {c.bias_search_batches}")
-    if c.captions_per_image < 1:
-        problems.append(f"--captions-per-image must be >= 1, got {c.captions_per_image}")
-    elif c.captions_per_image > 1 and c.loss != "sigmoid":
-        problems.append("--captions-per-image > 1 needs a loss with several positives per image (--loss sigmoid)")
-    if c.critic_dim is not None and (c.loss != "jsd" or c.critic_dim < 1):
-        problems.append("--critic-dim is an option of --loss jsd and must be >= 1")
-    if c.jsd_negatives not in ("one", "all"):
-        problems.append(f"--jsd-negatives must be one or all, got {c.jsd_negatives!r}")
-    elif c.jsd_negatives != "one" and c.loss != "jsd":
-        problems.append("--jsd-negatives is an option of --loss jsd")
-    if c.memory_bank < 0 or (c.memory_bank and c.loss != "clip"):
-        problems.append("--memory-bank K needs --loss clip and K >= 1")
-    if not c.temperature > 0:
-        problems.append(f"--temperature must be > 0, got {c.temperature}")
-    if c.ema_momentum is not None and not 0 <= c.ema_momentum < 1:
-        problems.append(f"--ema-momentum must be in [0, 1), got {c.ema_momentum}")
-    if c.ema_momentum is not None and not c.memory_bank:
-        problems.append("--ema-momentum needs --memory-bank")
-    if c.export_ema and not c.memory_bank:
-        problems.append("--export-ema needs --memory-bank")
-    if c.loss == "simclr" and c.augment != "simclr":
-        problems.append("--loss simclr contrasts two augmented views: use --augment simclr")
-    if c.mined_positives and c.loss != "sigmoid":
-        problems.append("--mined-positives needs --loss sigmoid")
-    if (c.label_data or c.text_data or c.balanced) and c.loss != "unicl":
-        problems.append("--label-data, --text-data and --balanced are options of --loss unicl")
-    if c.balanced and not c.label_data:
-        problems.append("--balanced needs --label-data (it draws as many image-text rows as image-label rows)")
-    if c.label_data:
-        try:
-            load_templates(c.templates)
-        except UsageError as e:
-            problems.append(str(e))
-    if c.loss == "unicl" and (c.caption_sampling or c.captions_per_image > 1):
-        problems.append("--loss unicl reads --text-column of --text-data (not --caption-sampling / --captions-per-image)")
-    return problems
+    """--loss and the objectives' options: each objective checks its own (vltool.objective_specs)."""
+    return objective_specs.problems(c)
 
 
 def _data_problems(c: PretrainConfig) -> list[str]:
@@ -232,6 +184,8 @@ def _optimisation_problems(c: PretrainConfig) -> list[str]:
     for name in ("batch_size", "accum_steps", "log_every", "checkpoint_every", "keep_checkpoints"):
         if getattr(c, name) < 1:
             problems.append(f"{_opt(name)} must be >= 1, got {getattr(c, name)}")
+    if c.global_batch_size is not None and c.global_batch_size < 1:
+        problems.append(f"--global-batch-size must be >= 1, got {c.global_batch_size}")
     if c.epochs is not None and c.epochs <= 0:
         problems.append(f"--epochs must be > 0, got {c.epochs}")
     if c.steps is not None and c.steps < 1:
@@ -261,6 +215,25 @@ def _optimisation_problems(c: PretrainConfig) -> list[str]:
     if c.device not in DEVICES:
         problems.append(f"--device {c.device!r}: use {' | '.join(DEVICES)} (under `accelerate launch` each process takes its local rank's GPU)")
     return problems
+
+
+def recorded(c: PretrainConfig) -> dict:
+    """The options a run records (run.json, vltool.json): every field but global_batch_size, a spelling of
+    batch_size that resolve_global_batch turns into it before the run starts."""
+    return {k: v for k, v in asdict(c).items() if k != "global_batch_size"}
+
+
+def resolve_global_batch(c: PretrainConfig, world: int) -> None:
+    """--global-batch-size G (the global batch: batch-size x processes x accum-steps): --batch-size
+    G / (world x accum-steps), `world` the processes the launch started; refused unless it divides."""
+    if c.global_batch_size is None:
+        return
+    parts = world * c.accum_steps
+    if c.global_batch_size % parts:
+        among = f"the {world} process{'es' if world != 1 else ''} the launch started" + (f" x {c.accum_steps} accumulation steps" if c.accum_steps > 1 else "")
+        raise UsageError(f"--global-batch-size {c.global_batch_size}: does not divide among {among} "
+                         f"(e.g. --global-batch-size {(c.global_batch_size // parts + 1) * parts})")
+    c.batch_size, c.global_batch_size = c.global_batch_size // parts, None
 
 
 @dataclass

@@ -9,7 +9,7 @@ from vltool.checks import require_decoded
 from vltool.io.images import decode_image
 from vltool.losses import LossInput
 from vltool.model.load import to_device
-from vltool.pretrain.data import TrainData, texts_of
+from vltool.pretrain.data.rows import TrainData, texts_of
 
 
 def evaluate(model, tokenizer, eval_data: TrainData, transform, loss_fn, batch: int, accelerator, seed: int) -> dict:

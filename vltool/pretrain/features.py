@@ -27,7 +27,7 @@ from vltool.io.images import decode_image
 from vltool.losses import gather_keep_grad
 from vltool.model.load import to_device
 from vltool.model.pinning import fingerprint
-from vltool.pretrain.data import TrainData, texts_of
+from vltool.pretrain.data.rows import TrainData, texts_of
 
 TEXTS_COLUMN = "<texts>"  # the column of a text table's cache key: a list of distinct texts, not a dataset column
 

@@ -1,29 +1,24 @@
 """Training objectives as the trainer sees them: each declares what it needs and owns its state.
 
 An `Objective` wraps a loss of vltool.losses (the arithmetic, tested against references) with everything
-the trainer must know about it, so that the loop has no per-objective branches:
-
-| objective | needs from the model | needs per batch | owns |
-|---|---|---|---|
-| clip | | | |
-| sigmoid | a learnable logit bias (init -10, or searched) | a positive mask: k captions per image, mined positives | |
-| unicl | | each row's label | |
-| jsd | CLIP-Lite's critic projections | | |
-| clip --memory-bank K | a fixed logit scale 1/temperature; the run's length (EMA momentum) | EMA keys of the batch | the EMA towers and the key queue |
-| simclr | the image tower only (text frozen) | two augmented views per image | the projection head |
-
-The papers: sigmoid with many positives is from "FFF: Fixing Flawed Foundations in contrastive
-pre-training" (sections 4.1-4.4); unicl from "Unified Contrastive Learning in Image-Text-Label Space";
-jsd from "CLIP-Lite: Information Efficient Visual Representation Learning with Language Supervision";
-the memory bank from "A Fistful of Words" (section 2.1); simclr is the image-only baseline of "Is a
-Caption Worth a Thousand Images?".
+the trainer must know about it, so that the loop has no per-objective branches. Each objective is declared
+once: its spec in vltool.objective_specs (name, help, paper, the options it owns and their checks) and its
+class here, attached to the spec with `@objective(NAME)`; docs/objectives.md's table of the objectives is
+generated from the specs.
 
 The interface (the trainer calls these, in this order):
+- `load_train(data, config, where, split)` (a classmethod: before the objective is built): the training
+  rows (unicl: its label and text inputs).
+- `build(config, train, total_steps)` (a classmethod): the objective, with its loss (`loss_options`: the
+  loss's arguments from config fields).
 - `logit_scale_init`, `logit_scale_learnable`: a new model's logit scale.
 - `adapt(model, config, resume)`: add what the objective needs to the model before freezing (a logit bias,
   the critic, the SimCLR head); `attach(model, device)` after the model is on its device (the EMA copy).
 - `uses_text`, `two_views`: what the data must provide (simclr: no text, two views of each image).
-- `init_bias(...)`: sigmoid with --bias-init search only (FFF 4.4).
+- `init_batches`, `init_bias(...)`: the global batches of epoch 0 the objective reads before training to
+  choose its logit bias (0: none; sigmoid with --bias-init search, FFF 4.4).
+- `start_record()`, `warning`: its line of metrics.jsonl at the start of a new run (the memory bank's EMA
+  momentum) and a warning to print; `stats()`: its entries of the run's statistics.
 - A step is split in two, so that gradient caching (`--accum-steps`) works for every objective:
   `local(model, batch, inputs)`: this process's features of one micro-batch that carry the gradient (the
   towers' forward pass); `side(model, batch, inputs)`: the per-row inputs without gradient (rows, labels,
@@ -52,21 +47,64 @@ from dataclasses import dataclass
 
 import torch
 
-from vltool.losses import LOSSES, BiasSearch, LossInput, MemoryBankLoss, SigmoidLoss, build_loss, gather_many, positive_mask, search_logit_bias
+from vltool import objective_specs
+from vltool.losses import BiasSearch, LossInput, MemoryBankLoss, SigmoidLoss, build_loss, gather_many, positive_mask, search_logit_bias
 from vltool.model.checkpointing import batchnorm_stats_kept
-from vltool.pretrain.data import TrainData
+from vltool.objective_specs import ObjectiveSpec
+from vltool.pretrain.data.rows import TrainData, load_train_data
+from vltool.pretrain.data.unicl import load_unicl_data
+
+OBJECTIVES: dict[str, type[Objective]] = {}  # spec name -> its class
 
 
+def objective(name: str):
+    """Attach the decorated class to the objective `name` declared in vltool.objective_specs."""
+
+    def deco(cls):
+        if name not in objective_specs.SPECS:
+            raise KeyError(f"objective {name!r} has no spec: declare it in vltool/objective_specs.py")
+        cls.spec = objective_specs.SPECS[name]
+        OBJECTIVES[name] = cls
+        return cls
+
+    return deco
+
+
+def objective_class(config) -> type[Objective]:
+    """The class of the objective `config` trains (validated before)."""
+    return OBJECTIVES[objective_specs.chosen(config).name]
+
+
+def build_objective(config, train: TrainData, total_steps: int) -> Objective:
+    """The objective of `--loss` (and `--memory-bank K` with clip) for a run of `total_steps` steps."""
+    return objective_class(config).build(config, train, total_steps)
+
+
+@objective("clip")
 class Objective:
     """In-batch contrastive training of image-text pairs (clip, and the base of the others)."""
 
+    spec: ObjectiveSpec  # set by @objective
     uses_text = True  # the batch has texts (simclr: no)
     two_views = False  # the batch has two augmented views of each image (simclr)
     logit_bias_init: float | None = None  # a learnable logit bias on the model, starting here
+    loss_options: dict[str, str] = {}  # the loss's keyword arguments -> the config fields they come from
+    init_batches = 0  # global batches of epoch 0 init_bias reads before training (0: no search)
+    warning: str | None = None  # printed when the run starts
 
     def __init__(self, loss, train: TrainData):
         self.loss = loss  # nn.Module: its state is in every checkpoint
         self.train = train  # the per-row side information (positives, labels)
+
+    @classmethod
+    def load_train(cls, data, config, where, split) -> TrainData:
+        """The training rows of the DATA arguments `data` (a dataset on disk; shards are the loop's)."""
+        return load_train_data(data, config, where, split)
+
+    @classmethod
+    def build(cls, config, train: TrainData, total_steps: int) -> Objective:
+        kwargs = {arg: getattr(config, name) for arg, name in cls.loss_options.items()}
+        return cls(build_loss(cls.spec.loss, **kwargs), train)
 
     @property
     def logit_scale_init(self) -> float:
@@ -144,6 +182,15 @@ class Objective:
     def after_step(self, model) -> None:
         pass
 
+    def start_record(self) -> tuple[str, dict] | None:
+        """(kind, fields) of this objective's line in a new run's metrics.jsonl at step 0, or None."""
+        return None
+
+    def stats(self) -> dict:
+        """Its entries of the run's statistics: every objective gives every objective's keys (None where
+        they are not its own), so the statistics have one shape whatever --loss."""
+        return dict.fromkeys(objective_specs.stat_keys())
+
     def export(self, model, config):
         return model
 
@@ -208,6 +255,7 @@ def cached_backward(objective: Objective, model, batches, inputs_of, autocast, b
     return out, x.image_features.shape[0]
 
 
+@objective("sigmoid")
 class SigmoidObjective(Objective):
     """Sigmoid loss with many positives: a learnable logit bias, and a positive mask over the global batch
     when an image has several positive texts (k captions per image, mined positives)."""
@@ -217,6 +265,7 @@ class SigmoidObjective(Objective):
 
     def adapt(self, model, config, resume: bool) -> None:
         self.several_texts = config.captions_per_image > 1
+        self.init_batches = config.bias_search_batches if config.bias_init == "search" else 0
         given = config.bias_init not in (None, "search")
         if model.logit_bias is None:  # a learnable bias on the model, saved in the model format
             b0 = float(config.bias_init) if given else self.logit_bias_init
@@ -266,8 +315,16 @@ class SigmoidObjective(Objective):
         return found
 
 
+@objective("unicl")
 class UniCLObjective(Objective):
     """UniCL: each row's label goes with the batch (image-label rows share their class's label)."""
+
+    @classmethod
+    def load_train(cls, data, config, where, split) -> TrainData:
+        """--label-data and --text-data (DATA arguments count as --text-data)."""
+        if data:
+            config.text_data = list(config.text_data) + [d for d in data if d not in config.text_data]
+        return load_unicl_data(config, where, split)
 
     def side(self, model, batch: dict, inputs: dict) -> dict:
         if self.train.labels is None:
@@ -275,8 +332,11 @@ class UniCLObjective(Objective):
         return {"label": torch.as_tensor(self.train.labels)[batch["rows"]].to(model.logit_scale.device, non_blocking=True)}  # (B,)
 
 
+@objective("jsd")
 class JSDObjective(Objective):
     """CLIP-Lite: the critic projections are added to a new model (and saved with it)."""
+
+    loss_options = {"negatives": "jsd_negatives"}
 
     def adapt(self, model, config, resume: bool) -> None:
         if model.image_critic is None:
@@ -307,6 +367,7 @@ def ema_initial_share(momentum: float, total_steps: int) -> float:
     return momentum ** total_steps
 
 
+@objective("memory-bank")
 class MemoryBankObjective(Objective):
     """InfoNCE against a queue of keys from EMA towers (A Fistful of Words, 2.1). Owns the EMA copy of the
     model and the queue (both in the loss's state dict); the logit scale is 1/temperature, fixed. The EMA
@@ -327,11 +388,23 @@ class MemoryBankObjective(Objective):
                             f"{self.initial_share:.0%} at their initial weights by the end of the run (m^T); leave "
                             f"--ema-momentum out for the run-length rule (here m = {ema_momentum_for(total_steps):.5f})")
 
+    @classmethod
+    def build(cls, config, train: TrainData, total_steps: int) -> Objective:
+        return cls(config, train, total_steps)  # (its loss is made by attach, once the model is known)
+
     logit_scale_learnable = False
 
     @property
     def logit_scale_init(self) -> float:
         return 1 / self.config.temperature
+
+    def start_record(self) -> tuple[str, dict]:
+        """The EMA momentum used: given, or from the run's length."""
+        return "ema", {"ema_momentum": self.momentum, "given": self.config.ema_momentum is not None,
+                       "initial_share_at_end": self.initial_share}
+
+    def stats(self) -> dict:
+        return {**super().stats(), "ema_momentum": self.momentum}  # given or from the run's length
 
     def attach(self, model, device) -> None:
         c = self.config
@@ -358,6 +431,7 @@ class MemoryBankObjective(Objective):
         return self.loss.ema if config.export_ema else model
 
 
+@objective("simclr")
 class SimCLRObjective(Objective):
     """SimCLR: two augmented views of each image through the image tower; the text tower is frozen and
     unused, and the loss owns the projection head."""
@@ -380,17 +454,3 @@ class SimCLRObjective(Objective):
 
     def loss_input(self, model, feats, side, local=slice(None)) -> LossInput:
         return LossInput(feats[0], feats[1], model.logit_scale.exp(), None, local_slice=local)
-
-
-OBJECTIVES = {"clip": Objective, "sigmoid": SigmoidObjective, "unicl": UniCLObjective, "jsd": JSDObjective, "simclr": SimCLRObjective}
-
-
-def build_objective(config, train: TrainData, total_steps: int) -> Objective:
-    """The objective of `--loss` (and `--memory-bank K` with clip) for a run of `total_steps` steps."""
-    if config.memory_bank:
-        return MemoryBankObjective(config, train, total_steps)
-    cls = OBJECTIVES.get(config.loss, Objective)
-    assert config.loss in LOSSES, config.loss  # validated before
-    kwargs = {"negatives": config.jsd_negatives} if config.loss == "jsd" else {}
-    return cls(build_loss(config.loss, **kwargs), train)
-

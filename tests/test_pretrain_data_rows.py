@@ -1,4 +1,4 @@
-"""Start-up without per-row Python work (issue 22): the training rows of a dataset on disk are checked,
+"""vltool.pretrain.data's rows, without per-row Python work (issue 22): the training rows of a dataset on disk are checked,
 filtered and keyed by whole-column Arrow work, never by formatting rows one by one in Python.
 
 bench/bench_scale.py measures the time and memory this saves; these tests check the behaviour on tiny data
@@ -7,32 +7,11 @@ bench/bench_scale.py measures the time and memory this saves; these tests check 
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pyarrow as pa
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_pretrain import make_pairs  # noqa: E402
-
-from vltool.errors import UsageError  # noqa: E402
-
-
-@pytest.fixture
-def rows_formatted(monkeypatch):
-    """Counts the rows datasets formats into Python (what iterating a column or indexing a row does)."""
-    import datasets.arrow_dataset as ad
-
-    calls = []
-    original = ad.format_table
-
-    def counting(table, *a, **k):
-        calls.append(table.num_rows)
-        return original(table, *a, **k)
-
-    monkeypatch.setattr(ad, "format_table", counting)
-    return calls
+from tests.fixtures.training import make_pairs
+from vltool.errors import UsageError
 
 
 def test_blank_text_test_equals_texts_of():
@@ -104,7 +83,8 @@ def test_prefixed_ids_and_positives_under_where_copy_no_row(tmp_path, no_copied_
     import datasets
 
     from vltool.pretrain import PretrainConfig
-    from vltool.pretrain.data import _positive_rows, _positive_rows_reference, load_train_data
+    from vltool.pretrain.data import load_train_data
+    from vltool.pretrain.data.positives import _positive_rows, _positive_rows_reference
 
     paths = []
     for k, n in enumerate((12, 9)):
@@ -134,13 +114,12 @@ def test_the_checked_rows_are_kept_under_the_inputs_fingerprints(tmp_path, monke
     the same inputs and filters again check nothing (the id count and the text test are not called) and
     give the same rows; another filter, another text column or another input is checked anew; duplicate
     ids are refused every time (no verdict is kept for them); an unreadable verdict is checked anew."""
-    import vltool.pretrain.data as data_mod
-    from vltool.pretrain import PretrainConfig
-    from vltool.pretrain.data import load_train_data
-
     import datasets
 
+    import vltool.pretrain.data.checks as data_mod
     from vltool.io import default_cache_dir
+    from vltool.pretrain import PretrainConfig
+    from vltool.pretrain.data import load_train_data
 
     made = datasets.load_from_disk(make_pairs(tmp_path / "made", n=40, empty=(3, 17)))
     data = str(tmp_path / "d")
@@ -181,7 +160,7 @@ def test_positive_rows_equal_the_row_by_row_reference(monkeypatch, rows_formatte
 
     import datasets
 
-    import vltool.pretrain.data as data_mod
+    import vltool.pretrain.data.positives as data_mod
 
     rng = random.Random(0)
     n = 500
@@ -214,164 +193,6 @@ def test_duplicate_and_clashing_ids_are_named(tmp_path):
     two = make_pairs(tmp_path / "two", n=8, ids=[f"y{i}" for i in range(7)] + ["x5"])
     with pytest.raises(UsageError, match=f"id 'x5' is in both '{one}' and '{two}'"):
         load_train_data([one, two], PretrainConfig())
-
-
-def test_column_digest_equals_ids_digest():
-    """Encoding keys its cache entries' ids by an Arrow digest of the id column: the same digest as hashing
-    each id in Python (so existing cache entries stay valid), for selections and non-string ids too."""
-    import datasets
-
-    from vltool.cache import ids_digest
-    from vltool.io import column_digest, column_values
-
-    ds = datasets.Dataset.from_dict({"id": ["a", "bé", "", "x" * 5], "n": [1, 2, 3, 4]})
-    for d in (ds, ds.select([3, 0, 2]), ds.select([])):
-        for col in ("id", "n"):
-            assert column_digest(d, col) == ids_digest(column_values(d, col))
-    assert ids_digest(["a", "b"]) == "8fb20ef63ced4145fc2e983ffe597d1dcff39154c3bf21f0fa9dde6a0c50fdc9"  # sha256(b"a\0b\0"): the digest's definition, unchanged
-
-
-def test_deform_drops_rows_without_copying_the_images(tmp_path):
-    """deform writes the kept rows through an indices mapping over the input's memory-mapped table: the
-    image column of its output is the input's (the same buffers, no copy), and what is written is exactly
-    the selected rows that keep a text, with their own images."""
-    import datasets
-
-    from vltool.deform import DeformConfig, deform, deform_dataset
-    from vltool.io import load_dataset
-
-    caps = ["A man riding a red bike.", "The the the.", "Two cats play with a ball.", "The the the.", "A dog on a red couch."] * 4
-    data = make_pairs(tmp_path / "d", n=20)
-    ds = datasets.load_from_disk(data).remove_columns(["caption"]).add_column("caption", caps)
-    ds.add_column("split", ["train", "test"] * 10).save_to_disk(str(tmp_path / "src"))
-    src = load_dataset(str(tmp_path / "src"), where=["split=train"])
-    out, stats = deform_dataset(src.dataset, DeformConfig(ops="rmstop", base_frac=0))
-
-    def buffers(d):
-        return [b.address for c in d.data.table.column("image").chunks for b in c.buffers() if b is not None]
-
-    assert buffers(out) == buffers(src.dataset)
-    deform(str(tmp_path / "src"), tmp_path / "out", DeformConfig(ops="rmstop", base_frac=0), where=["split=train"])
-    written = datasets.load_from_disk(str(tmp_path / "out")).cast_column("image", datasets.Image(decode=False))
-    source = {r["id"]: r for r in datasets.load_from_disk(str(tmp_path / "src")).cast_column("image", datasets.Image(decode=False))}
-    expected = [i for k, i in enumerate(f"p{j}" for j in range(20)) if k % 2 == 0 and caps[k] != "The the the."]
-    assert written["id"] == expected and stats["rows_out"] == len(expected) == 6
-    for r in written:
-        assert r["image"]["bytes"] == source[r["id"]]["image"]["bytes"] and r["caption_original"] == source[r["id"]]["caption"]
-        assert r["split"] == "train" and r["caption"] and not r["is_base"]
-
-
-def test_deform_spills_its_new_columns_to_a_memory_mapped_file(tmp_path, monkeypatch):
-    """With a spill directory, deform's new columns (the deformed text, is_base) and the kept rows' indices
-    are written TEXT_CHUNK rows at a time to Arrow files and memory-mapped back: the output is the same as
-    with everything in memory, and Arrow's memory pool holds none of the new columns afterwards (in
-    memory, it holds the whole deformed column). `deform` removes its spill directory when it is done."""
-    import random
-
-    import datasets
-
-    import vltool.deform as D
-    from vltool.deform import DeformConfig, deform, deform_dataset
-
-    rng = random.Random(0)
-    words = "a the red dog cat runs on of big small park street blue house".split()
-    caps = [" ".join(rng.choice(words) for _ in range(rng.randint(2, 40))) for _ in range(3000)] + ["the of a"] * 50
-    src = datasets.Dataset.from_dict({"id": [f"r{i}" for i in range(len(caps))], "caption": caps})
-    src.save_to_disk(str(tmp_path / "src"))
-    ds = datasets.load_from_disk(str(tmp_path / "src"))
-    cfg = DeformConfig(ops="shuffle,rmstop,basevocab,rmtopfreq3,keep8", seed=1)
-    monkeypatch.setattr(D, "TEXT_CHUNK", 500)
-
-    in_memory, stats = deform_dataset(ds, cfg)
-    (tmp_path / "spill").mkdir()
-    before = pa.total_allocated_bytes()
-    spilled, spilled_stats = deform_dataset(ds, cfg, spill=tmp_path / "spill")
-    held = pa.total_allocated_bytes() - before
-    assert spilled.to_list() == in_memory.to_list() and spilled_stats == stats
-    assert stats["rows_dropped_empty"] >= 50 and spilled._indices is not None
-    deformed_bytes = in_memory.data.table.column("caption").nbytes
-    assert deformed_bytes > 50_000 and held < deformed_bytes / 10, (held, deformed_bytes)
-    assert sorted(p.name for p in (tmp_path / "spill").iterdir()) == ["columns.arrow", "indices.arrow"]
-
-    deform(str(tmp_path / "src"), tmp_path / "out", cfg)
-    assert datasets.load_from_disk(str(tmp_path / "out")).to_list() == in_memory.flatten_indices().to_list()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "spill", "src"]  # no spill left beside out
-
-
-def test_deform_output_pickles_as_files_not_data(tmp_path):
-    """save_to_disk with --num-proc pickles the dataset to its worker processes: deform's output must pickle
-    as the input's files, the spill file and the operations on them, not as their data (wrapped in an
-    in-memory table, 1M rows with images pickled 3.3 GB per worker and peaked at 8.7 GB). Here a 2 MB
-    column of the input pickles in a few kB, with rows dropped and with a selection (--where) alike."""
-    import pickle
-
-    import datasets
-
-    from vltool.deform import DeformConfig, deform_dataset
-    from vltool.io import load_dataset
-
-    n = 200
-    caps = ["the the" if i % 7 == 0 else f"a red dog number {i} runs in the park" for i in range(n)]
-    datasets.Dataset.from_dict({
-        "id": [f"r{i}" for i in range(n)], "caption": caps, "blob": [bytes([i % 251]) * 10_000 for i in range(n)],
-        "split": ["train", "test"] * (n // 2),
-    }).save_to_disk(str(tmp_path / "src"))
-    for where in ([], ["split=train"]):
-        spill = tmp_path / f"spill{len(where)}"
-        spill.mkdir()
-        src = load_dataset(str(tmp_path / "src"), where=where)
-        out, stats = deform_dataset(src.dataset, DeformConfig(ops="rmstop", base_frac=0), spill=spill)
-        assert stats["rows_dropped_empty"] > 0 and out.data.nbytes > 2_000_000 // (1 + len(where))
-        assert len(pickle.dumps(out.data)) < 50_000 and len(pickle.dumps(out._indices)) < 50_000
-        assert pickle.loads(pickle.dumps(out.data)).to_pydict() == out.data.to_pydict()
-
-
-def test_shared_ids_of_train_and_eval_equal_the_set_intersection(rows_formatted):
-    """pretrain's check that --eval-data rows are not training rows (and pseudolabel's, that no image is
-    both aligned and unaligned): Arrow's set lookup gives the Python set intersection, either way round, and
-    formats no row."""
-    import random
-
-    import datasets
-
-    from vltool.io import shared_ids
-
-    rng = random.Random(1)
-    train_ids = [f"r{i}" for i in rng.sample(range(10_000), 3000)]
-    eval_ids = [f"r{i}" for i in rng.sample(range(10_000), 300)]
-    train = datasets.concatenate_datasets([datasets.Dataset.from_dict({"id": train_ids[a : a + 700]}) for a in range(0, 3000, 700)])
-    evald = datasets.Dataset.from_dict({"id": eval_ids})
-    assert shared_ids(train, evald) == shared_ids(evald, train) == sorted(set(train_ids) & set(eval_ids)) != []
-    assert shared_ids(train, datasets.Dataset.from_dict({"id": ["x", "y"]})) == []
-    assert rows_formatted == []
-
-
-def test_workers_default_is_chosen_from_the_machine_and_recorded(tmp_path, monkeypatch):
-    import json
-    import os
-
-    from test_pretrain import micro
-
-    from vltool.pretrain import pretrain
-    from vltool.pretrain.loop import default_workers
-
-    assert default_workers("cpu", 1) == 0
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
-    assert default_workers("cuda", 16) == 8 - 1  # 64 cores / 8 local processes, less one
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    assert default_workers("cuda", 2) == 31  # every core this process may use: 16 (H200, 16 cores) -> 15
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
-    assert default_workers("cuda", 1) == 15
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
-    assert default_workers("cuda", 2) == 0
-    data = make_pairs(tmp_path / "d", n=16)
-    cfg = micro(steps=1)
-    assert cfg.workers is None
-    r = pretrain([data], tmp_path / "run", cfg, progress=False)
-    assert json.loads((tmp_path / "run" / "run.json").read_text())["config"]["workers"] == 0  # on CPU
-    assert r["options"]["workers"] == 0
 
 
 def _unicl_reference(config, where=()):
@@ -463,44 +284,6 @@ def test_unicl_duplicate_and_clashing_ids_are_named(tmp_path):
         load_unicl_data(PretrainConfig(**cfg, label_data=[str(tmp_path / "ok")], text_data=[str(tmp_path / "clash")]))
     ok = load_unicl_data(PretrainConfig(**cfg, label_data=[str(tmp_path / "ok")], text_data=[str(tmp_path / "clash")], prefix_ids=True))
     assert ok.ids == ["0:e", "0:f", "0:g", "0:h", "1:a", "1:e"]
-
-
-@pytest.mark.parametrize("slice_rows", [1, 3, 1 << 18])
-def test_arrow_texts_equal_text_owner(monkeypatch, slice_rows):
-    """The encoding commands' texts come from the Arrow column (arrow_texts, io.strings_digest): the same
-    texts, owners and cache digest as the row-by-row text_owner and texts_digest, for strings and lists
-    with None, blank and Unicode-whitespace texts, in slices of any size."""
-    import random
-
-    from vltool import checks
-    from vltool.cache import texts_digest
-    from vltool.encode import arrow_texts, text_owner
-    from vltool.io import strings_digest
-
-    monkeypatch.setattr(checks, "TEXT_SLICE_ROWS", slice_rows)
-    rng = random.Random(1)
-    pool = ["a dog", "", "  ", "\u3000\u2003", None, "café\n", "x", " two  words "]
-    strings = [rng.choice(pool) for _ in range(23)]
-    lists = [rng.choice([None, [], [rng.choice(pool) for _ in range(rng.randint(1, 3))]]) for _ in range(19)]
-    for values, typ in ((strings, pa.string()), (lists, pa.list_(pa.string())), ([None, ""], pa.string())):
-        column = pa.chunked_array([values[:7], values[7:]], type=typ)
-        texts, owner = arrow_texts(column)
-        want, want_owner = text_owner(values)
-        assert texts.to_pylist() == want and owner.tolist() == want_owner.tolist()
-        assert strings_digest(texts) == texts_digest(want)
-
-
-def test_bench_scale_merge_keeps_the_latest_measurement_of_each_command_and_size():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_scale", Path(__file__).resolve().parents[1] / "bench" / "bench_scale.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    old = [{"command": "mine-positives", "rows": 10_000, "seconds": 1.0}, {"command": "retrieve", "rows": 10_000, "seconds": 2.0},
-           {"command": "pretrain", "rows": 1_000_000, "seconds": 3.0}]
-    new = [{"command": "mine-positives", "rows": 10_000, "seconds": 9.0}, {"command": "mine-positives", "rows": 1_000_000, "seconds": 8.0}]
-    got = [(r["command"], r["rows"], r["seconds"]) for r in bench.merged([old, new])]
-    assert got == [("retrieve", 10_000, 2.0), ("mine-positives", 10_000, 9.0), ("pretrain", 1_000_000, 3.0), ("mine-positives", 1_000_000, 8.0)]
 
 
 def test_mined_positives_naming_no_row_are_refused(tmp_path):

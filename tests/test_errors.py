@@ -1,4 +1,4 @@
-"""A full disk is one line naming what was being written, exit 1, and nothing partial left (issue 35).
+"""vltool.errors' DiskFull: a full disk is one line naming what was being written, exit 1, and nothing partial left (issue 35).
 
 Each test writes onto a small tmpfs (mounted here: root only; skipped where mounting is not permitted), or,
 for what a tmpfs cannot reach in time (pretrain's second checkpoint), through a writer that fails as a full
@@ -9,39 +9,15 @@ from __future__ import annotations
 
 import errno
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_pretrain import make_pairs, micro  # noqa: E402
-
-from vltool.errors import DiskFull, disk_full_cause  # noqa: E402
-
-FULL = "the disk is full (no space left on device)"
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    """`mount_disk(size)`: a tmpfs of `size` (e.g. "300k") at a new folder, unmounted after the test."""
-    mounted = []
-
-    def mount_disk(size: str, name: str = "disk") -> Path:
-        where = tmp_path / name
-        where.mkdir()
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True, text=True)
-        if r.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip() or r.returncode})")
-        mounted.append(where)
-        return where
-
-    yield mount_disk
-    for where in mounted:  # lazily: a file the failed command left open (closed when collected) keeps it busy
-        subprocess.run(["umount", "-l", str(where)], check=False)
+from tests.fixtures.disk import FULL
+from tests.fixtures.training import make_pairs, micro
+from vltool.errors import DiskFull, disk_full_cause
 
 
 def fill(disk: Path) -> None:
@@ -193,12 +169,12 @@ def test_a_full_disk_at_the_final_save_names_the_checkpoint_to_resume_from(tmp_p
     run's last, written before the model); --resume then only writes the model."""
     from safetensors import SafetensorError
 
-    import vltool.pretrain.loop as loop
+    import vltool.pretrain.rundir as rundir
 
     def full(save_model, *args, **kwargs):
         raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
 
-    error, run, kept = pretrain_on_a_filling_disk(tmp_path, monkeypatch, loop, "save_model", full, 2)
+    error, run, kept = pretrain_on_a_filling_disk(tmp_path, monkeypatch, rundir, "save_model", full, 2)
     assert str(error) == (f"{FULL} writing {run}; the final model of step 3 could not be written; the previous checkpoint, "
                           f"step_00000003, is kept: free some space and continue with `vltool pretrain --resume {run}` "
                           "(exactly from that checkpoint)")

@@ -1,4 +1,4 @@
-"""Bad input never destroys what a user owns, never prints a traceback, never exits 0 with a meaningless
+"""Every command on bad input (vltool.cli's one-line errors): bad input never destroys what a user owns, never prints a traceback, never exits 0 with a meaningless
 answer (issue #20; docs/conventions.md, "Bad input").
 
 The sweep runs every command on a shared matrix of bad inputs (a missing path, 0 rows, wrong column
@@ -9,7 +9,6 @@ input (the model too) unchanged, hashed file by file before and after.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -19,136 +18,11 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _eval_helpers import make_colors, make_model  # noqa: E402
+from tests.fixtures.command_inputs import COMMON, MODEL_CMDS, command_line, tree_hash
+from tests.fixtures.eval_data import make_colors
+from tests.fixtures.messages import one_error
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def tree_hash(root: Path) -> dict[str, str]:
-    """Every file (hidden ones too) under `root` -> its SHA-256; directories by name."""
-    out = {}
-    for p in sorted(Path(root).rglob("*")):
-        rel = str(p.relative_to(root))
-        out[rel] = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
-    return out
-
-
-def _variant(src: str, dst: Path, **columns) -> str:
-    """A copy of the dataset at `src` with some columns replaced (name -> (values, feature))."""
-    import datasets
-
-    ds = datasets.load_from_disk(src)
-    for name, (values, feature) in columns.items():
-        ds = ds.remove_columns([name]).add_column(name, values, feature=feature)
-    ds.save_to_disk(str(dst))
-    return str(dst)
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    """Good inputs under IN/ (a colour dataset with gender groups, a model, a subspace, a CSV of image
-    files, a runs directory), the bad variants beside them, and OUT/ for outputs."""
-    import datasets
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    root = tmp_path_factory.mktemp("world")
-    inp, outs = root / "IN", root / "OUT"
-    inp.mkdir()
-    outs.mkdir()
-    good = make_colors(inp / "good", per_class=3)
-    ds = datasets.load_from_disk(good)
-    ds = ds.add_column("gender", ["man" if i % 2 else "woman" for i in range(len(ds))])
-    ds.save_to_disk(str(inp / "data"))
-    data = str(inp / "data")
-    n = len(ds)
-    S = datasets.Value("string")
-    w = {"root": root, "IN": inp, "OUT": outs, "data": data, "ref": good, "n": n}
-    w["missing"] = str(inp / "no_such_dataset")
-    ds.select([]).save_to_disk(str(inp / "empty"))
-    w["empty"] = str(inp / "empty")
-    w["int_captions"] = _variant(data, inp / "int_captions", caption=(list(range(n)), datasets.Value("int64")))
-    w["list_captions"] = _variant(data, inp / "list_captions", caption=([[i, i + 1] for i in range(n)], datasets.List(datasets.Value("int64"))))
-    w["bytes_captions"] = _variant(data, inp / "bytes_captions", caption=([f"a cap {i}".encode() for i in range(n)], datasets.Value("binary")))
-    w["empty_captions"] = _variant(data, inp / "empty_captions", caption=(["", "  "] * (n // 2), S),
-                                   captions=([["", " "]] * n, datasets.List(S)))
-    w["corrupt_images"] = _variant(data, inp / "corrupt_images", image=([{"bytes": b"not an image", "path": None}] * n, datasets.Image()))
-    w["path_images"] = _variant(data, inp / "path_images", image=([f"photos/p{i}.png" for i in range(n)], S))
-    w["model"] = make_model(inp / "run")
-    # a subspace of the model, a CSV of image files, a runs directory, a queries file
-    from vltool.debias import DebiasConfig, compute_subspace
-
-    compute_subspace(DebiasConfig(model=str(w["model"]), cache_dir=str(root / "cache")), inp / "sub")
-    w["sub"] = inp / "sub"
-    import shutil
-
-    shutil.copytree(w["model"], inp / "corrupt_model")
-    (inp / "corrupt_model" / "model" / "config.json").write_text('{"format": ')
-    shutil.copytree(w["model"], inp / "truncated_model")
-    with open(inp / "truncated_model" / "model" / "model.safetensors", "r+b") as f:
-        f.truncate(100)
-    shutil.copytree(w["sub"], inp / "corrupt_sub")
-    (inp / "corrupt_sub" / "vltool.json").write_text("{")
-    (inp / "bad_run").mkdir()
-    (inp / "bad_run" / "run.json").write_text('{"data": ')
-    from PIL import Image
-
-    (inp / "photos").mkdir()
-    for i in range(4):
-        Image.new("RGB", (8, 8), (60 * i, 0, 0)).save(inp / "photos" / f"p{i}.png")
-    Image.new("RGB", (8, 8)).save(inp / "photos" / "unlisted.png")
-    (inp / "train.csv").write_text("filepath,caption\n" + "".join(f"{inp}/photos/p{i}.png,a photo {i}\n" for i in range(4)))
-    (inp / "header_only.csv").write_text("filepath,caption\n")
-    (inp / "files_missing.csv").write_text("filepath,caption\n" + "".join(f"{inp}/photos/gone{i}.png,a photo\n" for i in range(3)))
-    (inp / "captions_empty.csv").write_text("filepath,caption\n" + "".join(f"{inp}/photos/p{i}.png, \n" for i in range(3)))
-    w["csv"], w["photos"] = inp / "train.csv", inp / "photos"
-    runs = inp / "runs" / "base" / "seed0"
-    runs.mkdir(parents=True)
-    (runs / "zeroshot.json").write_text(json.dumps({"metrics": {"top1": {"value": 0.1, "ci_low": 0.0, "ci_high": 0.2, "chance": 0.1}}}))
-    w["runs"] = inp / "runs"
-    (inp / "empty_runs").mkdir()
-    (inp / "a_file").write_text("not a directory\n")
-    import socket
-
-    with socket.socket(socket.AF_UNIX) as sock:  # a special file standing for /dev/null (a socket, not a fifo:
-        sock.bind(str(inp / "a_socket"))          # a regression that opens it fails at once instead of blocking)
-    (inp / "user_dir" / "docs").mkdir(parents=True)  # a directory of the user's (stands for ~)
-    (inp / "user_dir" / "docs" / "thesis.tex").write_text("precious\n")
-    w["file"] = inp / "a_file"
-    yield w
-    torch.set_num_threads(threads)  # the other test modules run with the machine's threads
-
-
-COMMON = ["--no-progress"]
-MODEL_CMDS = {"recaption", "mine-positives", "pseudolabel", "zeroshot", "retrieve", "probe", "debias"}
-
-
-def command_line(cmd: str, w: dict, data: str, out) -> list[str] | None:
-    """`vltool CMD` reading `data` as its main dataset, writing `out`; the other inputs are good."""
-    m, cache = str(w["model"]), str(w["root"] / "cache")
-    if cmd == "recaption":
-        if "blip" in w:
-            return ["recaption", data, "--out", out, "--model", w["blip"], "--num-captions", "1"]
-        return ["recaption", data, "--out", out, "--paraphrase", "--lm", w["gpt2"], "--num-captions", "1"]
-    ev = ["--cache-dir", cache]
-    return {
-        "deform": ["deform", data, "--out", out],
-        "filter": ["filter", data, "--reference", w["ref"], "--out", out, "--folds", "2", "--epochs", "1"],
-        "mine-positives": ["mine-positives", data, "--model", m, "--out", out, *ev],
-        "pretrain": ["pretrain", data, "--out", out, "--arch", "vltool-micro", "--steps", "1", "--batch-size", "4", "--where", "split=train"],
-        "pseudolabel": ["pseudolabel", w["ref"], "--aligned", data, "--aligned-where", "split=train", "--where", "split=test",
-                        "--model", m, "--out", out, *ev],
-        "zeroshot": ["zeroshot", data, "--model", m, "--out", out, *ev],
-        "retrieve": ["retrieve", data, "--model", m, "--out", out, *ev],
-        "probe": ["probe", data, "--model", m, "--eval-data", w["ref"], "--out", out, "--where", "split=train", "--eval-where",
-                  "split=test", "--epochs", "2", *ev],
-        "debias": ["debias", "--model", m, "--subspace", w["sub"], "--eval-data", data, "--out", out, *ev],
-        "export": ["export", data, "--out", out],
-        "split": ["split", data, "--out", out, "--parts", "a=0.5,b=0.5"],
-        "pick-caption": ["pick-caption", data, "--out", out],
-    }.get(cmd)
 
 
 # Which bad dataset each command must refuse: text kinds only where the command reads the caption column,
@@ -313,15 +187,6 @@ def test_sweep_controls_succeed(world, cli, request, cmd):
     assert tree_hash(world["IN"]) == before
 
 
-@pytest.fixture(scope="module")
-def captioners(world):
-    """Tiny random BLIP (captions images) and GPT-2 (paraphrases) models among the inputs."""
-    sys.path.insert(0, str(REPO))
-    from bench.tiny_models import make_blip, make_gpt2
-
-    return {"blip": make_blip(world["IN"] / "blip"), "gpt2": make_gpt2(world["IN"] / "gpt2")}
-
-
 @pytest.mark.parametrize("cmd,kind", list(cases()))
 def test_bad_input_sweep(world, cli, request, monkeypatch, cmd, kind):
     # Each case runs in a scratch working directory: `--out ""` means the current directory, which the old
@@ -349,14 +214,6 @@ def test_bad_input_sweep(world, cli, request, monkeypatch, cmd, kind):
     if fresh is not None:
         assert not fresh.exists(), f"{fresh} was written"
     assert time.time() - t < 30
-
-
-def one_error(r, code=None) -> str:
-    """The single `error: ...` line of a failed command (no traceback, nothing else on stderr)."""
-    lines = r.stderr.strip().splitlines()
-    assert r.exit_code in ((1, 2) if code is None else (code,)), (r.exit_code, r.stdout[-800:], r.stderr[-800:])
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in r.stdout, r.stderr
-    return lines[0]
 
 
 # ---- 1. data loss: everything a command reads is an input, and --out never replaces it
@@ -428,124 +285,6 @@ def test_import_never_replaces_the_folder_of_its_images(world, cli, tmp_path):
     assert "holds the images this import reads" in line and tree_hash(tmp_path / "exported") == before
     r = cli("import", world["csv"], "--out", tmp_path / "imported", "--no-progress")
     assert r.exit_code == 0, r.stderr
-
-
-@pytest.fixture(scope="module")
-def pairs(tmp_path_factory):
-    from test_pretrain import make_pairs
-
-    return make_pairs(tmp_path_factory.mktemp("pairs") / "pairs", n=16)
-
-
-def _micro(**kw):
-    from vltool.pretrain import PretrainConfig
-
-    base = dict(arch="vltool-micro", batch_size=8, steps=2, lr=1e-3, log_every=1, checkpoint_every=100, augment="none")
-    return PretrainConfig(**{**base, **kw})
-
-
-def test_pretrain_overwrite_keeps_the_finished_run_until_the_new_one_finishes(tmp_path, pairs, cli):
-    """An interrupted `pretrain --overwrite` leaves the finished run as it was; the unfinished run says how
-    to continue it; a finished replacement swaps in whole."""
-    from vltool.pretrain import pretrain
-
-    run = tmp_path / "run"
-    pretrain([pairs], run, _micro(), progress=False)
-    before = tree_hash(run)
-    r = pretrain([pairs], run, _micro(steps=4), overwrite=True, stop_after_steps=2, progress=False)
-    assert r["status"] == "stopped"
-    assert tree_hash(run) == before  # the finished run is untouched while the new one is built beside it
-    sibling = [p for p in tmp_path.iterdir() if p.name.startswith(".run.work-")]
-    assert len(sibling) == 1 and (sibling[0] / "checkpoints").is_dir()
-    pretrain(resume=sibling[0], progress=False)
-    assert not sibling[0].exists() and tree_hash(run) != before
-    assert json.loads((run / "vltool.json").read_text())["stats"]["resumed_from_step"] == 2
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no lock, no work directory left
-
-
-def test_rerunning_an_unfinished_run_says_resume_not_overwrite(tmp_path, pairs, cli):
-    from vltool.pretrain import pretrain
-
-    run = tmp_path / "run"
-    pretrain([pairs], run, _micro(steps=4), stop_after_steps=2, progress=False)
-    line = one_error(cli("pretrain", pairs, "--out", run, "--arch", "vltool-micro", "--steps", "4", "--no-progress"), 2)
-    assert "is an unfinished run" in line and f"--resume {run}" in line and "pass --overwrite" not in line
-
-
-def test_a_refused_pretrain_leaves_a_run_another_invocation_started(tmp_path, pairs, monkeypatch):
-    """Two `pretrain --out R` started together: the one refused (R became another run's while it loaded
-    its data) must not delete R. Before: it had seen no R at its start, so it removed R on the way out."""
-    from vltool.errors import UsageError
-    from vltool.pretrain import loop, pretrain
-
-    run = tmp_path / "run"
-    load = loop._load_data
-
-    def the_other_starts_first(*args, **kw):  # the other invocation makes R and starts training in it
-        run.mkdir()
-        (run / loop.RUN_FILE).write_text("{}")
-        (run / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n')
-        return load(*args, **kw)
-
-    monkeypatch.setattr(loop, "_load_data", the_other_starts_first)
-    with pytest.raises(UsageError, match="is an unfinished run"):
-        pretrain([pairs], run, _micro(), progress=False)
-    assert sorted(p.name for p in run.iterdir()) == ["metrics.jsonl", loop.RUN_FILE]
-
-
-def test_a_run_that_fails_before_its_first_checkpoint_leaves_nothing(tmp_path, pairs, monkeypatch):
-    """The other side of the test above: a run this invocation made that fails before anything can be
-    resumed is removed."""
-    from vltool.pretrain import loop, pretrain
-
-    def no_model(run):
-        raise RuntimeError("the model could not be built")
-
-    monkeypatch.setattr(loop, "_build_model", no_model)
-    with pytest.raises(RuntimeError):
-        pretrain([pairs], tmp_path / "run", _micro(), progress=False)
-    assert not (tmp_path / "run").exists()
-
-
-LOCK_HOLDER = """
-import sys, time
-from vltool.io import check_output, output_scope
-with output_scope():
-    check_output(sys.argv[1], True)
-    print("locked", flush=True)
-    time.sleep(120)
-"""
-
-
-def test_a_second_writer_gets_one_line_and_stale_temporaries_go(world, cli, tmp_path):
-    """Two writers of one output: the second gets a one-line error. A killed writer's `.OUT.tmp-*` /
-    `.OUT.work-*` stay while it lives and go at the next write once it is dead."""
-    out = tmp_path / "out"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(out)], env=env, stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "locked"
-        for name in (".out.tmp-0123abcd", ".out.work-0123abcd"):
-            (tmp_path / name).mkdir()
-            (tmp_path / name / "big").write_bytes(b"x" * 1000)
-        line = one_error(cli("deform", world["data"], "--out", out, "--no-progress"), 1)
-        assert "is being written by another vltool process" in line and f"pid {holder.pid}" in line
-        assert (tmp_path / ".out.tmp-0123abcd").is_dir() and (tmp_path / ".out.work-0123abcd").is_dir()  # a live writer's
-    finally:
-        holder.kill()
-        holder.wait()
-    r = cli("deform", world["data"], "--out", out, "--no-progress")
-    assert r.exit_code == 0, r.stderr
-    assert "warning: removed what 2 killed or stopped write(s)" in r.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
-
-
-def test_writing_beside_an_output_removes_only_its_own_stale_temporaries(world, cli, tmp_path):
-    for name in (".out.tmp-00000001", ".other.tmp-00000002", ".out.work-00000003"):
-        (tmp_path / name).mkdir()
-    r = cli("deform", world["data"], "--out", tmp_path / "out", "--no-progress")
-    assert r.exit_code == 0, r.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".other.tmp-00000002", "out"]
 
 
 # ---- 2. no tracebacks
@@ -770,30 +509,6 @@ def test_quickstart_leaves_the_tracked_results_alone_unless_published(tmp_path):
 def test_a_bad_command_line_is_one_line_too(cli, argv, says):
     line = one_error(cli(*argv), 2)
     assert says in line and "--help`" in line
-
-
-def test_a_second_pretrain_into_a_run_being_written_is_refused(tmp_path, pairs, cli):
-    """Two `pretrain --overwrite` into one RUN used to both run and log every step twice; `--resume` of a
-    run another process is writing is refused alike."""
-    from vltool.pretrain import pretrain
-
-    run = tmp_path / "run"
-    pretrain([pairs], run, _micro(steps=4), stop_after_steps=2, progress=False)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(run)], env=env, stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "locked"
-        before = tree_hash(tmp_path)
-        for argv in (["pretrain", pairs, "--out", run, "--overwrite", "--arch", "vltool-micro", "--steps", "4"],
-                     ["pretrain", "--resume", run]):
-            assert "is being written by another vltool process" in one_error(cli(*argv, "--no-progress"), 1)
-        assert tree_hash(tmp_path) == before
-    finally:
-        holder.kill()
-        holder.wait()
-    r = cli("pretrain", "--resume", run, "--no-progress")
-    assert r.exit_code == 0, r.stderr
-    assert [m["step"] for m in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if m["kind"] == "train"] == [1, 2, 3, 4]
 
 
 def test_recaption_skips_and_counts_bad_images(world, cli, captioners, tmp_path):

@@ -1,4 +1,4 @@
-"""Large contrastive batches on few devices, and a GPU node used well (issue 18).
+"""vltool.pretrain.loop: large contrastive batches on few devices, and a GPU node used well (issue 18).
 
 - Gradient caching (`--accum-steps A`): A micro-batches of B give the loss and the gradients of one batch
   of A x B, for every objective, in 1 process and in 2 (`-m slow`).
@@ -14,18 +14,17 @@ Everything runs on CPU with `vltool-micro` on small synthetic data.
 from __future__ import annotations
 
 import json
-import sys
 import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
-from _launch import launch  # noqa: E402
 import torch
 
+from tests.fixtures.launch import launch
+from tests.fixtures.training import MINILM, MOBILENET, assert_same_weights, make_pairs, metrics, micro, needs_minilm, needs_mobilenet, weights
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_pretrain import MINILM, MOBILENET, assert_same_weights, make_pairs, metrics, micro, needs_minilm, needs_mobilenet, weights  # noqa: E402
 
 GRAD_TOL = dict(atol=1e-5, rtol=1e-4)  # float32 sums in another order (observed: <= 4e-6)
 
@@ -35,7 +34,7 @@ def data(tmp_path_factory) -> dict:
     """The inputs of every variant: pairs (32 rows), pairs with mined positives, UniCL label and text data."""
     import datasets
 
-    from _squares import WORDS
+    from tests.fixtures.squares import WORDS
 
     root = tmp_path_factory.mktemp("scaling")
     pairs = make_pairs(root / "pairs", n=32)
@@ -328,3 +327,30 @@ def test_bf16_with_gradient_checkpointing_on_cpu_trains_like_without(tmp_path):
     np.testing.assert_allclose([m["loss"] for m in metrics(tmp_path / "checkpointed")],
                                [m["loss"] for m in metrics(tmp_path / "plain")], rtol=1e-6)
     assert_same_weights(weights(tmp_path / "plain"), weights(tmp_path / "checkpointed"), atol=1e-6)
+
+
+def test_workers_default_is_chosen_from_the_machine_and_recorded(tmp_path, monkeypatch):
+    import json
+    import os
+
+    from tests.fixtures.training import micro
+    from vltool.pretrain import pretrain
+    from vltool.pretrain.runtime import default_workers
+
+    assert default_workers("cpu", 1) == 0
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert default_workers("cuda", 16) == 8 - 1  # 64 cores / 8 local processes, less one
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert default_workers("cuda", 2) == 31  # every core this process may use: 16 (H200, 16 cores) -> 15
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    assert default_workers("cuda", 1) == 15
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    assert default_workers("cuda", 2) == 0
+    data = make_pairs(tmp_path / "d", n=16)
+    cfg = micro(steps=1)
+    assert cfg.workers is None
+    r = pretrain([data], tmp_path / "run", cfg, progress=False)
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["config"]["workers"] == 0  # on CPU
+    assert r["options"]["workers"] == 0

@@ -1,4 +1,5 @@
-"""A model whose weights hold NaN or inf gives no numbers (issue 44, items 6 and 7).
+"""vltool.encode: texts read as Arrow columns (`arrow_texts`), and a model whose weights hold NaN or inf gives
+no numbers (issue 44, items 6 and 7).
 
 One check where embeddings are made (`vltool.encode.require_finite`): every command that encodes stops
 with one line naming the model and the tower, exit 1, instead of R@1 = 100% (NaN similarities sort first),
@@ -8,14 +9,13 @@ on the images. A cached embedding file holding NaN where no image was undecodabl
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _eval_helpers import make_colors  # noqa: E402
+from tests.fixtures.eval_data import make_colors
 
 
 def broken_model(out: Path, parameter: str, value: float) -> Path:
@@ -87,8 +87,7 @@ def test_a_nan_or_inf_model_is_refused_naming_the_model_and_the_tower(world, cli
 
 def test_undecodable_images_are_still_left_out_not_blamed_on_the_model(tmp_path):
     """The check leaves the rows NaN on purpose (undecodable images) alone."""
-    from _eval_helpers import make_model
-
+    from tests.fixtures.eval_data import make_model
     from vltool.cache import EmbeddingCache
     from vltool.encode import encode_images
     from vltool.io import load_dataset
@@ -98,3 +97,28 @@ def test_undecodable_images_are_still_left_out_not_blamed_on_the_model(tmp_path)
     path = make_colors(tmp_path / "bad", per_class=2, bad_rows=(1, 4))
     enc = encode_images(m, load_dataset(path), cache=EmbeddingCache(tmp_path / "c"), progress=False)
     assert enc.bad.sum() == 2 and np.isfinite(enc.embeddings[~enc.bad]).all()
+
+
+@pytest.mark.parametrize("slice_rows", [1, 3, 1 << 18])
+def test_arrow_texts_equal_text_owner(monkeypatch, slice_rows):
+    """The encoding commands' texts come from the Arrow column (arrow_texts, io.strings_digest): the same
+    texts, owners and cache digest as the row-by-row text_owner and texts_digest, for strings and lists
+    with None, blank and Unicode-whitespace texts, in slices of any size."""
+    import random
+
+    from vltool import checks
+    from vltool.cache import texts_digest
+    from vltool.encode import arrow_texts, text_owner
+    from vltool.io import strings_digest
+
+    monkeypatch.setattr(checks, "TEXT_SLICE_ROWS", slice_rows)
+    rng = random.Random(1)
+    pool = ["a dog", "", "  ", "\u3000\u2003", None, "café\n", "x", " two  words "]
+    strings = [rng.choice(pool) for _ in range(23)]
+    lists = [rng.choice([None, [], [rng.choice(pool) for _ in range(rng.randint(1, 3))]]) for _ in range(19)]
+    for values, typ in ((strings, pa.string()), (lists, pa.list_(pa.string())), ([None, ""], pa.string())):
+        column = pa.chunked_array([values[:7], values[7:]], type=typ)
+        texts, owner = arrow_texts(column)
+        want, want_owner = text_owner(values)
+        assert texts.to_pylist() == want and owner.tolist() == want_owner.tolist()
+        assert strings_digest(texts) == texts_digest(want)

@@ -1,4 +1,4 @@
-"""`--overwrite` on a full disk keeps the earlier output whole, for every command that writes one (issue 44).
+"""vltool.io.atomic: `--overwrite` on a full disk keeps the earlier output whole, for every command that writes one (issue 44).
 
 Each case writes its output once onto a small tmpfs, fills the disk but for a page for the lock and half of
 what the output holds, and writes it again with `--overwrite`: the new write runs out of space part way.
@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import errno
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_disk_full import FULL, small_disk  # noqa: E402,F401  (small_disk: the fixture mounting a tmpfs)
-from test_robustness import COMMON, captioners, command_line, tree_hash, world  # noqa: E402,F401  (fixtures)
+from tests.fixtures.command_inputs import COMMON, command_line, tree_hash
+from tests.fixtures.disk import FULL
 
 PAGE = 4096
 RESULT_FILES = {"zeroshot", "retrieve", "probe", "benchmark", "debias-report"}
